@@ -1,0 +1,1 @@
+"""The Harbourmaster side: the logbook that outcome reports land in."""

@@ -1,0 +1,35 @@
+"""The execution ledger: interface, SQL implementation, and the engines behind it."""
+
+from __future__ import annotations
+
+from marque.dsn import is_sqlite, sqlite_path
+from marque.errors import InvalidInput
+from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
+
+__all__ = [
+    "AttemptRecord",
+    "Claim",
+    "ClaimTicket",
+    "Ledger",
+    "OutboxEntry",
+    "create_ledger",
+    "open_ledger",
+]
+
+
+def create_ledger(dsn: str, pilot_id: str) -> Ledger:
+    """Create a new ledger (fresh incarnation) at ``dsn``; refuses an existing one."""
+    if is_sqlite(dsn):
+        from marque.ledger.sqlite import SqliteLedger
+
+        return SqliteLedger.create(sqlite_path(dsn), pilot_id)
+    raise InvalidInput(f"unsupported ledger DSN {dsn!r}: use sqlite:///path")
+
+
+def open_ledger(dsn: str) -> Ledger:
+    """Open the existing ledger at ``dsn``."""
+    if is_sqlite(dsn):
+        from marque.ledger.sqlite import SqliteLedger
+
+        return SqliteLedger.open(sqlite_path(dsn))
+    raise InvalidInput(f"unsupported ledger DSN {dsn!r}: use sqlite:///path")

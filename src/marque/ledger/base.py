@@ -1,0 +1,179 @@
+"""The execution ledger's interface: the one durable state a Pilot keeps.
+
+The ledger is what makes retries safe (seed 000). Everything the Pilot relies
+on is a constraint inside one ledger transaction: the claim is a primary key,
+the budget decrement is a conditional UPDATE in the same transaction, and an
+attempt settles by a compare-and-set on the outcome lattice's rank. SQLite and
+PostgreSQL implementations are siblings behind this interface and run the same
+behaviour suite.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from marque.outcome import Status
+
+
+@dataclass(frozen=True)
+class ClaimTicket:
+    """Everything a claim needs, taken from a verified marque and the Pilot."""
+
+    marque_id: str
+    nonce: str
+    target: str
+    executions: int
+    max_rows: int
+    attempts_per_nonce: int
+    expires_at: float
+    owner_run: str
+    lease_seconds: float
+    now: float
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of one nonce, as the ledger holds it."""
+
+    marque_id: str
+    nonce: str
+    attempt: int
+    status: Status
+    rows_affected: int | None
+    error: dict[str, Any] | None
+    result: dict[str, Any] | None
+    owner_incarnation: str
+    owner_run: str
+    lease_expires_at: float
+    started_at: float
+    settled_at: float | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: a fresh attempt to run, or what is recorded."""
+
+    fresh: bool
+    record: AttemptRecord
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """An outcome report waiting for the Harbourmaster's acknowledgement."""
+
+    marque_id: str
+    nonce: str
+    attempt: int
+    status: str
+    payload: dict[str, Any]
+    tries: int
+
+
+class Ledger(abc.ABC):
+    """A Pilot's execution ledger. All methods are safe to call from threads."""
+
+    pilot_id: str
+    incarnation: str
+
+    # -- claims -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim(self, ticket: ClaimTicket) -> Claim:
+        """Claim ``(marque_id, nonce)`` in one transaction, or return what is recorded.
+
+        A new nonce decrements the marque's budget (creating the budget row on
+        first sight) and starts attempt 1; no budget left raises
+        ``BudgetExhausted`` and records nothing. A nonce whose latest attempt
+        is ``aborted_not_applied`` starts the next attempt without touching
+        the budget, or raises ``AttemptsExhausted``. Any other recorded nonce
+        is returned as it stands (``fresh=False``).
+        """
+
+    @abc.abstractmethod
+    def settle(
+        self,
+        marque_id: str,
+        nonce: str,
+        attempt: int,
+        status: Status,
+        *,
+        now: float,
+        source: str,
+        rows_affected: int | None = None,
+        error: dict[str, Any] | None = None,
+        result: dict[str, Any] | None = None,
+        events: list[dict[str, Any]] | None = None,
+    ) -> AttemptRecord:
+        """Merge an observation into an attempt and return the attempt as it now stands.
+
+        The observation is always logged; it changes the attempt only if its
+        status ranks above the recorded one (compare-and-set, never a
+        read-modify-write). ``rows_affected``/``result`` land in the same write
+        that settles. ``events`` are appended to the nonce's event log in the
+        same transaction, and an outcome report is queued in the outbox when
+        the status changed.
+        """
+
+    @abc.abstractmethod
+    def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
+        """The nonce's latest attempt, or None if the nonce was never claimed."""
+
+    @abc.abstractmethod
+    def attempts(self, marque_id: str, nonce: str) -> list[AttemptRecord]:
+        """Every attempt of a nonce, oldest first."""
+
+    @abc.abstractmethod
+    def observations(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
+        """Every observation ever merged into the nonce's attempts, oldest first."""
+
+    @abc.abstractmethod
+    def append_events(self, marque_id: str, nonce: str, events: list[dict[str, Any]]) -> None:
+        """Append events to a nonce's stored event log."""
+
+    @abc.abstractmethod
+    def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
+        """The nonce's stored event log, in order."""
+
+    @abc.abstractmethod
+    def unsettled(self, status: Status) -> list[AttemptRecord]:
+        """Attempts currently ``in_progress`` or ``indeterminate`` (as asked)."""
+
+    @abc.abstractmethod
+    def budget(self, marque_id: str) -> dict[str, Any] | None:
+        """The marque's budget row (executions_left, max_rows, attempts, expiry, target)."""
+
+    # -- proofs -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def remember_pop_jti(self, jti: str, forget_after: float) -> bool:
+        """Record a proof's ``jti``; False if it was already seen (a replay)."""
+
+    # -- outbox ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
+        """Outcome reports not yet acknowledged."""
+
+    @abc.abstractmethod
+    def outbox_ack(self, entry: OutboxEntry, now: float) -> None:
+        """Mark a report acknowledged (only if it still carries the same status)."""
+
+    @abc.abstractmethod
+    def outbox_failed(self, entry: OutboxEntry) -> None:
+        """Count a failed delivery try."""
+
+    # -- housekeeping --------------------------------------------------------
+
+    @abc.abstractmethod
+    def reap(self, now: float) -> dict[str, int]:
+        """Delete settled, reported entries of expired marques; counts what went."""
+
+    @abc.abstractmethod
+    def stats(self, now: float) -> dict[str, Any]:
+        """Size and health: live marques, entries, unsettled and unreported outcomes."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""

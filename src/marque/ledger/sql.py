@@ -1,0 +1,548 @@
+"""The ledger's SQL, written once for both SQLite and PostgreSQL.
+
+Dialect differences are hooks on the subclasses (how to connect, how to open a
+write transaction, how placeholders look, how big the store is); the
+statements themselves use only what both engines share: ``INSERT … ON
+CONFLICT``, ``RETURNING``, partial indexes and conditional ``UPDATE``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from marque.errors import AttemptsExhausted, BudgetExhausted, LedgerExists, LedgerMissing
+from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
+from marque.outcome import Status
+
+SCHEMA_VERSION = 1
+
+# Forward-only migrations: index i holds the statements that take the schema
+# from version i to i + 1. Types are spelled so both engines accept them.
+MIGRATIONS: list[list[str]] = [
+    [
+        """CREATE TABLE meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL)""",
+        """CREATE TABLE budgets (
+            marque_id TEXT PRIMARY KEY,
+            target TEXT NOT NULL,
+            executions_left INTEGER NOT NULL CHECK (executions_left >= 0),
+            max_rows BIGINT NOT NULL,
+            attempts_per_nonce INTEGER NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL)""",
+        """CREATE TABLE claims (
+            marque_id TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            claimed_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (marque_id, nonce))""",
+        """CREATE TABLE attempts (
+            marque_id TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            status_rank INTEGER NOT NULL,
+            rows_affected BIGINT,
+            error TEXT,
+            result TEXT,
+            owner_incarnation TEXT NOT NULL,
+            owner_run TEXT NOT NULL,
+            lease_expires_at DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            settled_at DOUBLE PRECISION,
+            PRIMARY KEY (marque_id, nonce, attempt))""",
+        "CREATE INDEX attempts_unsettled ON attempts (status_rank) WHERE status_rank < 3",
+        """CREATE TABLE observations (
+            marque_id TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            source TEXT NOT NULL,
+            detail TEXT,
+            observed_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (marque_id, nonce, seq))""",
+        """CREATE TABLE events (
+            marque_id TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (marque_id, nonce, seq))""",
+        """CREATE TABLE outbox (
+            marque_id TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            tries INTEGER NOT NULL DEFAULT 0,
+            queued_at DOUBLE PRECISION NOT NULL,
+            acked_at DOUBLE PRECISION,
+            PRIMARY KEY (marque_id, nonce, attempt))""",
+        "CREATE INDEX outbox_unacked ON outbox (queued_at) WHERE acked_at IS NULL",
+        """CREATE TABLE pop_jtis (
+            jti TEXT PRIMARY KEY,
+            forget_after DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX pop_jtis_forget ON pop_jtis (forget_after)",
+    ],
+]
+
+_ATTEMPT_COLUMNS = (
+    "a.marque_id, a.nonce, a.attempt, a.status, a.rows_affected, a.error, a.result, "
+    "a.owner_incarnation, a.owner_run, a.lease_expires_at, a.started_at, a.settled_at"
+)
+
+
+class Tx(abc.ABC):
+    """One open transaction; statements use ``?`` placeholders."""
+
+    @abc.abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement and return its rows (empty for none)."""
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """The first row, or None."""
+        rows = self.execute(sql, params)
+        return rows[0] if rows else None
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _record(row: tuple[Any, ...]) -> AttemptRecord:
+    return AttemptRecord(
+        marque_id=row[0],
+        nonce=row[1],
+        attempt=row[2],
+        status=Status(row[3]),
+        rows_affected=row[4],
+        error=_loads(row[5]),
+        result=_loads(row[6]),
+        owner_incarnation=row[7],
+        owner_run=row[8],
+        lease_expires_at=row[9],
+        started_at=row[10],
+        settled_at=row[11],
+    )
+
+
+class SqlLedger(Ledger):
+    """The ledger's behaviour over any engine that provides :meth:`transaction`."""
+
+    # -- dialect hooks --------------------------------------------------------
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
+        """A write transaction that commits on success and rolls back on error."""
+
+    @abc.abstractmethod
+    def _has_schema(self) -> bool:
+        """Whether the ledger's tables exist."""
+
+    @abc.abstractmethod
+    def _size_bytes(self) -> int:
+        """The store's size on disk."""
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _initialise(self, pilot_id: str, now: float) -> None:
+        """Create the schema and write the incarnation, once."""
+        if self._has_schema():
+            raise LedgerExists("this ledger already holds an incarnation; refusing to overwrite")
+        incarnation = "inc_" + uuid.uuid4().hex
+        with self.transaction() as tx:
+            for statement in MIGRATIONS[0]:
+                tx.execute(statement)
+            for key, value in (
+                ("schema_version", "1"),
+                ("pilot_id", pilot_id),
+                ("incarnation", incarnation),
+                ("created_at", repr(now)),
+            ):
+                tx.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+        self._migrate()
+        self._load_identity()
+
+    def _open_existing(self) -> None:
+        if not self._has_schema():
+            raise LedgerMissing("no ledger here; create one with `marque pilot init`")
+        self._migrate()
+        self._load_identity()
+
+    def _migrate(self) -> None:
+        with self.transaction() as tx:
+            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
+            version = int(row[0]) if row else 0
+            for index in range(version, len(MIGRATIONS)):
+                if index == 0:
+                    continue  # version 1 is created whole by _initialise
+                for statement in MIGRATIONS[index]:
+                    tx.execute(statement)
+                tx.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(index + 1),)
+                )
+
+    def _load_identity(self) -> None:
+        with self.transaction() as tx:
+            meta = dict(tx.execute("SELECT key, value FROM meta"))
+        self.pilot_id = meta["pilot_id"]
+        self.incarnation = meta["incarnation"]
+        self.schema_version = int(meta["schema_version"])
+
+    # -- claims ---------------------------------------------------------------
+
+    def claim(self, ticket: ClaimTicket) -> Claim:
+        key = (ticket.marque_id, ticket.nonce)
+        with self.transaction() as tx:
+            inserted = tx.one(
+                "INSERT INTO claims (marque_id, nonce, attempt, claimed_at) VALUES (?, ?, 1, ?) "
+                "ON CONFLICT (marque_id, nonce) DO NOTHING RETURNING attempt",
+                (*key, ticket.now),
+            )
+            if inserted is not None:
+                tx.execute(
+                    "INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
+                    "attempts_per_nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (marque_id) DO NOTHING",
+                    (
+                        ticket.marque_id,
+                        ticket.target,
+                        ticket.executions,
+                        ticket.max_rows,
+                        ticket.attempts_per_nonce,
+                        ticket.expires_at,
+                    ),
+                )
+                spent = tx.one(
+                    "UPDATE budgets SET executions_left = executions_left - 1 "
+                    "WHERE marque_id = ? AND executions_left > 0 RETURNING executions_left",
+                    (ticket.marque_id,),
+                )
+                if spent is None:
+                    # Raising rolls the claim back with it: no nonce is claimed.
+                    raise BudgetExhausted(
+                        f"marque {ticket.marque_id} has no executions left in its budget"
+                    )
+                return Claim(True, self._start_attempt_txn(tx, ticket, 1))
+
+            latest = self._latest_txn(tx, *key)
+            assert latest is not None, "a claim row always has its latest attempt"
+            if latest.status is not Status.ABORTED_NOT_APPLIED:
+                return Claim(False, latest)
+            advanced = tx.one(
+                "UPDATE claims SET attempt = attempt + 1 "
+                "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND attempt < ? "
+                "RETURNING attempt",
+                (*key, latest.attempt, ticket.attempts_per_nonce),
+            )
+            if advanced is None:
+                raise AttemptsExhausted(
+                    f"nonce {ticket.nonce!r} used all {ticket.attempts_per_nonce} attempts; "
+                    "its last attempt was aborted_not_applied"
+                )
+            return Claim(True, self._start_attempt_txn(tx, ticket, advanced[0]))
+
+    def _start_attempt_txn(self, tx: Tx, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
+        lease = ticket.now + ticket.lease_seconds
+        tx.execute(
+            "INSERT INTO attempts (marque_id, nonce, attempt, status, status_rank, "
+            "owner_incarnation, owner_run, lease_expires_at, started_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                ticket.marque_id,
+                ticket.nonce,
+                attempt,
+                Status.IN_PROGRESS.value,
+                Status.IN_PROGRESS.rank,
+                self.incarnation,
+                ticket.owner_run,
+                lease,
+                ticket.now,
+            ),
+        )
+        return AttemptRecord(
+            marque_id=ticket.marque_id,
+            nonce=ticket.nonce,
+            attempt=attempt,
+            status=Status.IN_PROGRESS,
+            rows_affected=None,
+            error=None,
+            result=None,
+            owner_incarnation=self.incarnation,
+            owner_run=ticket.owner_run,
+            lease_expires_at=lease,
+            started_at=ticket.now,
+            settled_at=None,
+        )
+
+    def _latest_txn(self, tx: Tx, marque_id: str, nonce: str) -> AttemptRecord | None:
+        row = tx.one(
+            f"SELECT {_ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
+            "ON a.marque_id = c.marque_id AND a.nonce = c.nonce AND a.attempt = c.attempt "
+            "WHERE c.marque_id = ? AND c.nonce = ?",
+            (marque_id, nonce),
+        )
+        return _record(row) if row else None
+
+    # -- settlement -------------------------------------------------------------
+
+    def settle(
+        self,
+        marque_id: str,
+        nonce: str,
+        attempt: int,
+        status: Status,
+        *,
+        now: float,
+        source: str,
+        rows_affected: int | None = None,
+        error: dict[str, Any] | None = None,
+        result: dict[str, Any] | None = None,
+        events: list[dict[str, Any]] | None = None,
+    ) -> AttemptRecord:
+        key = (marque_id, nonce, attempt)
+        with self.transaction() as tx:
+            # Compare-and-set on rank: a weaker or equal observation changes nothing.
+            changed = tx.one(
+                "UPDATE attempts SET status = ?, status_rank = ?, "
+                "rows_affected = COALESCE(?, rows_affected), error = ?, "
+                "result = COALESCE(?, result), settled_at = ? "
+                "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
+                "RETURNING attempt",
+                (
+                    status.value,
+                    status.rank,
+                    rows_affected,
+                    _dumps(error),
+                    _dumps(result),
+                    now if status.settled else None,
+                    *key,
+                    status.rank,
+                ),
+            )
+            tx.execute(
+                "INSERT INTO observations (marque_id, nonce, seq, attempt, status, source, "
+                "detail, observed_at) VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM "
+                "observations WHERE marque_id = ? AND nonce = ?), ?, ?, ?, ?, ?)",
+                (
+                    marque_id,
+                    nonce,
+                    marque_id,
+                    nonce,
+                    attempt,
+                    status.value,
+                    source,
+                    _dumps({"error": error, "rows_affected": rows_affected}),
+                    now,
+                ),
+            )
+            if events:
+                self._append_events_txn(tx, marque_id, nonce, events)
+            row = tx.one(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a "
+                "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?",
+                key,
+            )
+            if row is None:
+                raise LedgerMissing(f"no attempt {attempt} of nonce {nonce!r} in this ledger")
+            record = _record(row)
+            if changed is not None and record.status is not Status.IN_PROGRESS:
+                payload = {
+                    "marque_id": marque_id,
+                    "nonce": nonce,
+                    "attempt": attempt,
+                    "status": record.status.value,
+                    "rows_affected": record.rows_affected,
+                    "error": record.error,
+                    "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
+                    "settled_by": source,
+                }
+                tx.execute(
+                    "INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "
+                    "SET status = excluded.status, payload = excluded.payload, "
+                    "queued_at = excluded.queued_at, acked_at = NULL",
+                    (*key, record.status.value, _dumps(payload), now),
+                )
+            return record
+
+    def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
+        with self.transaction() as tx:
+            return self._latest_txn(tx, marque_id, nonce)
+
+    def attempts(self, marque_id: str, nonce: str) -> list[AttemptRecord]:
+        with self.transaction() as tx:
+            rows = tx.execute(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a WHERE a.marque_id = ? AND a.nonce = ? "
+                "ORDER BY a.attempt",
+                (marque_id, nonce),
+            )
+        return [_record(r) for r in rows]
+
+    def observations(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
+        with self.transaction() as tx:
+            rows = tx.execute(
+                "SELECT attempt, status, source, detail, observed_at FROM observations "
+                "WHERE marque_id = ? AND nonce = ? ORDER BY seq",
+                (marque_id, nonce),
+            )
+        return [
+            {"attempt": r[0], "status": r[1], "source": r[2], "detail": _loads(r[3]), "at": r[4]}
+            for r in rows
+        ]
+
+    def _append_events_txn(
+        self, tx: Tx, marque_id: str, nonce: str, events: list[dict[str, Any]]
+    ) -> None:
+        row = tx.one(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE marque_id = ? AND nonce = ?",
+            (marque_id, nonce),
+        )
+        seq = int(row[0]) if row else 0
+        for event in events:
+            seq += 1
+            tx.execute(
+                "INSERT INTO events (marque_id, nonce, seq, body) VALUES (?, ?, ?, ?)",
+                (marque_id, nonce, seq, _dumps(event)),
+            )
+
+    def append_events(self, marque_id: str, nonce: str, events: list[dict[str, Any]]) -> None:
+        with self.transaction() as tx:
+            self._append_events_txn(tx, marque_id, nonce, events)
+
+    def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
+        with self.transaction() as tx:
+            rows = tx.execute(
+                "SELECT body FROM events WHERE marque_id = ? AND nonce = ? ORDER BY seq",
+                (marque_id, nonce),
+            )
+        return [json.loads(r[0]) for r in rows]
+
+    def unsettled(self, status: Status) -> list[AttemptRecord]:
+        with self.transaction() as tx:
+            rows = tx.execute(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a WHERE a.status_rank = ? "
+                "ORDER BY a.started_at",
+                (status.rank,),
+            )
+        return [_record(r) for r in rows]
+
+    def budget(self, marque_id: str) -> dict[str, Any] | None:
+        with self.transaction() as tx:
+            row = tx.one(
+                "SELECT executions_left, max_rows, attempts_per_nonce, expires_at, target "
+                "FROM budgets WHERE marque_id = ?",
+                (marque_id,),
+            )
+        if row is None:
+            return None
+        return {
+            "executions_left": row[0],
+            "max_rows": row[1],
+            "attempts_per_nonce": row[2],
+            "expires_at": row[3],
+            "target": row[4],
+        }
+
+    # -- proofs -----------------------------------------------------------------
+
+    def remember_pop_jti(self, jti: str, forget_after: float) -> bool:
+        with self.transaction() as tx:
+            row = tx.one(
+                "INSERT INTO pop_jtis (jti, forget_after) VALUES (?, ?) "
+                "ON CONFLICT (jti) DO NOTHING RETURNING jti",
+                (jti, forget_after),
+            )
+        return row is not None
+
+    # -- outbox -----------------------------------------------------------------
+
+    def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
+        with self.transaction() as tx:
+            rows = tx.execute(
+                "SELECT marque_id, nonce, attempt, status, payload, tries FROM outbox "
+                "WHERE acked_at IS NULL ORDER BY queued_at LIMIT ?",
+                (limit,),
+            )
+        return [OutboxEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def outbox_ack(self, entry: OutboxEntry, now: float) -> None:
+        with self.transaction() as tx:
+            tx.execute(
+                "UPDATE outbox SET acked_at = ? WHERE marque_id = ? AND nonce = ? "
+                "AND attempt = ? AND status = ? AND acked_at IS NULL",
+                (now, entry.marque_id, entry.nonce, entry.attempt, entry.status),
+            )
+
+    def outbox_failed(self, entry: OutboxEntry) -> None:
+        with self.transaction() as tx:
+            tx.execute(
+                "UPDATE outbox SET tries = tries + 1 WHERE marque_id = ? AND nonce = ? "
+                "AND attempt = ?",
+                (entry.marque_id, entry.nonce, entry.attempt),
+            )
+
+    # -- housekeeping -------------------------------------------------------------
+
+    _REAPABLE = (
+        "SELECT b.marque_id FROM budgets b WHERE b.expires_at < ? "
+        "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.marque_id = b.marque_id "
+        "AND a.status_rank < 3) "
+        "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.marque_id = b.marque_id "
+        "AND o.acked_at IS NULL)"
+    )
+
+    def reap(self, now: float) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        with self.transaction() as tx:
+            marques = [r[0] for r in tx.execute(self._REAPABLE, (now,))]
+            for table in ("events", "observations", "outbox", "attempts", "claims", "budgets"):
+                removed = 0
+                for marque_id in marques:
+                    removed += len(
+                        tx.execute(
+                            f"DELETE FROM {table} WHERE marque_id = ? RETURNING 1", (marque_id,)
+                        )
+                    )
+                counts[table] = removed
+            counts["pop_jtis"] = len(
+                tx.execute("DELETE FROM pop_jtis WHERE forget_after < ? RETURNING 1", (now,))
+            )
+        counts["marques"] = len(marques)
+        return counts
+
+    def stats(self, now: float) -> dict[str, Any]:
+        with self.transaction() as tx:
+
+            def count(sql: str, params: Sequence[Any] = ()) -> int:
+                row = tx.one(sql, params)
+                return int(row[0]) if row else 0
+
+            by_status = dict(
+                tx.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status")
+            )
+            stats = {
+                "pilot_id": self.pilot_id,
+                "incarnation": self.incarnation,
+                "schema_version": self.schema_version,
+                "marques": count("SELECT COUNT(*) FROM budgets"),
+                "live_marques": count("SELECT COUNT(*) FROM budgets WHERE expires_at >= ?", (now,)),
+                "claims": count("SELECT COUNT(*) FROM claims"),
+                "attempts": count("SELECT COUNT(*) FROM attempts"),
+                "attempts_by_status": {s.value: int(by_status.get(s.value, 0)) for s in Status},
+                "events": count("SELECT COUNT(*) FROM events"),
+                "unreported_outcomes": count("SELECT COUNT(*) FROM outbox WHERE acked_at IS NULL"),
+                "pop_jtis": count("SELECT COUNT(*) FROM pop_jtis"),
+                "reapable_marques": len(tx.execute(self._REAPABLE, (now,))),
+            }
+        stats["size_bytes"] = self._size_bytes()
+        return stats

@@ -1,0 +1,59 @@
+"""The Pilot: the executor that sits next to the target database.
+
+:func:`open_pilot` is the one place that wires a Pilot from its home: ledger,
+targets, trusted issuer keys, run registry and logbook.
+"""
+
+from __future__ import annotations
+
+import os
+
+from marque.harbour.logbook import Logbook
+from marque.ledger import open_ledger
+from marque.pilot.config import PilotConfig, PilotHome, Settings
+from marque.pilot.core import Pilot, PilotOptions, check_nonce
+from marque.pilot.runs import RunRegistry
+from marque.target import open_target
+from marque.token import TrustedKeys
+
+__all__ = [
+    "Pilot",
+    "PilotConfig",
+    "PilotHome",
+    "PilotOptions",
+    "Settings",
+    "check_nonce",
+    "open_pilot",
+]
+
+
+def open_pilot(home: str | os.PathLike[str], *, recover: bool = True) -> Pilot:
+    """A Pilot wired from its home directory; by default runs start-up recovery."""
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    ledger = open_ledger(config.ledger)
+    try:
+        settings = config.settings
+        targets = {
+            name: open_target(name, dsn, lock_timeout_ms=settings.lock_timeout_ms)
+            for name, dsn in config.targets.items()
+        }
+        pilot = Pilot(
+            ledger,
+            targets,
+            TrustedKeys(config.issuers),
+            options=PilotOptions(
+                skew_seconds=settings.skew_seconds,
+                pop_window_seconds=settings.pop_window_seconds,
+                statement_timeout_ms=settings.statement_timeout_ms,
+                lease_grace_seconds=settings.lease_grace_seconds,
+            ),
+            runs=RunRegistry(pilot_home.runs_dir),
+            logbook=Logbook(str(pilot_home.logbook_path)),
+        )
+    except BaseException:
+        ledger.close()
+        raise
+    if recover:
+        pilot.recover()
+    return pilot

@@ -1,0 +1,427 @@
+"""The Pilot: DESIGN §3 end to end — verify, claim, fenced run, record, report.
+
+Nonce first, statement second (seed 000): the claim is durable in the ledger
+before the target is touched, so a crash anywhere after it leaves the nonce
+claimed and the budget spent, never a second run. Whatever cannot be known is
+recorded as ``indeterminate`` and settled later by evidence (reconciliation),
+never by a guess.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from marque.crash import crash_point
+from marque.errors import Indeterminate, InvalidInput, NotApplied, UnknownTarget
+from marque.harbour.logbook import Logbook
+from marque.ledger import AttemptRecord, ClaimTicket, Ledger
+from marque.outcome import Outcome, Status
+from marque.pilot.runs import RunRegistry
+from marque.target import Evidence, Run, StampConflict, Target, Verdict
+from marque.token import Marque, TrustedKeys, verify_marque, verify_proof
+
+EventSink = Callable[[dict[str, Any]], None]
+
+MAX_NONCE_BYTES = 256
+
+
+def check_nonce(nonce: str) -> str:
+    """A nonce is 1..256 UTF-8 bytes of printable text."""
+    if not isinstance(nonce, str) or not nonce:
+        raise InvalidInput("nonce must be a non-empty string")
+    if len(nonce.encode("utf-8", "surrogatepass")) > MAX_NONCE_BYTES:
+        raise InvalidInput(f"nonce is longer than {MAX_NONCE_BYTES} UTF-8 bytes")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in nonce):
+        raise InvalidInput("nonce contains control characters")
+    return nonce
+
+
+@dataclass
+class _Inflight:
+    """An execution running in this process, for callers of the same nonce."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: Outcome | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class PilotOptions:
+    """How strict and how patient a Pilot is."""
+
+    skew_seconds: float = 60.0
+    pop_window_seconds: float = 120.0
+    statement_timeout_ms: int = 30_000
+    lease_grace_seconds: float = 30.0
+
+
+class Pilot:
+    """Executes marques against its targets, through its ledger."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        targets: dict[str, Target],
+        trusted: TrustedKeys,
+        *,
+        options: PilotOptions | None = None,
+        runs: RunRegistry | None = None,
+        logbook: Logbook | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = ledger
+        self.targets = targets
+        self.trusted = trusted
+        self.options = options or PilotOptions()
+        self.runs = runs or RunRegistry(None)
+        self.logbook = logbook
+        self.clock = clock
+        self._inflight: dict[tuple[str, str], _Inflight] = {}
+        self._inflight_lock = threading.Lock()
+
+    @property
+    def pilot_id(self) -> str:
+        return self.ledger.pilot_id
+
+    @property
+    def incarnation(self) -> str:
+        return self.ledger.incarnation
+
+    # -- the execution path -----------------------------------------------------
+
+    def verify(self, token: str, proof: str | None, nonce: str) -> Marque:
+        """Step 1: the marque and its proof of possession. Refusals claim nothing."""
+        now = self.clock()
+        check_nonce(nonce)
+        marque = verify_marque(
+            token,
+            self.trusted,
+            pilot_id=self.pilot_id,
+            incarnation=self.incarnation,
+            targets=self.targets.keys(),
+            now=now,
+            skew_seconds=self.options.skew_seconds,
+        )
+        verify_proof(
+            proof,
+            marque,
+            nonce=nonce,
+            pilot_id=self.pilot_id,
+            remember_jti=self.ledger.remember_pop_jti,
+            now=now,
+            window_seconds=self.options.pop_window_seconds,
+        )
+        return marque
+
+    def execute(
+        self, token: str, proof: str | None, nonce: str, on_event: EventSink | None = None
+    ) -> Outcome:
+        """Run a marque once for ``nonce``; a repeat returns the recorded outcome.
+
+        Refusals raise their typed error. Every other result — applied, not
+        applied, indeterminate, in progress — is an :class:`Outcome`.
+        """
+        marque = self.verify(token, proof, nonce)
+        key = (marque.marque_id, nonce)
+        with self._inflight_lock:
+            running = self._inflight.get(key)
+            if running is None:
+                mine = self._inflight[key] = _Inflight()
+        if running is not None:
+            # Same nonce, same process: follow the one execution, never start another.
+            for event in list(running.events):
+                _send(on_event, event)
+            running.done.wait()
+            assert running.outcome is not None
+            return _replayed(running.outcome)
+        try:
+            outcome = self._execute_claimed(marque, nonce, mine, on_event)
+            mine.outcome = outcome
+            return outcome
+        finally:
+            mine.done.set()
+            with self._inflight_lock:
+                del self._inflight[key]
+
+    def _execute_claimed(
+        self, marque: Marque, nonce: str, mine: _Inflight, on_event: EventSink | None
+    ) -> Outcome:
+        now = self.clock()
+        lease = self.options.statement_timeout_ms / 1000 + self.options.lease_grace_seconds
+        claim = self.ledger.claim(
+            ClaimTicket(
+                marque_id=marque.marque_id,
+                nonce=nonce,
+                target=marque.target,
+                executions=marque.budget.executions,
+                max_rows=marque.budget.max_rows,
+                attempts_per_nonce=marque.budget.attempts_per_nonce,
+                expires_at=float(marque.expires_at),
+                owner_run=self.runs.run_id,
+                lease_seconds=lease,
+                now=now,
+            )
+        )
+        if not claim.fresh:
+            record = claim.record
+            if record.status is Status.IN_PROGRESS and self._owner_gone(record):
+                record = self._settle_lost(record)
+            return self._outcome(record, replayed=True)
+
+        record = claim.record
+        attempt = record.attempt
+        events: list[dict[str, Any]] = []
+
+        def emit(kind: str, **data: Any) -> None:
+            event = {
+                "event": kind,
+                "marque_id": marque.marque_id,
+                "nonce": nonce,
+                "attempt": attempt,
+                "at": round(self.clock(), 6),
+                **data,
+            }
+            events.append(event)
+            mine.events.append(event)
+            _send(on_event, event)
+
+        emit("claimed", owner_run=self.runs.run_id, lease_expires_at=record.lease_expires_at)
+        crash_point("after_claim")
+        target = self.targets[marque.target]
+        run = Run(
+            marque_id=marque.marque_id,
+            nonce=nonce,
+            attempt=record.attempt,
+            pilot_id=self.pilot_id,
+            incarnation=self.incarnation,
+            change=marque.change,
+            max_rows=marque.budget.max_rows,
+            statement_timeout_ms=marque.change.statement_timeout_ms
+            or self.options.statement_timeout_ms,
+        )
+        settle: dict[str, Any]
+        try:
+            applied = target.execute(run, emit)
+        except StampConflict:
+            emit("fence_checked", stamp="conflict")
+            evidence = target.reconcile(run)
+            settle = self._evidence_settlement(evidence)
+            self._log_reconciliation(record, evidence, "fence_conflict")
+        except NotApplied as exc:
+            emit("failed", error=exc.to_dict())
+            settle = {"status": Status.ABORTED_NOT_APPLIED, "error": exc.to_dict()}
+        except Indeterminate as exc:
+            emit("failed", error=exc.to_dict())
+            settle = {"status": Status.INDETERMINATE, "error": exc.to_dict()}
+        except Exception as exc:  # a fault of ours mid-transaction: we cannot say
+            error = {"code": "commit_unknown", "message": f"{type(exc).__name__}: {exc}",
+                     "sqlstate": None}
+            emit("failed", error=error)
+            settle = {"status": Status.INDETERMINATE, "error": error}
+        else:
+            settle = {
+                "status": Status.APPLIED,
+                "rows_affected": applied.rows_affected,
+                "result": applied.result,
+            }
+
+        status: Status = settle.pop("status")
+        recorded_event = {
+            "event": "outcome_recorded",
+            "marque_id": marque.marque_id,
+            "nonce": nonce,
+            "attempt": record.attempt,
+            "at": round(self.clock(), 6),
+            "status": status.value,
+        }
+        record = self.ledger.settle(
+            marque.marque_id, nonce, record.attempt, status, now=self.clock(),
+            source="execution", events=[*events, recorded_event], **settle,
+        )
+        mine.events.append(recorded_event)
+        _send(on_event, recorded_event)
+        if record.status is Status.INDETERMINATE:
+            # A lost COMMIT response goes to reconciliation at once.
+            record = self._reconcile(record, run, "commit_unknown")
+        if self.report():
+            emit("reported")
+        return self._outcome(record, replayed=False)
+
+    # -- recovery and reconciliation ----------------------------------------------
+
+    def _owner_gone(self, record: AttemptRecord) -> bool:
+        if record.owner_run == self.runs.run_id:
+            return False
+        if record.lease_expires_at < self.clock():
+            return True
+        return self.runs.is_dead(record.owner_run) is True
+
+    def _settle_lost(self, record: AttemptRecord) -> AttemptRecord:
+        """An owner died or its lease ran out: indeterminate, then evidence."""
+        lost = self.ledger.settle(
+            record.marque_id, record.nonce, record.attempt, Status.INDETERMINATE,
+            now=self.clock(), source="lease",
+            error={"code": "lease_expired",
+                   "message": f"owner {record.owner_run} is gone or its lease expired",
+                   "sqlstate": None},
+        )
+        return self._reconcile(lost, None, "lease_expired")
+
+    def _run_for(self, record: AttemptRecord) -> tuple[Run, Target] | None:
+        budget = self.ledger.budget(record.marque_id)
+        if budget is None or budget["target"] not in self.targets:
+            return None
+        run = Run(
+            marque_id=record.marque_id, nonce=record.nonce, attempt=record.attempt,
+            pilot_id=self.pilot_id, incarnation=record.owner_incarnation,
+            change=None,  # reconciliation observes; it never runs the change
+            max_rows=budget["max_rows"], statement_timeout_ms=0,
+        )
+        return run, self.targets[budget["target"]]
+
+    def _reconcile(self, record: AttemptRecord, run: Run | None, why: str) -> AttemptRecord:
+        found = self._run_for(record)
+        if found is None:
+            evidence = Evidence(Verdict.UNKNOWN, reason="target of this marque is not configured")
+        else:
+            target = found[1]
+            if target.recovery_contract != "stamps":
+                evidence = Evidence(Verdict.UNKNOWN, reason="target cannot hold stamps")
+            else:
+                evidence = target.reconcile(run or found[0])
+        self._log_reconciliation(record, evidence, why)
+        settle = self._evidence_settlement(evidence)
+        status: Status = settle.pop("status")
+        if status is Status.INDETERMINATE:
+            return record
+        return self.ledger.settle(
+            record.marque_id, record.nonce, record.attempt, status, now=self.clock(),
+            source="reconciliation", **settle,
+        )
+
+    @staticmethod
+    def _evidence_settlement(evidence: Evidence) -> dict[str, Any]:
+        if evidence.verdict is Verdict.APPLIED:
+            return {"status": Status.APPLIED, "rows_affected": evidence.rows_affected}
+        if evidence.verdict is Verdict.NOT_APPLIED:
+            return {"status": Status.ABORTED_NOT_APPLIED,
+                    "error": {"code": "commit_unknown",
+                              "message": f"reconciled: {evidence.reason}", "sqlstate": None}}
+        return {"status": Status.INDETERMINATE}
+
+    def _log_reconciliation(self, record: AttemptRecord, evidence: Evidence, why: str) -> None:
+        if self.logbook is None:
+            return
+        self.logbook.append(
+            "execution.reconciliation",
+            f"reconcile/{record.marque_id}/{record.nonce}/{record.attempt}/{time.time_ns()}",
+            {
+                "marque_id": record.marque_id,
+                "nonce": record.nonce,
+                "attempt": record.attempt,
+                "why": why,
+                "verdict": evidence.verdict.value,
+                "reason": evidence.reason,
+                "stamp": evidence.stamp,
+                "corroboration": evidence.corroboration,
+                "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
+            },
+        )
+
+    def recover(self) -> list[dict[str, Any]]:
+        """Settle what evidence can settle; returns what changed.
+
+        In-progress attempts whose owner is dead or whose lease expired become
+        ``indeterminate``; every indeterminate attempt is then reconciled.
+        """
+        changes: list[dict[str, Any]] = []
+        for record in self.ledger.unsettled(Status.IN_PROGRESS):
+            if self._owner_gone(record):
+                after = self._settle_lost(record)
+                changes.append(_change(record, after))
+        for record in self.ledger.unsettled(Status.INDETERMINATE):
+            after = self._reconcile(record, None, "recovery")
+            if after.status is not record.status:
+                changes.append(_change(record, after))
+        self.report()
+        return changes
+
+    def report(self) -> bool:
+        """Deliver queued outcome reports to the logbook; True if all were acknowledged."""
+        if self.logbook is None:
+            return False
+        delivered = True
+        for entry in self.ledger.outbox_pending():
+            try:
+                self.logbook.append(
+                    f"execution.{entry.status}",
+                    f"outcome/{entry.marque_id}/{entry.nonce}/{entry.attempt}/{entry.status}",
+                    entry.payload,
+                )
+            except Exception:  # the logbook is unavailable: retried on the next report
+                self.ledger.outbox_failed(entry)
+                delivered = False
+                continue
+            self.ledger.outbox_ack(entry, self.clock())
+        return delivered
+
+    # -- reading ------------------------------------------------------------------
+
+    def outcome(self, marque_id: str, nonce: str) -> Outcome | None:
+        """The recorded outcome of a nonce (read-only), or None if never claimed."""
+        record = self.ledger.outcome(marque_id, nonce)
+        return None if record is None else self._outcome(record, replayed=True)
+
+    def _outcome(self, record: AttemptRecord, *, replayed: bool) -> Outcome:
+        return Outcome(
+            marque_id=record.marque_id,
+            nonce=record.nonce,
+            status=record.status.value,
+            attempt=record.attempt,
+            rows_affected=record.rows_affected,
+            pilot_id=self.pilot_id,
+            incarnation=self.incarnation,
+            replayed=replayed,
+            error=record.error,
+            result=record.result,
+        )
+
+    def target(self, name: str) -> Target:
+        """A configured target, or ``UnknownTarget``."""
+        try:
+            return self.targets[name]
+        except KeyError:
+            raise UnknownTarget(f"this Pilot serves no target named {name!r}") from None
+
+    def close(self) -> None:
+        """Release the ledger, the targets, the logbook and this run's lock."""
+        for target in self.targets.values():
+            target.close()
+        self.ledger.close()
+        if self.logbook is not None:
+            self.logbook.close()
+        self.runs.close()
+
+
+def _send(sink: EventSink | None, event: dict[str, Any]) -> None:
+    if sink is not None:
+        sink(event)
+
+
+def _replayed(outcome: Outcome) -> Outcome:
+    return replace(outcome, replayed=True)
+
+
+def _change(before: AttemptRecord, after: AttemptRecord) -> dict[str, Any]:
+    return {
+        "marque_id": before.marque_id,
+        "nonce": before.nonce,
+        "attempt": before.attempt,
+        "from": before.status.value,
+        "to": after.status.value,
+    }
+

@@ -1,0 +1,34 @@
+"""Target databases: fenced execution and reconciliation by stamps."""
+
+from __future__ import annotations
+
+from marque.dsn import is_sqlite, sqlite_path
+from marque.errors import InvalidInput
+from marque.target.base import Applied, Evidence, Run, StampConflict, Target, Verdict
+
+__all__ = [
+    "Applied",
+    "Evidence",
+    "Run",
+    "StampConflict",
+    "Target",
+    "Verdict",
+    "open_target",
+    "check_dsn",
+]
+
+
+def check_dsn(dsn: str) -> str:
+    """Validate a target DSN's shape; returns it unchanged."""
+    if is_sqlite(dsn):
+        sqlite_path(dsn)
+        return dsn
+    raise InvalidInput(f"unsupported target DSN {dsn!r}: use sqlite:///path")
+
+
+def open_target(name: str, dsn: str, *, lock_timeout_ms: int = 5_000) -> Target:
+    """The target ``name`` behind ``dsn``; connects lazily, per transaction."""
+    check_dsn(dsn)
+    from marque.target.sqlite import SqliteTarget
+
+    return SqliteTarget(name, sqlite_path(dsn), lock_timeout_ms=lock_timeout_ms)

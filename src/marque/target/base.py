@@ -1,0 +1,301 @@
+"""A target database as the Pilot sees it: fenced execution and reconciliation.
+
+The flow of DESIGN §3 steps 3–5 is the same on every engine, so it is written
+once here (:meth:`SqlTarget.execute`); engines supply the hooks: how to
+connect and begin, how to run one statement, how to read a driver error.
+
+The *stamp* row ``(marque_id, nonce)`` is the fence. It is inserted first in
+the target transaction, so it commits or vanishes with the change itself, and
+it is the target's own record of what Marque did. Its primary key admits one
+row per nonce; a later attempt may replace only a *tombstone* of an earlier
+attempt, never an applied stamp — so a stale attempt can never apply after
+reconciliation proved it had not.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from marque.crash import crash_point
+from marque.errors import (
+    CommitUnknown,
+    GuardFailed,
+    MarqueError,
+    MaxRowsExceeded,
+)
+from marque.token import Change, Guard
+
+Emit = Callable[..., None]
+
+APPLIED = "applied"
+TOMBSTONE = "tombstone"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One attempt to apply a change on a target."""
+
+    marque_id: str
+    nonce: str
+    attempt: int
+    pilot_id: str
+    incarnation: str
+    change: Change | None  # None when the run is only reconciled, never executed
+    max_rows: int
+    statement_timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a committed attempt did."""
+
+    rows_affected: int
+    result: dict[str, Any] | None
+
+
+class Verdict(enum.Enum):
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What reconciliation observed about one attempt."""
+
+    verdict: Verdict
+    rows_affected: int | None = None
+    stamp: dict[str, Any] | None = None
+    reason: str = ""
+    corroboration: dict[str, Any] | None = None
+
+
+class Target(abc.ABC):
+    """A database the Pilot executes approved changes on."""
+
+    name: str
+    #: ``stamps`` when lost responses can be settled by tombstones, else ``unavailable``.
+    recovery_contract: str = "stamps"
+
+    @abc.abstractmethod
+    def execute(self, run: Run, emit: Emit) -> Applied:
+        """Apply ``run`` in one fenced transaction.
+
+        Raises a ``NotApplied`` error when an error was received before or at
+        COMMIT (rolled back), ``CommitUnknown`` when COMMIT's fate is unknown,
+        and ``StampConflict`` when the fence says this nonce already has a stamp.
+        """
+
+    @abc.abstractmethod
+    def reconcile(self, run: Run) -> Evidence:
+        """Observe, never resend: settle the attempt by a tombstone stamp."""
+
+    @abc.abstractmethod
+    def stamps(self, incarnation: str) -> list[dict[str, Any]]:
+        """Stamps this target holds for a Pilot incarnation."""
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing
+        """Release connections."""
+
+
+class StampConflict(Exception):
+    """The fence pre-check found a stamp for this nonce: reconcile, don't run."""
+
+
+class SqlTarget(Target):
+    """The fenced-transaction flow, over an engine's hooks."""
+
+    #: The placeholder the driver wants, for the stamp statements.
+    placeholder = "?"
+    stamp_table = "marque_stamps"
+
+    # -- engine hooks -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def _begin(self, run: Run) -> Any:
+        """Connect, begin the transaction with the run's isolation and timeouts."""
+
+    @abc.abstractmethod
+    def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+        """Execute one statement; return a cursor."""
+
+    @abc.abstractmethod
+    def _commit(self, conn: Any) -> None:
+        """COMMIT; any exception means the outcome is not known."""
+
+    @abc.abstractmethod
+    def _abandon(self, conn: Any) -> None:
+        """Roll back if possible and close; never raises."""
+
+    @abc.abstractmethod
+    def _translate(self, exc: Exception) -> MarqueError:
+        """A driver error received before COMMIT, as the most specific NotApplied."""
+
+    @abc.abstractmethod
+    def _is_unique_violation(self, exc: Exception) -> bool:
+        """Whether ``exc`` is a primary-key conflict."""
+
+    @abc.abstractmethod
+    def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
+        """Insert the tombstone in its own transaction and read the stamp."""
+
+    # -- shared SQL -------------------------------------------------------------
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", self.placeholder).replace("{stamps}", self.stamp_table)
+
+    @property
+    def _stamp_upsert(self) -> str:
+        # One row per nonce: a new row, or a newer attempt replacing an older
+        # attempt's tombstone. An applied stamp is never replaced.
+        return self._sql(
+            "INSERT INTO {stamps} (marque_id, nonce, attempt, kind, pilot_id, incarnation, "
+            "rows_affected, created_at) VALUES (?, ?, ?, ?, ?, ?, NULL, ?) "
+            "ON CONFLICT (marque_id, nonce) DO UPDATE SET attempt = excluded.attempt, "
+            "kind = excluded.kind, pilot_id = excluded.pilot_id, "
+            "incarnation = excluded.incarnation, rows_affected = NULL, "
+            "created_at = excluded.created_at "
+            "WHERE {stamps}.kind = 'tombstone' AND {stamps}.attempt < excluded.attempt "
+            "RETURNING attempt"
+        )
+
+    def _stamp_row(self, run: Run, kind: str) -> tuple[Any, ...]:
+        return (run.marque_id, run.nonce, run.attempt, kind, run.pilot_id, run.incarnation,
+                time.time())
+
+    @staticmethod
+    def _verdict(run: Run, stamp: dict[str, Any] | None, inserted: bool) -> Evidence:
+        """Read the stamp left after a tombstone try."""
+        if inserted:
+            return Evidence(Verdict.NOT_APPLIED, stamp=stamp,
+                            reason="tombstone inserted: the attempt never committed and now "
+                                   "never can")
+        if stamp is None:
+            return Evidence(Verdict.UNKNOWN, reason="no stamp after a refused tombstone")
+        if stamp["kind"] == APPLIED:
+            same = stamp["attempt"] == run.attempt
+            return Evidence(
+                Verdict.APPLIED,
+                rows_affected=stamp["rows_affected"],
+                stamp=stamp,
+                reason="applied stamp found" + ("" if same else
+                                                 f" (written by attempt {stamp['attempt']})"),
+            )
+        return Evidence(Verdict.NOT_APPLIED, stamp=stamp,
+                        reason=f"tombstone of attempt {stamp['attempt']} blocks this attempt")
+
+    # -- the fenced transaction -------------------------------------------------
+
+    def execute(self, run: Run, emit: Emit) -> Applied:
+        assert run.change is not None, "execute needs the approved change"
+        change = run.change
+        try:
+            conn = self._begin(run)
+        except MarqueError:
+            raise
+        except Exception as exc:  # nothing was sent: provably not applied
+            raise self._translate(exc) from exc
+        committing = False
+        try:
+            try:
+                inserted = self._run(conn, self._stamp_upsert,
+                                     self._stamp_row(run, APPLIED)).fetchall()
+            except Exception as exc:
+                if self._is_unique_violation(exc):
+                    inserted = []
+                else:
+                    raise
+            if not inserted:
+                raise StampConflict(f"{run.marque_id}/{run.nonce} already has a stamp")
+            emit("fence_checked", stamp="inserted")
+            self._check_guards(conn, change, "before", emit)
+            total = 0
+            result: dict[str, Any] | None = None
+            for index, statement in enumerate(change.statements):
+                emit("statement_started", index=index, sql=statement.sql)
+                cur = self._run(conn, statement.sql, tuple(statement.params))
+                if cur.description is not None:
+                    rows = self._fetch_bounded(cur, run.max_rows - total, run.max_rows)
+                    count = len(rows)
+                    result = {"columns": [d[0] for d in cur.description],
+                              "rows": [[_jsonable(v) for v in r] for r in rows]}
+                else:
+                    count = max(cur.rowcount, 0)
+                total += count
+                emit("statement_finished", index=index, rows=count)
+                if total > run.max_rows:
+                    raise MaxRowsExceeded(
+                        f"statements affected {total} rows; the marque allows at most "
+                        f"{run.max_rows}"
+                    )
+            self._check_guards(conn, change, "after", emit)
+            self._run(conn, self._sql(
+                "UPDATE {stamps} SET rows_affected = ? WHERE marque_id = ? AND nonce = ?"),
+                (total, run.marque_id, run.nonce))
+            emit("asserted", rows_affected=total, max_rows=run.max_rows)
+            crash_point("before_commit")
+            committing = True
+            self._commit(conn)
+        except (StampConflict, MarqueError):
+            self._abandon(conn)
+            raise
+        except Exception as exc:
+            self._abandon(conn)
+            if committing:
+                raise CommitUnknown(f"COMMIT's outcome is unknown: {exc}") from exc
+            raise self._translate(exc) from exc
+        else:
+            self._abandon(conn)
+        emit("committed", rows_affected=total)
+        crash_point("after_commit")
+        return Applied(total, result)
+
+    def _fetch_bounded(self, cur: Any, remaining: int, max_rows: int) -> list[Any]:
+        # Fetch one row past the allowance to *detect* an excess; never truncate.
+        rows = cur.fetchmany(max(remaining, 0) + 1)
+        if len(rows) > remaining:
+            raise MaxRowsExceeded(
+                f"the statements return more than the {max_rows} rows the marque allows"
+            )
+        return list(rows)
+
+    def _check_guards(self, conn: Any, change: Change, phase: str, emit: Emit) -> None:
+        for index, guard in enumerate(change.guards):
+            if guard.when not in (phase, "both"):
+                continue
+            value = self._guard_value(conn, guard)
+            if value != guard.expect:
+                raise GuardFailed(
+                    f"guard {index} ({phase}) expected {guard.expect!r}, found {value!r}"
+                )
+            emit("guard_checked", index=index, phase=phase)
+
+    def _guard_value(self, conn: Any, guard: Guard) -> Any:
+        row = self._run(conn, guard.sql, tuple(guard.params)).fetchone()
+        if row is None:
+            return None
+        value = row[0]
+        # SQLite has no booleans: 1/0 stand for true/false.
+        if isinstance(guard.expect, bool) and isinstance(value, int):
+            return bool(value)
+        return value
+
+    def reconcile(self, run: Run) -> Evidence:
+        try:
+            return self._reconcile_txn(run, self._stamp_row(run, TOMBSTONE))
+        except Exception as exc:  # the target could not be asked: nothing is known
+            return Evidence(Verdict.UNKNOWN, reason=f"target unavailable: {exc}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+

@@ -1,0 +1,136 @@
+"""A SQLite file as a target: the embedded default and the demo's bank.
+
+SQLite serialises writers, so every target transaction starts with
+``BEGIN IMMEDIATE`` (it takes the write lock up front, bounded by the busy
+timeout) and the isolation level a marque asks for is always met. The
+statement timeout is a progress handler that interrupts the statement.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+from marque.errors import MarqueError, StatementError, StatementTimeout
+from marque.target.base import Evidence, Run, SqlTarget, Verdict
+
+_STAMP_DDL = (
+    "CREATE TABLE IF NOT EXISTS marque_stamps ("
+    " marque_id TEXT NOT NULL,"
+    " nonce TEXT NOT NULL,"
+    " attempt INTEGER NOT NULL,"
+    " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
+    " pilot_id TEXT NOT NULL,"
+    " incarnation TEXT NOT NULL,"
+    " rows_affected INTEGER,"
+    " created_at REAL NOT NULL,"
+    " PRIMARY KEY (marque_id, nonce))"
+)
+_STAMP_COLUMNS = (
+    "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
+    "created_at",
+)
+# Progress handler granularity, in SQLite VM instructions.
+_PROGRESS_STEPS = 10_000
+
+
+class SqliteTarget(SqlTarget):
+    """A target in one existing SQLite file."""
+
+    def __init__(self, name: str, path: str, *, lock_timeout_ms: int = 5_000) -> None:
+        self.name = name
+        self.path = path
+        self.lock_timeout_ms = lock_timeout_ms
+
+    def _connect(self) -> sqlite3.Connection:
+        # mode=rw: a missing target file is an error, never a new empty database.
+        conn = sqlite3.connect(
+            f"file:{self.path}?mode=rw",
+            uri=True,
+            isolation_level=None,
+            timeout=self.lock_timeout_ms / 1000,
+        )
+        return conn
+
+    def _begin(self, run: Run) -> sqlite3.Connection:
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_STAMP_DDL)
+        except BaseException:
+            conn.close()
+            raise
+        deadline = time.monotonic() + run.statement_timeout_ms / 1000
+
+        def interrupt_when_late() -> int:
+            return 1 if time.monotonic() > deadline else 0
+
+        conn.set_progress_handler(interrupt_when_late, _PROGRESS_STEPS)
+        return conn
+
+    def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+        return conn.execute(sql, params)
+
+    def _commit(self, conn: Any) -> None:
+        conn.set_progress_handler(None, 0)
+        conn.execute("COMMIT")
+
+    def _abandon(self, conn: Any) -> None:
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # closing the connection rolls back whatever is left
+        finally:
+            conn.close()
+
+    def _translate(self, exc: Exception) -> MarqueError:
+        name = getattr(exc, "sqlite_errorname", None)
+        # Only our progress handler interrupts a target connection.
+        if name == "SQLITE_INTERRUPT":
+            return StatementTimeout(f"statement timeout reached: {exc}", detail={
+                "sqlite_errorname": name})
+        return StatementError(f"{type(exc).__name__}: {exc}",
+                              detail={"sqlite_errorname": name} if name else None)
+
+    def _is_unique_violation(self, exc: Exception) -> bool:
+        return getattr(exc, "sqlite_errorname", None) in (
+            "SQLITE_CONSTRAINT_PRIMARYKEY",
+            "SQLITE_CONSTRAINT_UNIQUE",
+        )
+
+    def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_STAMP_DDL)
+            inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
+            row = conn.execute(
+                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque_stamps "
+                "WHERE marque_id = ? AND nonce = ?",
+                (run.marque_id, run.nonce),
+            ).fetchone()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
+        finally:
+            conn.close()
+        stamp = dict(zip(_STAMP_COLUMNS, row, strict=True)) if row else None
+        return self._verdict(run, stamp, bool(inserted))
+
+    def stamps(self, incarnation: str) -> list[dict[str, Any]]:
+        conn = self._connect()
+        try:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'marque_stamps'"
+            ).fetchone()
+            if not exists:
+                return []
+            rows = conn.execute(
+                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque_stamps WHERE incarnation = ?",
+                (incarnation,),
+            ).fetchall()
+        finally:
+            conn.close()
+        return [dict(zip(_STAMP_COLUMNS, r, strict=True)) for r in rows]

@@ -1,0 +1,926 @@
+"""Marques and their proofs of possession: issuing them and deciding whether to honour them.
+
+A marque (DESIGN §2) is the only thing that lets a Pilot touch a target
+database, so this module is where a forged, stale, misdirected or stolen one
+must be stopped. It turns the approved work (:class:`Change`, :class:`Budget`)
+into a signed compact JWS, and turns a received token back into a
+:class:`Marque` only after every rule of DESIGN §2 and RFC 8725 has held:
+
+* only ``EdDSA`` over Ed25519 is accepted — an allow-list, never the token's own
+  ``alg`` — and ``typ`` must say what the token is (``marque+jwt``);
+* the verifying key is found by ``kid`` in :class:`TrustedKeys` and nowhere
+  else: ``jku``, ``x5u``, ``x5c`` and an embedded ``jwk`` never confer trust;
+* the claims are checked for shape before any of them is believed, and the
+  change must hash to the ``change_cid`` it claims (the CID approval signed);
+* the validity window, Pilot identity, ledger incarnation and target are then
+  checked, each refusal with its own stable code.
+
+Each execution request also carries an RFC 9449-style proof of possession
+signed by the holder key the marque is bound to (``cnf.jkt``); :func:`verify_proof`
+checks it and consults the caller's replay cache last, so a refused proof never
+burns a ``jti``.
+
+Signatures are made and checked by joserfc; this module only decides *which*
+key and algorithm to allow and what the claims must say. Every refusal is a
+:mod:`marque.errors` class; foreign exceptions never cross this boundary.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import re
+import secrets
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from joserfc import jws
+from joserfc.errors import JoseError
+from joserfc.jwa import EdDSAAlgorithm
+from joserfc.jwk import OKPKey
+from joserfc.jwk import import_key as _import_jwk
+
+from marque.cid import MAX_SAFE_INT, cid
+from marque.errors import (
+    InvalidInput,
+    MarqueError,
+    MarqueExpired,
+    MarqueInvalid,
+    MarqueNotYetValid,
+    PopInvalid,
+    PopKeyMismatch,
+    PopMissing,
+    PopReplayed,
+    UnknownTarget,
+    WrongIncarnation,
+    WrongPilot,
+)
+
+__all__ = [
+    "ALG",
+    "MARQUE_TYP",
+    "POP_TYP",
+    "ISOLATION_LEVELS",
+    "GUARD_WHEN",
+    "Budget",
+    "Statement",
+    "Guard",
+    "Change",
+    "Marque",
+    "TrustedKeys",
+    "new_key",
+    "public_jwk",
+    "thumbprint",
+    "issue_marque",
+    "verify_marque",
+    "make_proof",
+    "verify_proof",
+]
+
+#: The one signature algorithm Marque signs with and accepts.
+ALG = "EdDSA"
+#: ``typ`` header of a marque.
+MARQUE_TYP = "marque+jwt"
+#: ``typ`` header of a proof of possession.
+POP_TYP = "marque-pop+jwt"
+#: Isolation levels a change may ask for.
+ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
+#: When a guard is checked, relative to the statements.
+GUARD_WHEN = ("before", "after", "both")
+
+_CURVE: Final = "Ed25519"
+#: Largest accepted proof ``jti``: it is stored in the Pilot's replay cache.
+_MAX_POP_JTI_LENGTH = 256
+#: A proof's ``jti`` is remembered this long beyond the last moment it could be accepted.
+_REPLAY_MARGIN_SECONDS = 60.0
+#: Largest marque payload segment (base64url characters). Changes can carry long SQL.
+_MAX_MARQUE_PAYLOAD = 1_000_000
+
+_MARQUE_CLAIMS = frozenset(
+    {"iss", "sub", "jti", "iat", "nbf", "exp", "pilot", "target", "cnf", "budget", "change"}
+)
+_BUDGET_KEYS = frozenset({"executions", "max_rows", "attempts_per_nonce"})
+_CHANGE_KEYS = frozenset(
+    {"statements", "guards", "isolation", "statement_timeout_ms", "change_cid"}
+)
+_STATEMENT_KEYS = frozenset({"sql", "params"})
+_GUARD_KEYS = frozenset({"sql", "params", "expect", "when"})
+# Headers joserfc would act on (RFC 7797 unencoded payloads, critical extensions): never ours.
+_FORBIDDEN_HEADERS = ("crit", "b64")
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
+# -- joserfc wiring ---------------------------------------------------------------
+
+
+class _EdDSA(EdDSAAlgorithm):
+    """joserfc's RFC 8037 EdDSA, without its per-call RFC 9864 deprecation warning.
+
+    DESIGN §2 fixes ``alg: "EdDSA"`` on the wire; RFC 9864 only prefers the
+    fully specified name ``Ed25519`` for the same signature. The curve is pinned
+    separately: every key this module verifies with is checked to be Ed25519.
+    """
+
+    security_warning = None  # type: ignore[assignment]  # joserfc only tests truthiness
+
+
+class _Registry(jws.JWSRegistry):
+    """A JWS registry that knows exactly one algorithm, so nothing else can be negotiated."""
+
+    algorithms = {ALG: _EdDSA()}
+    recommended: list[str] = []
+
+
+_MARQUE_REGISTRY = _Registry(algorithms=[ALG])
+_MARQUE_REGISTRY.max_payload_length = _MAX_MARQUE_PAYLOAD
+_POP_REGISTRY = _Registry(algorithms=[ALG])
+
+
+# -- approved work ------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_scalar(value: Any, where: str, error: type[MarqueError]) -> None:
+    if value is None or isinstance(value, str | bool):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INT:
+            raise error(f"{where}: integer {value} is too large for JSON (more than 2**53)")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise error(f"{where}: {value!r} is not a finite number")
+        return
+    raise error(f"{where}: {type(value).__name__} is not a JSON scalar")
+
+
+def _check_params(value: Any, where: str, error: type[MarqueError]) -> tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise error(f"{where}.params must be a list of JSON scalars")
+    for index, item in enumerate(value):
+        _check_scalar(item, f"{where}.params[{index}]", error)
+    return tuple(value)
+
+
+def _check_sql(value: Any, where: str, error: type[MarqueError]) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise error(f"{where}.sql must be a non-empty string")
+    return value
+
+
+def _check_keys(data: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise MarqueInvalid(f"{where} must be a JSON object")
+    missing = sorted(allowed - data.keys())
+    if missing:
+        raise MarqueInvalid(f"{where} lacks {', '.join(missing)}")
+    unknown = sorted(str(k) for k in data.keys() - allowed)
+    if unknown:
+        raise MarqueInvalid(f"{where} has unknown member(s) {', '.join(unknown)}")
+    return data
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a marque may spend: executions (nonces), rows per execution, attempts per nonce."""
+
+    executions: int
+    max_rows: int
+    attempts_per_nonce: int = 3
+
+    def __post_init__(self) -> None:
+        _check_budget(self.executions, self.max_rows, self.attempts_per_nonce, InvalidInput)
+
+    def to_claim(self) -> dict[str, int]:
+        """The ``budget`` claim: ``{executions, max_rows, attempts_per_nonce}``."""
+        return {
+            "executions": self.executions,
+            "max_rows": self.max_rows,
+            "attempts_per_nonce": self.attempts_per_nonce,
+        }
+
+    @classmethod
+    def from_claim(cls, data: Any) -> Budget:
+        """Read a ``budget`` claim; anything but the exact shape raises :class:`MarqueInvalid`."""
+        data = _check_keys(data, _BUDGET_KEYS, "budget")
+        _check_budget(
+            data["executions"], data["max_rows"], data["attempts_per_nonce"], MarqueInvalid
+        )
+        return cls(data["executions"], data["max_rows"], data["attempts_per_nonce"])
+
+
+def _check_budget(
+    executions: Any, max_rows: Any, attempts_per_nonce: Any, error: type[MarqueError]
+) -> None:
+    for name, value, least in (
+        ("executions", executions, 1),
+        ("max_rows", max_rows, 0),
+        ("attempts_per_nonce", attempts_per_nonce, 1),
+    ):
+        if not _is_int(value):
+            raise error(f"budget.{name} must be an integer, got {type(value).__name__}")
+        if value < least:
+            raise error(f"budget.{name} must be at least {least}, got {value}")
+        if value > MAX_SAFE_INT:
+            raise error(f"budget.{name} is too large")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One approved SQL statement and its bound parameters (JSON scalars)."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_sql(self.sql, "statement", InvalidInput)
+        object.__setattr__(self, "params", _check_params(self.params, "statement", InvalidInput))
+
+    def to_claim(self) -> dict[str, Any]:
+        """The statement as it appears in the ``change`` claim."""
+        return {"sql": self.sql, "params": list(self.params)}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """An approved query whose first column of the first row must equal ``expect``.
+
+    ``when`` says whether it is checked before the statements, after them
+    (inside the same transaction), or both.
+    """
+
+    sql: str
+    params: tuple[Any, ...] = ()
+    expect: Any = True
+    when: str = "before"
+
+    def __post_init__(self) -> None:
+        _check_sql(self.sql, "guard", InvalidInput)
+        object.__setattr__(self, "params", _check_params(self.params, "guard", InvalidInput))
+        _check_scalar(self.expect, "guard.expect", InvalidInput)
+        if self.when not in GUARD_WHEN:
+            raise InvalidInput(f"guard.when must be one of {', '.join(GUARD_WHEN)}")
+
+    def to_claim(self) -> dict[str, Any]:
+        """The guard as it appears in the ``change`` claim."""
+        return {
+            "sql": self.sql,
+            "params": list(self.params),
+            "expect": self.expect,
+            "when": self.when,
+        }
+
+
+@dataclass(frozen=True)
+class Change:
+    """The exact approved work of a marque; ``change_cid`` names it (DESIGN §8)."""
+
+    statements: tuple[Statement, ...]
+    guards: tuple[Guard, ...] = ()
+    isolation: str = "read_committed"
+    statement_timeout_ms: int | None = None
+    _cid: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        statements = tuple(self.statements)
+        guards = tuple(self.guards)
+        if not statements:
+            raise InvalidInput("a change needs at least one statement")
+        if not all(isinstance(s, Statement) for s in statements):
+            raise InvalidInput("change.statements must be Statement objects")
+        if not all(isinstance(g, Guard) for g in guards):
+            raise InvalidInput("change.guards must be Guard objects")
+        _check_isolation(self.isolation, InvalidInput)
+        _check_timeout(self.statement_timeout_ms, InvalidInput)
+        object.__setattr__(self, "statements", statements)
+        object.__setattr__(self, "guards", guards)
+        # Computing the CID also proves the whole change has one canonical JSON form.
+        object.__setattr__(self, "_cid", cid(self._preimage()))
+
+    def _preimage(self) -> dict[str, Any]:
+        return {
+            "statements": [s.to_claim() for s in self.statements],
+            "guards": [g.to_claim() for g in self.guards],
+            "isolation": self.isolation,
+            "statement_timeout_ms": self.statement_timeout_ms,
+        }
+
+    @property
+    def change_cid(self) -> str:
+        """``cid(self.to_claim(), exclude="change_cid")`` — what approval signs."""
+        return self._cid
+
+    def to_claim(self) -> dict[str, Any]:
+        """The ``change`` claim, including its own ``change_cid``."""
+        claim = self._preimage()
+        claim["change_cid"] = self._cid
+        return claim
+
+    @classmethod
+    def from_claim(cls, data: Any) -> Change:
+        """Read a ``change`` claim, strictly, and check it hashes to its ``change_cid``.
+
+        Raises :class:`MarqueInvalid` for any deviation from the shape
+        :meth:`to_claim` produces, or when the recomputed CID differs.
+        """
+        data = _check_keys(data, _CHANGE_KEYS, "change")
+        raw_statements = data["statements"]
+        if not isinstance(raw_statements, list) or not raw_statements:
+            raise MarqueInvalid("change.statements must be a non-empty list")
+        statements = []
+        for index, item in enumerate(raw_statements):
+            where = f"change.statements[{index}]"
+            item = _check_keys(item, _STATEMENT_KEYS, where)
+            sql = _check_sql(item["sql"], where, MarqueInvalid)
+            params = _check_params(item["params"], where, MarqueInvalid)
+            statements.append(Statement(sql, params))
+        raw_guards = data["guards"]
+        if not isinstance(raw_guards, list):
+            raise MarqueInvalid("change.guards must be a list")
+        guards = []
+        for index, item in enumerate(raw_guards):
+            where = f"change.guards[{index}]"
+            item = _check_keys(item, _GUARD_KEYS, where)
+            sql = _check_sql(item["sql"], where, MarqueInvalid)
+            params = _check_params(item["params"], where, MarqueInvalid)
+            _check_scalar(item["expect"], f"{where}.expect", MarqueInvalid)
+            if item["when"] not in GUARD_WHEN:
+                raise MarqueInvalid(f"{where}.when must be one of {', '.join(GUARD_WHEN)}")
+            guards.append(Guard(sql, params, item["expect"], item["when"]))
+        _check_isolation(data["isolation"], MarqueInvalid)
+        _check_timeout(data["statement_timeout_ms"], MarqueInvalid)
+        try:
+            change = cls(
+                tuple(statements), tuple(guards), data["isolation"], data["statement_timeout_ms"]
+            )
+        except InvalidInput as exc:
+            raise MarqueInvalid(f"change: {exc.message}") from exc
+        if data["change_cid"] != change.change_cid:
+            raise MarqueInvalid("change_cid does not match the change it names")
+        return change
+
+
+def _check_isolation(value: Any, error: type[MarqueError]) -> None:
+    if not isinstance(value, str) or value not in ISOLATION_LEVELS:
+        raise error(f"change.isolation must be one of {', '.join(ISOLATION_LEVELS)}")
+
+
+def _check_timeout(value: Any, error: type[MarqueError]) -> None:
+    if value is None:
+        return
+    if not _is_int(value) or value < 1 or value > MAX_SAFE_INT:
+        raise error("change.statement_timeout_ms must be a positive integer or null")
+
+
+# -- the verified marque ----------------------------------------------------------------
+
+
+def _token_hash(token: str) -> str:
+    digest = hashlib.sha256(token.encode("ascii")).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+@dataclass(frozen=True)
+class Marque:
+    """A marque whose signature, claims, window, Pilot and target have all been checked."""
+
+    token: str = field(repr=False)
+    marque_id: str
+    issuer: str
+    subject: str
+    issued_at: int
+    not_before: int
+    expires_at: int
+    pilot_id: str
+    incarnation: str
+    target: str
+    jkt: str
+    budget: Budget
+    change: Change
+    kid: str
+
+    @property
+    def token_hash(self) -> str:
+        """base64url(SHA-256(token)) without padding: the ``ath`` a proof must carry."""
+        return _token_hash(self.token)
+
+    def claims(self) -> dict[str, Any]:
+        """The marque's claims as a JSON object (DESIGN §2 names)."""
+        return {
+            "iss": self.issuer,
+            "sub": self.subject,
+            "jti": self.marque_id,
+            "iat": self.issued_at,
+            "nbf": self.not_before,
+            "exp": self.expires_at,
+            "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
+            "target": self.target,
+            "cnf": {"jkt": self.jkt},
+            "budget": self.budget.to_claim(),
+            "change": self.change.to_claim(),
+        }
+
+
+# -- keys -------------------------------------------------------------------------------
+
+
+def _ed25519_public(jwk: Any, error: type[MarqueError], what: str) -> dict[str, Any]:
+    """The ``{kty, crv, x}`` of an Ed25519 JWK, checked; ``error`` otherwise."""
+    if not isinstance(jwk, dict):
+        raise error(f"{what} must be a JWK object")
+    if jwk.get("kty") != "OKP" or jwk.get("crv") != _CURVE:
+        raise error(f"{what} must be an Ed25519 key (kty OKP, crv Ed25519)")
+    x = jwk.get("x")
+    if not isinstance(x, str) or not x:
+        raise error(f"{what} has no public key member x")
+    return {"kty": "OKP", "crv": _CURVE, "x": x}
+
+
+def _import_public(jwk: Any, error: type[MarqueError], what: str) -> OKPKey:
+    members = _ed25519_public(jwk, error, what)
+    try:
+        key = OKPKey.import_key(members)
+    except (JoseError, ValueError, TypeError, binascii.Error) as exc:
+        raise error(f"{what} is not a usable Ed25519 public key") from exc
+    return key
+
+
+def _import_private(jwk: Any, what: str) -> OKPKey:
+    members = _ed25519_public(jwk, InvalidInput, what)
+    d = jwk.get("d")
+    if not isinstance(d, str) or not d:
+        raise InvalidInput(f"{what} is not a private key (no d)")
+    try:
+        private: dict[str, Any] = {**members, "d": d}
+        key = OKPKey.import_key(private)
+        # Derived from d itself: the dict form would just echo the x we were given.
+        derived = OKPKey.import_key(key.public_key).as_dict(private=False)
+    except (JoseError, ValueError, TypeError, binascii.Error) as exc:
+        raise InvalidInput(f"{what} is not a usable Ed25519 private key") from exc
+    if derived.get("x") != members["x"]:
+        raise InvalidInput(f"{what}: x is not the public half of d")
+    return key
+
+
+def _kid_of(jwk: dict[str, Any], what: str) -> str:
+    kid = jwk.get("kid")
+    if kid is None:
+        return thumbprint(jwk)
+    if not isinstance(kid, str) or not kid:
+        raise InvalidInput(f"{what}: kid must be a non-empty string")
+    return kid
+
+
+def new_key() -> dict[str, Any]:
+    """A fresh Ed25519 private JWK, with ``kid`` (its RFC 7638 thumbprint) and ``alg``."""
+    key = OKPKey.generate_key(_CURVE, private=True)
+    jwk: dict[str, Any] = dict(key.as_dict(private=True))
+    jwk["kid"] = key.thumbprint()
+    jwk["alg"] = ALG
+    return jwk
+
+
+def public_jwk(jwk: dict[str, Any]) -> dict[str, Any]:
+    """The public members of an Ed25519 JWK (``kty, crv, x``, and ``kid``/``alg`` if present).
+
+    Never includes ``d``. Raises :class:`InvalidInput` for anything but an Ed25519 key.
+    """
+    public: dict[str, Any] = dict(_ed25519_public(jwk, InvalidInput, "key"))
+    for member in ("kid", "alg"):
+        if member in jwk:
+            public[member] = jwk[member]
+    return public
+
+
+def thumbprint(jwk: dict[str, Any]) -> str:
+    """The RFC 7638 SHA-256 thumbprint of a JWK (base64url, no padding), via joserfc.
+
+    Only the key's required public members count, so a private JWK and its
+    public half have the same thumbprint. Raises :class:`InvalidInput` if the
+    JWK cannot be read.
+    """
+    if not isinstance(jwk, dict):
+        raise InvalidInput("a JWK must be a JSON object")
+    try:
+        return _import_jwk(jwk).thumbprint()
+    except (JoseError, ValueError, TypeError, KeyError, binascii.Error) as exc:
+        raise InvalidInput(f"cannot compute the thumbprint of this JWK: {exc}") from exc
+
+
+class TrustedKeys:
+    """Issuer public keys a Pilot trusts, looked up by kid only."""
+
+    def __init__(self, jwks: Iterable[dict[str, Any]] = ()) -> None:
+        self._keys: dict[str, OKPKey] = {}
+        self._jwks: dict[str, dict[str, Any]] = {}
+        for jwk in jwks:
+            self.add(jwk)
+
+    def add(self, jwk: dict[str, Any]) -> str:
+        """Trust the public part of an Ed25519 key and return its ``kid``.
+
+        The ``kid`` is the JWK's own, or its RFC 7638 thumbprint if it has none.
+        A private JWK is accepted but only its public part is kept. Raises
+        :class:`InvalidInput` for non-Ed25519 keys, an ``alg`` other than
+        ``EdDSA``, or a ``kid`` already trusted for a different key.
+        """
+        key = _import_public(jwk, InvalidInput, "trusted key")
+        alg = jwk.get("alg")
+        if alg is not None and alg != ALG:
+            raise InvalidInput(f"trusted key alg must be {ALG}, got {alg!r}")
+        kid = _kid_of(jwk, "trusted key")
+        public = public_jwk(jwk)
+        public["kid"] = kid
+        known = self._keys.get(kid)
+        if known is not None and known.thumbprint() != key.thumbprint():
+            raise InvalidInput(f"kid {kid!r} is already trusted for a different key")
+        self._keys[kid] = key
+        self._jwks[kid] = public
+        return kid
+
+    def get(self, kid: str) -> OKPKey | None:
+        """The trusted key with this ``kid``, or ``None``."""
+        if not isinstance(kid, str):
+            return None
+        return self._keys.get(kid)
+
+    def to_jwks(self) -> dict[str, Any]:
+        """The trusted keys as a JWKS: ``{"keys": [public JWKs]}``."""
+        return {"keys": [dict(jwk) for jwk in self._jwks.values()]}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, kid: object) -> bool:
+        return isinstance(kid, str) and kid in self._keys
+
+
+# -- wire helpers -------------------------------------------------------------------------
+
+
+def _b64url_decode(segment: str) -> bytes:
+    if len(segment) % 4 == 1 or _B64URL.fullmatch(segment) is None:
+        raise ValueError("not base64url")
+    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate member {key!r}")
+        result[key] = value
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_object(raw: bytes, what: str, error: type[MarqueError]) -> dict[str, Any]:
+    try:
+        value = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+        )
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise error(f"{what} is not valid JSON") from exc
+    if not isinstance(value, dict):
+        raise error(f"{what} must be a JSON object")
+    return value
+
+
+def _read_header(
+    token: Any, registry: jws.JWSRegistry, what: str, error: type[MarqueError]
+) -> dict[str, Any]:
+    """Parse a compact JWS's protected header without trusting anything in it."""
+    if not isinstance(token, str):
+        raise error(f"{what} must be a compact JWS string")
+    limit = registry.max_header_length + registry.max_payload_length + 2 * 1024
+    if len(token) > limit:
+        raise error(f"{what} is longer than {limit} characters")
+    parts = token.split(".")
+    if len(parts) != 3 or not all(parts):
+        raise error(f"{what} is not a compact JWS (header.payload.signature)")
+    if len(parts[0]) > registry.max_header_length:
+        raise error(f"{what} header is too long")
+    try:
+        raw = _b64url_decode(parts[0])
+    except (ValueError, binascii.Error) as exc:
+        raise error(f"{what} header is not base64url") from exc
+    header = _json_object(raw, f"{what} header", error)
+    for name in _FORBIDDEN_HEADERS:
+        if name in header:
+            raise error(f"{what} header {name!r} is not supported")
+    return header
+
+
+def _verified_payload(
+    token: str, key: OKPKey, registry: jws.JWSRegistry, what: str, error: type[MarqueError]
+) -> dict[str, Any]:
+    try:
+        obj = jws.deserialize_compact(token, key, registry=registry)
+    except (JoseError, ValueError, TypeError, binascii.Error) as exc:
+        raise error(f"{what} signature is not valid") from exc
+    return _json_object(obj.payload, f"{what} payload", error)
+
+
+def _sign(
+    header: dict[str, Any], claims: dict[str, Any], key: OKPKey, registry: jws.JWSRegistry
+) -> str:
+    payload = json.dumps(claims, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    try:
+        return jws.serialize_compact(header, payload.encode("ascii"), key, registry=registry)
+    except (JoseError, ValueError, TypeError) as exc:
+        raise InvalidInput(f"cannot sign: {exc}") from exc
+
+
+def _nonempty_str(value: Any, name: str, error: type[MarqueError]) -> str:
+    if not isinstance(value, str) or not value:
+        raise error(f"{name} must be a non-empty string")
+    return value
+
+
+def _int_claim(value: Any, name: str, error: type[MarqueError]) -> int:
+    if not _is_int(value):
+        raise error(f"{name} must be an integer number of seconds")
+    if abs(value) > MAX_SAFE_INT:
+        raise error(f"{name} is out of range")
+    return int(value)
+
+
+def _object_claim(value: Any, name: str, members: Iterable[str]) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise MarqueInvalid(f"claim {name} must be a JSON object")
+    return {m: _nonempty_str(value.get(m), f"claim {name}.{m}", MarqueInvalid) for m in members}
+
+
+def _new_marque_id() -> str:
+    return "mq_" + base64.b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
+
+
+# -- marques ----------------------------------------------------------------------------
+
+
+def issue_marque(
+    issuer_key: dict[str, Any],
+    *,
+    pilot_id: str,
+    incarnation: str,
+    target: str,
+    holder_jwk: dict[str, Any],
+    change: Change,
+    budget: Budget,
+    ttl_seconds: int,
+    subject: str = "local",
+    issuer: str = "marque-local",
+    now: float | None = None,
+    not_before: float | None = None,
+    marque_id: str | None = None,
+) -> str:
+    """Sign a marque for ``change`` and return it as a compact JWS.
+
+    The marque is bound to one Pilot ledger (``pilot_id`` + ``incarnation``),
+    one ``target``, and the holder key whose thumbprint becomes ``cnf.jkt``.
+    It is valid from ``not_before`` (default: now) until now + ``ttl_seconds``.
+    Raises :class:`InvalidInput` for a bad key or argument.
+    """
+    key = _import_private(issuer_key, "issuer key")
+    kid = _kid_of(issuer_key, "issuer key")
+    holder = _import_public(holder_jwk, InvalidInput, "holder key")
+    for name, value in (
+        ("pilot_id", pilot_id),
+        ("incarnation", incarnation),
+        ("target", target),
+        ("subject", subject),
+        ("issuer", issuer),
+    ):
+        _nonempty_str(value, name, InvalidInput)
+    if not isinstance(change, Change):
+        raise InvalidInput("change must be a Change")
+    if not isinstance(budget, Budget):
+        raise InvalidInput("budget must be a Budget")
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
+        raise InvalidInput("ttl_seconds must be a number of seconds")
+    if not ttl_seconds > 0:
+        raise InvalidInput("ttl_seconds must be greater than zero")
+    moment = time.time() if now is None else now
+    issued_at = math.floor(moment)
+    starts = issued_at if not_before is None else math.floor(not_before)
+    expires = math.floor(moment + ttl_seconds)
+    if expires <= starts:
+        raise InvalidInput("the marque would expire before it becomes valid")
+    jti = _new_marque_id() if marque_id is None else marque_id
+    _nonempty_str(jti, "marque_id", InvalidInput)
+
+    header = {"alg": ALG, "typ": MARQUE_TYP, "kid": kid}
+    claims: dict[str, Any] = {
+        "iss": issuer,
+        "sub": subject,
+        "jti": jti,
+        "iat": issued_at,
+        "nbf": starts,
+        "exp": expires,
+        "pilot": {"id": pilot_id, "incarnation": incarnation},
+        "target": target,
+        "cnf": {"jkt": holder.thumbprint()},
+        "budget": budget.to_claim(),
+        "change": change.to_claim(),
+    }
+    token = _sign(header, claims, key, _MARQUE_REGISTRY)
+    header_segment, payload_segment, _ = token.split(".")
+    if len(header_segment) > _MARQUE_REGISTRY.max_header_length:
+        raise InvalidInput("the issuer key's kid is too long for a marque header")
+    if len(payload_segment) > _MARQUE_REGISTRY.max_payload_length:
+        raise InvalidInput("the change is too large to fit in a marque")
+    return token
+
+
+def verify_marque(
+    token: str,
+    trusted: TrustedKeys,
+    *,
+    pilot_id: str,
+    incarnation: str,
+    targets: Collection[str],
+    now: float | None = None,
+    skew_seconds: float = 60,
+) -> Marque:
+    """Decide whether this Pilot may honour ``token``, and return it read.
+
+    Checks, in order: header (``alg`` EdDSA, ``typ`` marque+jwt, ``kid``
+    trusted), signature, claims and change CID (all :class:`MarqueInvalid`);
+    then the window (:class:`MarqueExpired`, :class:`MarqueNotYetValid`, with
+    ``skew_seconds`` of tolerance); then :class:`WrongPilot`,
+    :class:`WrongIncarnation` and :class:`UnknownTarget`.
+    """
+    header = _read_header(token, _MARQUE_REGISTRY, "marque", MarqueInvalid)
+    if header.get("alg") != ALG:
+        raise MarqueInvalid(f"marque alg must be {ALG}")
+    if header.get("typ") != MARQUE_TYP:
+        raise MarqueInvalid(f"marque typ must be {MARQUE_TYP}")
+    kid = header.get("kid")
+    if not isinstance(kid, str):
+        raise MarqueInvalid("marque header has no kid")
+    key = trusted.get(kid)
+    if key is None:
+        raise MarqueInvalid(f"unknown kid {kid[:64]!r}: no trusted issuer key has it")
+    claims = _verified_payload(token, key, _MARQUE_REGISTRY, "marque", MarqueInvalid)
+
+    missing = sorted(_MARQUE_CLAIMS - claims.keys())
+    if missing:
+        raise MarqueInvalid(f"marque lacks claim(s) {', '.join(missing)}")
+    issuer = _nonempty_str(claims["iss"], "claim iss", MarqueInvalid)
+    subject = _nonempty_str(claims["sub"], "claim sub", MarqueInvalid)
+    marque_id = _nonempty_str(claims["jti"], "claim jti", MarqueInvalid)
+    issued_at = _int_claim(claims["iat"], "claim iat", MarqueInvalid)
+    not_before = _int_claim(claims["nbf"], "claim nbf", MarqueInvalid)
+    expires_at = _int_claim(claims["exp"], "claim exp", MarqueInvalid)
+    if expires_at <= not_before:
+        raise MarqueInvalid("claim exp must be after nbf")
+    pilot = _object_claim(claims["pilot"], "pilot", ("id", "incarnation"))
+    target = _nonempty_str(claims["target"], "claim target", MarqueInvalid)
+    jkt = _object_claim(claims["cnf"], "cnf", ("jkt",))["jkt"]
+    budget = Budget.from_claim(claims["budget"])
+    change = Change.from_claim(claims["change"])
+
+    moment = time.time() if now is None else now
+    if moment > expires_at + skew_seconds:
+        raise MarqueExpired(f"marque {marque_id} expired at {expires_at}")
+    if moment < not_before - skew_seconds:
+        raise MarqueNotYetValid(f"marque {marque_id} is not valid before {not_before}")
+    if pilot["id"] != pilot_id:
+        raise WrongPilot(f"marque {marque_id} is for pilot {pilot['id']!r}, not {pilot_id!r}")
+    if pilot["incarnation"] != incarnation:
+        raise WrongIncarnation(
+            f"marque {marque_id} is for ledger incarnation {pilot['incarnation']!r}, "
+            f"this ledger is {incarnation!r}"
+        )
+    if target not in targets:
+        raise UnknownTarget(f"this pilot does not serve target {target!r}")
+    return Marque(
+        token=token,
+        marque_id=marque_id,
+        issuer=issuer,
+        subject=subject,
+        issued_at=issued_at,
+        not_before=not_before,
+        expires_at=expires_at,
+        pilot_id=pilot["id"],
+        incarnation=pilot["incarnation"],
+        target=target,
+        jkt=jkt,
+        budget=budget,
+        change=change,
+        kid=kid,
+    )
+
+
+# -- proofs of possession -------------------------------------------------------------
+
+
+def make_proof(
+    holder_key: dict[str, Any],
+    marque_token: str,
+    *,
+    nonce: str,
+    pilot_id: str,
+    now: float | None = None,
+    jti: str | None = None,
+) -> str:
+    """Sign a proof that the caller holds the key ``marque_token`` is bound to.
+
+    The proof names the marque (``ath``), the execution ``nonce`` and the
+    Pilot, and carries the holder's public key in its ``jwk`` header.
+    Raises :class:`InvalidInput` for a bad key or argument.
+    """
+    key = _import_private(holder_key, "holder key")
+    if not isinstance(marque_token, str) or not marque_token.isascii() or not marque_token:
+        raise InvalidInput("marque_token must be a compact JWS string")
+    _nonempty_str(nonce, "nonce", InvalidInput)
+    _nonempty_str(pilot_id, "pilot_id", InvalidInput)
+    proof_jti = secrets.token_urlsafe(24) if jti is None else jti
+    _nonempty_str(proof_jti, "jti", InvalidInput)
+    if len(proof_jti) > _MAX_POP_JTI_LENGTH:
+        raise InvalidInput(f"jti is longer than {_MAX_POP_JTI_LENGTH} characters")
+    moment = time.time() if now is None else now
+    header = {
+        "typ": POP_TYP,
+        "alg": ALG,
+        "jwk": _ed25519_public(holder_key, InvalidInput, "holder key"),
+    }
+    claims = {
+        "jti": proof_jti,
+        "iat": math.floor(moment),
+        "ath": _token_hash(marque_token),
+        "nonce": nonce,
+        "pilot": pilot_id,
+    }
+    return _sign(header, claims, key, _POP_REGISTRY)
+
+
+def verify_proof(
+    proof: str | None,
+    marque: Marque,
+    *,
+    nonce: str,
+    pilot_id: str,
+    remember_jti: Callable[[str, float], bool],
+    now: float | None = None,
+    window_seconds: float = 120,
+) -> str:
+    """Check a proof of possession for ``marque`` and this request; return its ``jti``.
+
+    Refuses with :class:`PopMissing` (no proof), :class:`PopKeyMismatch` (signed
+    by a key other than ``cnf.jkt``), :class:`PopInvalid` (malformed, bad
+    signature, ``iat`` outside ``window_seconds``, or ``ath``/``nonce``/``pilot``
+    not this request's) or :class:`PopReplayed`. ``remember_jti(jti,
+    forget_after)`` is called last, only once everything else has held, and
+    must return False if the ``jti`` was already seen.
+    """
+    if proof is None or proof == "":
+        raise PopMissing("the request carries no proof of possession")
+    header = _read_header(proof, _POP_REGISTRY, "proof", PopInvalid)
+    if header.get("typ") != POP_TYP:
+        raise PopInvalid(f"proof typ must be {POP_TYP}")
+    if header.get("alg") != ALG:
+        raise PopInvalid(f"proof alg must be {ALG}")
+    jwk = header.get("jwk")
+    if not isinstance(jwk, dict):
+        raise PopInvalid("proof header carries no jwk")
+    if "d" in jwk:
+        raise PopInvalid("proof jwk contains a private key")
+    key = _import_public(jwk, PopInvalid, "proof jwk")
+    if key.thumbprint() != marque.jkt:
+        raise PopKeyMismatch("the proof is signed by a key other than the one the marque names")
+    claims = _verified_payload(proof, key, _POP_REGISTRY, "proof", PopInvalid)
+
+    jti = _nonempty_str(claims.get("jti"), "proof jti", PopInvalid)
+    if len(jti) > _MAX_POP_JTI_LENGTH:
+        raise PopInvalid(f"proof jti is longer than {_MAX_POP_JTI_LENGTH} characters")
+    issued_at = _int_claim(claims.get("iat"), "proof iat", PopInvalid)
+    ath = _nonempty_str(claims.get("ath"), "proof ath", PopInvalid)
+    proof_nonce = _nonempty_str(claims.get("nonce"), "proof nonce", PopInvalid)
+    proof_pilot = _nonempty_str(claims.get("pilot"), "proof pilot", PopInvalid)
+
+    moment = time.time() if now is None else now
+    if abs(moment - issued_at) > window_seconds:
+        raise PopInvalid("proof iat is outside the accepted window (stale or from the future)")
+    if ath != marque.token_hash:
+        raise PopInvalid("proof ath does not match this marque")
+    if proof_nonce != nonce:
+        raise PopInvalid("proof nonce does not match the request")
+    if proof_pilot != pilot_id:
+        raise PopInvalid("proof is for another pilot")
+    if not remember_jti(jti, issued_at + window_seconds + _REPLAY_MARGIN_SECONDS):
+        raise PopReplayed("this proof has been used before")
+    return jti
