@@ -20,6 +20,7 @@ lint: $(STAMP)
 	$(BIN)/mypy src
 
 test: lint
+	./scripts/ensure-postgres
 	$(BIN)/python -m pytest -q
 
 clean:

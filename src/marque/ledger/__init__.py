@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marque.dsn import is_sqlite, sqlite_path
+from marque.dsn import is_postgres, is_sqlite, sqlite_path
 from marque.errors import InvalidInput
 from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
 
@@ -23,7 +23,11 @@ def create_ledger(dsn: str, pilot_id: str) -> Ledger:
         from marque.ledger.sqlite import SqliteLedger
 
         return SqliteLedger.create(sqlite_path(dsn), pilot_id)
-    raise InvalidInput(f"unsupported ledger DSN {dsn!r}: use sqlite:///path")
+    if is_postgres(dsn):
+        from marque.ledger.postgres import PostgresLedger
+
+        return PostgresLedger.create(dsn, pilot_id)
+    raise InvalidInput("unsupported ledger DSN: use sqlite:///path or postgresql://…")
 
 
 def open_ledger(dsn: str) -> Ledger:
@@ -32,4 +36,8 @@ def open_ledger(dsn: str) -> Ledger:
         from marque.ledger.sqlite import SqliteLedger
 
         return SqliteLedger.open(sqlite_path(dsn))
-    raise InvalidInput(f"unsupported ledger DSN {dsn!r}: use sqlite:///path")
+    if is_postgres(dsn):
+        from marque.ledger.postgres import PostgresLedger
+
+        return PostgresLedger.open(dsn)
+    raise InvalidInput("unsupported ledger DSN: use sqlite:///path or postgresql://…")

@@ -57,16 +57,18 @@ MIGRATIONS: list[list[str]] = [
             settled_at DOUBLE PRECISION,
             PRIMARY KEY (marque_id, nonce, attempt))""",
         "CREATE INDEX attempts_unsettled ON attempts (status_rank) WHERE status_rank < 3",
+        # Observations come from the executing run and from reconcilers at
+        # once, so their key is a random id, not a per-nonce counter.
         """CREATE TABLE observations (
+            id TEXT PRIMARY KEY,
             marque_id TEXT NOT NULL,
             nonce TEXT NOT NULL,
-            seq INTEGER NOT NULL,
             attempt INTEGER NOT NULL,
             status TEXT NOT NULL,
             source TEXT NOT NULL,
             detail TEXT,
-            observed_at DOUBLE PRECISION NOT NULL,
-            PRIMARY KEY (marque_id, nonce, seq))""",
+            observed_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX observations_nonce ON observations (marque_id, nonce, observed_at)",
         """CREATE TABLE events (
             marque_id TEXT NOT NULL,
             nonce TEXT NOT NULL,
@@ -330,12 +332,10 @@ class SqlLedger(Ledger):
                 ),
             )
             tx.execute(
-                "INSERT INTO observations (marque_id, nonce, seq, attempt, status, source, "
-                "detail, observed_at) VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM "
-                "observations WHERE marque_id = ? AND nonce = ?), ?, ?, ?, ?, ?)",
+                "INSERT INTO observations (id, marque_id, nonce, attempt, status, source, "
+                "detail, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    marque_id,
-                    nonce,
+                    uuid.uuid4().hex,
                     marque_id,
                     nonce,
                     attempt,
@@ -392,7 +392,7 @@ class SqlLedger(Ledger):
         with self.transaction() as tx:
             rows = tx.execute(
                 "SELECT attempt, status, source, detail, observed_at FROM observations "
-                "WHERE marque_id = ? AND nonce = ? ORDER BY seq",
+                "WHERE marque_id = ? AND nonce = ? ORDER BY observed_at, id",
                 (marque_id, nonce),
             )
         return [

@@ -217,6 +217,7 @@ class Pilot:
         except Indeterminate as exc:
             emit("failed", error=exc.to_dict())
             settle = {"status": Status.INDETERMINATE, "error": exc.to_dict()}
+            run = replace(run, txid=exc.detail.get("txid"))
         except Exception as exc:  # a fault of ours mid-transaction: we cannot say
             error = {"code": "commit_unknown", "message": f"{type(exc).__name__}: {exc}",
                      "sqlstate": None}

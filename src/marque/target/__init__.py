@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marque.dsn import is_sqlite, sqlite_path
+from marque.dsn import is_postgres, is_sqlite, sqlite_path
 from marque.errors import InvalidInput
 from marque.target.base import Applied, Evidence, Run, StampConflict, Target, Verdict
 
@@ -23,12 +23,18 @@ def check_dsn(dsn: str) -> str:
     if is_sqlite(dsn):
         sqlite_path(dsn)
         return dsn
-    raise InvalidInput(f"unsupported target DSN {dsn!r}: use sqlite:///path")
+    if is_postgres(dsn):
+        return dsn
+    raise InvalidInput("unsupported target DSN: use sqlite:///path or postgresql://…")
 
 
 def open_target(name: str, dsn: str, *, lock_timeout_ms: int = 5_000) -> Target:
     """The target ``name`` behind ``dsn``; connects lazily, per transaction."""
     check_dsn(dsn)
+    if is_postgres(dsn):
+        from marque.target.postgres import PostgresTarget
+
+        return PostgresTarget(name, dsn, lock_timeout_ms=lock_timeout_ms)
     from marque.target.sqlite import SqliteTarget
 
     return SqliteTarget(name, sqlite_path(dsn), lock_timeout_ms=lock_timeout_ms)

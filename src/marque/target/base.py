@@ -48,6 +48,8 @@ class Run:
     change: Change | None  # None when the run is only reconciled, never executed
     max_rows: int
     statement_timeout_ms: int
+    #: The target's transaction id, where the engine has one and it is known.
+    txid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Applied:
 
     rows_affected: int
     result: dict[str, Any] | None
+    txid: int | None = None
 
 
 class Verdict(enum.Enum):
@@ -113,6 +116,8 @@ class SqlTarget(Target):
     #: The placeholder the driver wants, for the stamp statements.
     placeholder = "?"
     stamp_table = "marque_stamps"
+    #: What the stamp insert returns: at least the attempt; engines add their txid.
+    stamp_returning = "attempt"
 
     # -- engine hooks -----------------------------------------------------------
 
@@ -126,7 +131,8 @@ class SqlTarget(Target):
 
     @abc.abstractmethod
     def _commit(self, conn: Any) -> None:
-        """COMMIT; any exception means the outcome is not known."""
+        """COMMIT. Raises NotApplied for an error the server *answered* with;
+        any other exception means the outcome is not known."""
 
     @abc.abstractmethod
     def _abandon(self, conn: Any) -> None:
@@ -161,7 +167,7 @@ class SqlTarget(Target):
             "incarnation = excluded.incarnation, rows_affected = NULL, "
             "created_at = excluded.created_at "
             "WHERE {stamps}.kind = 'tombstone' AND {stamps}.attempt < excluded.attempt "
-            "RETURNING attempt"
+            "RETURNING " + self.stamp_returning
         )
 
     def _stamp_row(self, run: Run, kind: str) -> tuple[Any, ...]:
@@ -201,6 +207,7 @@ class SqlTarget(Target):
         except Exception as exc:  # nothing was sent: provably not applied
             raise self._translate(exc) from exc
         committing = False
+        txid: int | None = None
         try:
             try:
                 inserted = self._run(conn, self._stamp_upsert,
@@ -212,7 +219,9 @@ class SqlTarget(Target):
                     raise
             if not inserted:
                 raise StampConflict(f"{run.marque_id}/{run.nonce} already has a stamp")
-            emit("fence_checked", stamp="inserted")
+            txid = inserted[0][1] if len(inserted[0]) > 1 else None
+            emit("fence_checked", stamp="inserted",
+                 **({"txid": txid} if txid is not None else {}))
             self._check_guards(conn, change, "before", emit)
             total = 0
             result: dict[str, Any] | None = None
@@ -247,13 +256,14 @@ class SqlTarget(Target):
         except Exception as exc:
             self._abandon(conn)
             if committing:
-                raise CommitUnknown(f"COMMIT's outcome is unknown: {exc}") from exc
+                raise CommitUnknown(f"COMMIT's outcome is unknown: {exc}",
+                                    detail={"txid": txid}) from exc
             raise self._translate(exc) from exc
         else:
             self._abandon(conn)
         emit("committed", rows_affected=total)
         crash_point("after_commit")
-        return Applied(total, result)
+        return Applied(total, result, txid)
 
     def _fetch_bounded(self, cur: Any, remaining: int, max_rows: int) -> list[Any]:
         # Fetch one row past the allowance to *detect* an excess; never truncate.

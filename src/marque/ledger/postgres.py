@@ -1,0 +1,98 @@
+"""The PostgreSQL ledger: the same SQL as SQLite's, for shared deployments.
+
+Tables live in their own schema (``marque_ledger``) so a ledger can share a
+database with anything else. Connections come from a pool; each ledger
+transaction is one pooled connection inside ``conn.transaction()``. Claims
+rely on ``INSERT … ON CONFLICT DO NOTHING`` waiting for a concurrent insert of
+the same key, and the budget on a conditional ``UPDATE`` re-checking its
+``WHERE`` after a row lock — both READ COMMITTED guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from marque.ledger.sql import SqlLedger, Tx
+
+SCHEMA = "marque_ledger"
+
+
+class _PgTx(Tx):
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        # Our own statements never hold a literal '%' or '?' other than placeholders.
+        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params) if params else None)
+        return cur.fetchall() if cur.description is not None else []
+
+
+def _configure(conn: psycopg.Connection[TupleRow]) -> None:
+    conn.execute(f"SET search_path TO {SCHEMA}")
+    conn.commit()
+
+
+class PostgresLedger(SqlLedger):
+    """A ledger in a PostgreSQL database (schema ``marque_ledger``)."""
+
+    def __init__(self, dsn: str, *, pool_size: int = 10) -> None:
+        self.dsn = dsn
+        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+            dsn, min_size=1, max_size=pool_size, configure=_configure, open=False,
+            name="marque-ledger",
+        )
+        self._pool.open(wait=True, timeout=30)
+
+    @classmethod
+    def create(cls, dsn: str, pilot_id: str) -> PostgresLedger:
+        """Create the ledger schema with a fresh incarnation; refuses an existing ledger."""
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        ledger = cls(dsn)
+        try:
+            ledger._initialise(pilot_id, time.time())
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
+
+    @classmethod
+    def open(cls, dsn: str) -> PostgresLedger:
+        """Open an existing ledger; ``LedgerMissing`` if it holds no incarnation."""
+        ledger = cls(dsn)
+        try:
+            ledger._open_existing()
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        with self._pool.connection() as conn, conn.transaction():
+            yield _PgTx(conn)
+
+    def _has_schema(self) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.meta",)).fetchone()
+        return bool(row and row[0] is not None)
+
+    def _size_bytes(self) -> int:
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = 'r'",
+                (SCHEMA,),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,222 @@
+"""A PostgreSQL target, through psycopg 3.
+
+Same fenced flow as every target (see ``target/base.py``); what is particular
+to PostgreSQL lives here:
+
+* the stamp table is ``marque.stamps`` in a schema of its own;
+* ``statement_timeout`` and ``lock_timeout`` are set with ``SET LOCAL``
+  semantics (``set_config(..., true)``), so they die with the transaction;
+* the isolation level is the marque's (READ COMMITTED by default);
+* the stamp insert returns ``txid_current()``, kept as corroborating evidence;
+* errors are classified by *whether the server answered*: an error response
+  received before or at COMMIT is provably not applied (the SQLSTATE is
+  recorded); a connection lost while COMMIT was in flight is ``commit_unknown``.
+
+Statements use psycopg's ``%s`` placeholders.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from marque.errors import (
+    CommitUnknown,
+    MarqueError,
+    SerializationFailure,
+    StatementError,
+    StatementTimeout,
+)
+from marque.target.base import Evidence, Run, SqlTarget, Verdict
+
+_ISOLATION = {
+    "read_committed": psycopg.IsolationLevel.READ_COMMITTED,
+    "repeatable_read": psycopg.IsolationLevel.REPEATABLE_READ,
+    "serializable": psycopg.IsolationLevel.SERIALIZABLE,
+}
+_STAMP_DDL = (
+    "CREATE SCHEMA IF NOT EXISTS marque",
+    "CREATE TABLE IF NOT EXISTS marque.stamps ("
+    " marque_id TEXT NOT NULL,"
+    " nonce TEXT NOT NULL,"
+    " attempt INTEGER NOT NULL,"
+    " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
+    " pilot_id TEXT NOT NULL,"
+    " incarnation TEXT NOT NULL,"
+    " rows_affected BIGINT,"
+    " created_at DOUBLE PRECISION NOT NULL,"
+    " PRIMARY KEY (marque_id, nonce))",
+)
+_STAMP_COLUMNS = (
+    "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
+    "created_at",
+)
+_SERIALIZATION = {"40001", "40P01"}
+_TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
+
+
+class PostgresTarget(SqlTarget):
+    """A target in one PostgreSQL database."""
+
+    placeholder = "%s"
+    stamp_table = "marque.stamps"
+    stamp_returning = "attempt, txid_current()"
+
+    def __init__(
+        self, name: str, dsn: str, *, lock_timeout_ms: int = 5_000, pool_size: int = 8
+    ) -> None:
+        self.name = name
+        self.dsn = dsn
+        self.lock_timeout_ms = lock_timeout_ms
+        self._pool_size = pool_size
+        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
+        self._pool_lock = threading.Lock()
+        self._schema_ready = False
+
+    # -- connections ------------------------------------------------------------
+
+    def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.dsn, min_size=0, max_size=self._pool_size, open=True,
+                    kwargs={"autocommit": False}, name=f"marque-target-{self.name}",
+                )
+            return self._pool
+
+    def _ensure_schema(self, conn: psycopg.Connection[TupleRow]) -> None:
+        if self._schema_ready:
+            return
+        for attempt in range(3):
+            try:
+                with conn.transaction():
+                    exists = conn.execute("SELECT to_regclass('marque.stamps')").fetchone()
+                    if not exists or exists[0] is None:
+                        for statement in _STAMP_DDL:
+                            conn.execute(statement)
+                break
+            except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
+                # Two Pilots creating the schema at once: the other one won.
+                if attempt == 2:
+                    raise
+        conn.commit()
+        self._schema_ready = True
+
+    def _checkout(self) -> psycopg.Connection[TupleRow]:
+        conn = self._connections().getconn()
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            self._ensure_schema(conn)
+        except BaseException:
+            self._connections().putconn(conn)
+            raise
+        return conn
+
+    # -- the hooks of the fenced flow ----------------------------------------------
+
+    def _begin(self, run: Run) -> psycopg.Connection[TupleRow]:
+        conn = self._checkout()
+        try:
+            assert run.change is not None
+            conn.isolation_level = _ISOLATION[run.change.isolation]
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true), "
+                "set_config('lock_timeout', %s, true)",
+                (f"{run.statement_timeout_ms}ms", f"{self.lock_timeout_ms}ms"),
+            )
+        except BaseException:
+            self._abandon(conn)
+            raise
+        return conn
+
+    def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+        cur = conn.cursor()
+        # No parameters: pass None so a literal '%' in the SQL stays literal.
+        cur.execute(sql, params if params else None)
+        return cur
+
+    def _commit(self, conn: Any) -> None:
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            if exc.sqlstate is not None and not conn.broken:
+                # The server answered COMMIT with an error: it rolled back.
+                raise self._translate(exc) from exc
+            raise CommitUnknown(f"connection lost during COMMIT: {exc}") from exc
+
+    def _abandon(self, conn: Any) -> None:
+        try:
+            if not conn.broken and not conn.closed:
+                conn.rollback()
+        except psycopg.Error:
+            pass  # the pool discards a broken connection
+        finally:
+            self._connections().putconn(conn)
+
+    def _translate(self, exc: Exception) -> MarqueError:
+        sqlstate = getattr(exc, "sqlstate", None)
+        message = f"{type(exc).__name__}: {exc}".strip()
+        if sqlstate in _SERIALIZATION:
+            return SerializationFailure(message, sqlstate=sqlstate)
+        if sqlstate in _TIMEOUTS:
+            return StatementTimeout(message, sqlstate=sqlstate)
+        if sqlstate is None and isinstance(exc, psycopg.OperationalError):
+            # No answer, but COMMIT was never sent: the server rolls it back.
+            message = f"connection lost before COMMIT was sent: {exc}"
+        return StatementError(message, sqlstate=sqlstate)
+
+    def _is_unique_violation(self, exc: Exception) -> bool:
+        return isinstance(exc, pgerrors.UniqueViolation)
+
+    def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
+        conn = self._checkout()
+        try:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            # Waits behind an in-flight original, but only this long.
+            conn.execute("SELECT set_config('lock_timeout', %s, true)",
+                         (f"{self.lock_timeout_ms}ms",))
+            inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
+            row = conn.execute(
+                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque.stamps "
+                "WHERE marque_id = %s AND nonce = %s",
+                (run.marque_id, run.nonce),
+            ).fetchone()
+            corroboration = None
+            if run.txid is not None:
+                status = conn.execute("SELECT txid_status(%s)", (run.txid,)).fetchone()
+                corroboration = {"txid": run.txid, "txid_status": status[0] if status else None}
+            conn.commit()
+        except psycopg.Error as exc:
+            return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
+        finally:
+            self._abandon(conn)
+        stamp = dict(zip(_STAMP_COLUMNS, row, strict=True)) if row else None
+        evidence = self._verdict(run, stamp, bool(inserted))
+        if corroboration is None:
+            return evidence
+        return Evidence(evidence.verdict, evidence.rows_affected, evidence.stamp,
+                        evidence.reason, corroboration)
+
+    def stamps(self, incarnation: str) -> list[dict[str, Any]]:
+        conn = self._checkout()
+        try:
+            rows = conn.execute(
+                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque.stamps WHERE incarnation = %s",
+                (incarnation,),
+            ).fetchall()
+            conn.rollback()
+        finally:
+            self._abandon(conn)
+        return [dict(zip(_STAMP_COLUMNS, r, strict=True)) for r in rows]
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
