@@ -9,6 +9,7 @@ or from the error class (2 usage, 3 refused) — never from a table kept here.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -495,5 +496,9 @@ def demo(as_json: JsonOpt = False) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    # Driver chatter (e.g. the pool discarding a dropped connection) must not
+    # break stderr's JSON-lines contract; outcomes carry what matters.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+    logging.getLogger("psycopg").propagate = False
     app()
 

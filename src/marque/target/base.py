@@ -250,8 +250,10 @@ class SqlTarget(Target):
             crash_point("before_commit")
             committing = True
             self._commit(conn)
-        except (StampConflict, MarqueError):
+        except (StampConflict, MarqueError) as exc:
             self._abandon(conn)
+            if isinstance(exc, CommitUnknown) and txid is not None:
+                exc.detail.setdefault("txid", txid)
             raise
         except Exception as exc:
             self._abandon(conn)

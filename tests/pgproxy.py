@@ -1,0 +1,171 @@
+"""A TCP proxy in front of PostgreSQL that can lose a COMMIT, for real.
+
+It forwards bytes both ways and reads the frontend protocol just enough to
+recognise, on a connection that has inserted a Marque stamp, the simple-query
+``COMMIT`` message. When armed it then either
+
+* ``drop_before_commit``: closes both sides without forwarding COMMIT — the
+  server sees the client vanish mid-transaction and rolls back; or
+* ``drop_after_commit``: forwards COMMIT, lets the server answer, swallows the
+  answer and closes the client side — the commit happened, the client never
+  hears of it.
+
+Each arming fires once. Connect with ``sslmode=disable&gssencmode=disable`` so
+the first packet is the plain startup message.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+from urllib.parse import urlsplit, urlunsplit
+
+STAMP_INSERT = b"INSERT INTO marque.stamps"
+
+
+class PgProxy:
+    """A loopback proxy to one PostgreSQL server."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._armed: str | None = None
+        self._lock = threading.Lock()
+        self.fired = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_dsn(cls, dsn: str) -> tuple[PgProxy, str]:
+        """A proxy for the server of ``dsn`` and the DSN that goes through it."""
+        parts = urlsplit(dsn)
+        proxy = cls(parts.hostname or "127.0.0.1", parts.port or 5432)
+        netloc = parts.netloc.rsplit("@", 1)
+        user = (netloc[0] + "@") if len(netloc) == 2 else ""
+        return proxy, urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
+
+    def arm(self, mode: str) -> None:
+        """Make the next stamped COMMIT go wrong the way ``mode`` says."""
+        assert mode in ("drop_before_commit", "drop_after_commit")
+        with self._lock:
+            self._armed = mode
+            self.fired.clear()
+
+    def _take(self) -> str | None:
+        with self._lock:
+            mode, self._armed = self._armed, None
+            return mode
+
+    def close(self) -> None:
+        self._stopping = True
+        self._listener.close()
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._stopping:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            threading.Thread(target=self._serve, args=(client, server), daemon=True).start()
+
+    def _serve(self, client: socket.socket, server: socket.socket) -> None:
+        muted = threading.Event()
+        swallowed = threading.Event()
+        done = threading.Event()
+
+        def downstream() -> None:
+            try:
+                while not done.is_set():
+                    data = server.recv(65536)
+                    if not data:
+                        break
+                    if muted.is_set():
+                        swallowed.set()
+                    else:
+                        client.sendall(data)
+            except OSError:
+                pass
+            finally:
+                done.set()
+                _close(client)
+
+        threading.Thread(target=downstream, daemon=True).start()
+        try:
+            self._upstream(client, server, muted, swallowed, done)
+        except OSError:
+            pass
+        finally:
+            done.set()
+            _close(client)
+            _close(server)
+
+    def _upstream(self, client: socket.socket, server: socket.socket,
+                  muted: threading.Event, swallowed: threading.Event,
+                  done: threading.Event) -> None:
+        head = _recv_exact(client, 4)
+        if head is None:
+            return
+        (length,) = struct.unpack("!I", head)
+        body = _recv_exact(client, length - 4)
+        if body is None:
+            return
+        server.sendall(head + body)  # the startup message has no type byte
+        stamped = False
+        while not done.is_set():
+            ready, _, _ = select.select([client], [], [], 0.2)
+            if not ready:
+                continue
+            header = _recv_exact(client, 5)
+            if header is None:
+                return
+            kind = header[:1]
+            (length,) = struct.unpack("!I", header[1:])
+            payload = _recv_exact(client, length - 4)
+            if payload is None:
+                return
+            if STAMP_INSERT in payload:
+                stamped = True
+            if stamped and kind == b"Q" and payload.rstrip(b"\x00").strip().upper() == b"COMMIT":
+                stamped = False
+                mode = self._take()
+                if mode == "drop_before_commit":
+                    self.fired.set()
+                    return  # closes both sides; COMMIT never reaches the server
+                if mode == "drop_after_commit":
+                    muted.set()
+                    server.sendall(header + payload)
+                    # Let the server finish the commit and answer into the void.
+                    swallowed.wait(5)
+                    self.fired.set()
+                    return
+            server.sendall(header + payload)
+
+
+def _recv_exact(sock: socket.socket, count: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < count:
+        data = sock.recv(count - len(chunks))
+        if not data:
+            return None
+        chunks.extend(data)
+    return bytes(chunks)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
