@@ -60,6 +60,7 @@ from marque.errors import (
     WrongIncarnation,
     WrongPilot,
 )
+from marque.sqltext import SqlTextError, check_statement
 
 __all__ = [
     "ALG",
@@ -173,7 +174,10 @@ def _check_params(value: Any, where: str, error: type[MarqueError]) -> tuple[Any
 def _check_sql(value: Any, where: str, error: type[MarqueError]) -> str:
     if not isinstance(value, str) or not value.strip():
         raise error(f"{where}.sql must be a non-empty string")
-    return value
+    try:
+        return check_statement(value)
+    except SqlTextError as exc:
+        raise error(f"{where}.sql {exc}") from exc
 
 
 def _check_keys(data: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:

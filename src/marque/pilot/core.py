@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marque.crash import crash_point
-from marque.errors import Indeterminate, InvalidInput, NotApplied, UnknownTarget
+from marque.errors import Indeterminate, InvalidInput, MarqueError, NotApplied, UnknownTarget
 from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
@@ -46,6 +46,7 @@ class _Inflight:
 
     done: threading.Event = field(default_factory=threading.Event)
     outcome: Outcome | None = None
+    refusal: MarqueError | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -136,12 +137,18 @@ class Pilot:
             for event in list(running.events):
                 _send(on_event, event)
             running.done.wait()
-            assert running.outcome is not None
+            if running.outcome is None:
+                # The first caller was refused (budget, attempts) or failed: so are we.
+                raise running.refusal or Indeterminate(
+                    "the execution this call followed ended without an outcome")
             return _replayed(running.outcome)
         try:
             outcome = self._execute_claimed(marque, nonce, mine, on_event)
             mine.outcome = outcome
             return outcome
+        except MarqueError as exc:
+            mine.refusal = exc
+            raise
         finally:
             mine.done.set()
             with self._inflight_lock:
@@ -151,7 +158,9 @@ class Pilot:
         self, marque: Marque, nonce: str, mine: _Inflight, on_event: EventSink | None
     ) -> Outcome:
         now = self.clock()
-        lease = self.options.statement_timeout_ms / 1000 + self.options.lease_grace_seconds
+        timeout_ms = marque.change.statement_timeout_ms or self.options.statement_timeout_ms
+        # The lease must outlive the longest the target may legitimately take.
+        lease = timeout_ms / 1000 + self.options.lease_grace_seconds
         claim = self.ledger.claim(
             ClaimTicket(
                 marque_id=marque.marque_id,
@@ -200,8 +209,7 @@ class Pilot:
             incarnation=self.incarnation,
             change=marque.change,
             max_rows=marque.budget.max_rows,
-            statement_timeout_ms=marque.change.statement_timeout_ms
-            or self.options.statement_timeout_ms,
+            statement_timeout_ms=timeout_ms,
         )
         settle: dict[str, Any]
         try:
@@ -209,7 +217,7 @@ class Pilot:
         except StampConflict:
             emit("fence_checked", stamp="conflict")
             evidence = target.reconcile(run)
-            settle = self._evidence_settlement(evidence)
+            settle = self._evidence_settlement(evidence, "fence_conflict")
             self._log_reconciliation(record, evidence, "fence_conflict")
         except NotApplied as exc:
             emit("failed", error=exc.to_dict())
@@ -295,7 +303,7 @@ class Pilot:
             else:
                 evidence = target.reconcile(run or found[0])
         self._log_reconciliation(record, evidence, why)
-        settle = self._evidence_settlement(evidence)
+        settle = self._evidence_settlement(evidence, (record.error or {}).get("code", why))
         status: Status = settle.pop("status")
         if status is Status.INDETERMINATE:
             return record
@@ -305,12 +313,14 @@ class Pilot:
         )
 
     @staticmethod
-    def _evidence_settlement(evidence: Evidence) -> dict[str, Any]:
+    def _evidence_settlement(evidence: Evidence, cause: str) -> dict[str, Any]:
         if evidence.verdict is Verdict.APPLIED:
             return {"status": Status.APPLIED, "rows_affected": evidence.rows_affected}
         if evidence.verdict is Verdict.NOT_APPLIED:
+            # Keep the code of what made it uncertain; the message says what settled it.
+            code = cause if cause in ("lease_expired", "commit_unknown") else "commit_unknown"
             return {"status": Status.ABORTED_NOT_APPLIED,
-                    "error": {"code": "commit_unknown",
+                    "error": {"code": code,
                               "message": f"reconciled: {evidence.reason}", "sqlstate": None}}
         return {"status": Status.INDETERMINATE}
 

@@ -143,6 +143,10 @@ class SqlTarget(Target):
         """A driver error received before COMMIT, as the most specific NotApplied."""
 
     @abc.abstractmethod
+    def _in_transaction(self, conn: Any) -> bool:
+        """Whether the transaction the Pilot opened is still open."""
+
+    @abc.abstractmethod
     def _is_unique_violation(self, exc: Exception) -> bool:
         """Whether ``exc`` is a primary-key conflict."""
 
@@ -236,6 +240,11 @@ class SqlTarget(Target):
                 else:
                     count = max(cur.rowcount, 0)
                 total += count
+                if not self._in_transaction(conn):
+                    # Validation refuses transaction control, so this is a hole in it:
+                    # what committed is for reconciliation to find out, not us to guess.
+                    committing = True
+                    raise RuntimeError(f"statement {index} ended the Pilot's transaction")
                 emit("statement_finished", index=index, rows=count)
                 if total > run.max_rows:
                     raise MaxRowsExceeded(

@@ -171,6 +171,9 @@ class PostgresTarget(SqlTarget):
             message = f"connection lost before COMMIT was sent: {exc}"
         return StatementError(message, sqlstate=sqlstate)
 
+    def _in_transaction(self, conn: Any) -> bool:
+        return bool(conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS)
+
     def _is_unique_violation(self, exc: Exception) -> bool:
         return isinstance(exc, pgerrors.UniqueViolation)
 

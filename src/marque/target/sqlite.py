@@ -35,6 +35,19 @@ _STAMP_COLUMNS = (
 _PROGRESS_STEPS = 10_000
 
 
+_DENIED_ACTIONS = frozenset({
+    sqlite3.SQLITE_TRANSACTION,
+    sqlite3.SQLITE_SAVEPOINT,
+    sqlite3.SQLITE_ATTACH,
+    sqlite3.SQLITE_DETACH,
+    sqlite3.SQLITE_PRAGMA,
+})
+
+
+def _deny_transaction_control(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_DENY if action in _DENIED_ACTIONS else sqlite3.SQLITE_OK
+
+
 class SqliteTarget(SqlTarget):
     """A target in one existing SQLite file."""
 
@@ -61,6 +74,9 @@ class SqliteTarget(SqlTarget):
         except BaseException:
             conn.close()
             raise
+        # Defence in depth behind statement validation: approved SQL may not
+        # end, split or reconfigure the transaction, or reach other files.
+        conn.set_authorizer(_deny_transaction_control)
         deadline = time.monotonic() + run.statement_timeout_ms / 1000
 
         def interrupt_when_late() -> int:
@@ -74,10 +90,15 @@ class SqliteTarget(SqlTarget):
 
     def _commit(self, conn: Any) -> None:
         conn.set_progress_handler(None, 0)
+        conn.set_authorizer(None)
         conn.execute("COMMIT")
+
+    def _in_transaction(self, conn: Any) -> bool:
+        return bool(conn.in_transaction)
 
     def _abandon(self, conn: Any) -> None:
         try:
+            conn.set_authorizer(None)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
         except sqlite3.Error:

@@ -1,0 +1,60 @@
+"""The Pilot's background reconciler: settles what it can, backs off when it can't.
+
+A long-running Pilot cannot wait for an operator to type ``marque reconcile``
+after a target outage. This loop runs :meth:`Pilot.recover` periodically; while
+attempts stay unsettled (the target is unreachable, a lock is held) it waits
+longer each round, up to a ceiling, and returns to the base interval as soon as
+nothing is left.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from marque.outcome import Status
+from marque.pilot.core import Pilot
+
+
+class Reconciler:
+    """A daemon thread that reconciles a Pilot's unsettled attempts."""
+
+    def __init__(
+        self, pilot: Pilot, *, interval: float = 5.0, max_backoff: float = 300.0
+    ) -> None:
+        self.pilot = pilot
+        self.interval = interval
+        self.max_backoff = max_backoff
+        self.rounds = 0
+        self.changes: list[dict[str, Any]] = []
+        self.delay = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="marque-reconciler", daemon=True)
+
+    def start(self) -> Reconciler:
+        """Start the loop."""
+        self._thread.start()
+        return self
+
+    def run_once(self) -> float:
+        """One round; returns how long to wait before the next."""
+        self.changes.extend(self.pilot.recover())
+        self.rounds += 1
+        unsettled = any(self.pilot.ledger.unsettled(s)
+                        for s in (Status.IN_PROGRESS, Status.INDETERMINATE))
+        self.delay = min(self.delay * 2, self.max_backoff) if unsettled else self.interval
+        return self.delay
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                delay = self.run_once()
+            except Exception:  # a ledger hiccup must not kill the loop; try again later
+                delay = self.delay = min(self.delay * 2, self.max_backoff)
+            self._stop.wait(delay)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop and wait for the current round to finish."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
