@@ -22,6 +22,7 @@ import pytest
 from marque.outcome import Outcome
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
+from marque.target.sqlite import STAMP_DDL
 from marque.token import (
     Budget,
     Change,
@@ -39,18 +40,6 @@ STAMP_COLUMNS = (
     "created_at",
 )
 # The same DDL the SQLite target creates, for tests that plant a stamp by hand.
-STAMP_DDL = (
-    "CREATE TABLE IF NOT EXISTS marque_stamps ("
-    " marque_id TEXT NOT NULL,"
-    " nonce TEXT NOT NULL,"
-    " attempt INTEGER NOT NULL,"
-    " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
-    " pilot_id TEXT NOT NULL,"
-    " incarnation TEXT NOT NULL,"
-    " rows_affected INTEGER,"
-    " created_at REAL NOT NULL,"
-    " PRIMARY KEY (marque_id, nonce))"
-)
 
 
 def marque_id_of(token: str) -> str:

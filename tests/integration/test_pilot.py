@@ -871,11 +871,6 @@ def test_init_home_refuses_to_overwrite_a_live_ledger(env: Env) -> None:
         init_home(env.home, "someone-else")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: DESIGN §5 start-up stamp check is not implemented — open_pilot/recover never "
-    "call Target.stamps(), so a ledger restored from an old copy keeps its incarnation",
-)
 def test_ledger_restored_from_old_copy_rotates_incarnation(env: Env) -> None:
     """A ledger restored from before a stamped execution is detected at start: new incarnation."""
     old_incarnation = env.pilot.incarnation

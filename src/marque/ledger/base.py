@@ -175,5 +175,9 @@ class Ledger(abc.ABC):
         """Size and health: live marques, entries, unsettled and unreported outcomes."""
 
     @abc.abstractmethod
+    def rotate_incarnation(self, now: float) -> str:
+        """Replace the incarnation (the ledger is known to have gone back in time)."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release connections."""

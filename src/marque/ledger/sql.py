@@ -161,16 +161,22 @@ class SqlLedger(Ledger):
         if self._has_schema():
             raise LedgerExists("this ledger already holds an incarnation; refusing to overwrite")
         incarnation = "inc_" + uuid.uuid4().hex
-        with self.transaction() as tx:
-            for statement in MIGRATIONS[0]:
-                tx.execute(statement)
-            for key, value in (
-                ("schema_version", "1"),
-                ("pilot_id", pilot_id),
-                ("incarnation", incarnation),
-                ("created_at", repr(now)),
-            ):
-                tx.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+        try:
+            with self.transaction() as tx:
+                for statement in MIGRATIONS[0]:
+                    tx.execute(statement)
+                for key, value in (
+                    ("schema_version", "1"),
+                    ("pilot_id", pilot_id),
+                    ("incarnation", incarnation),
+                    ("created_at", repr(now)),
+                ):
+                    tx.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+        except Exception as exc:
+            if self._has_schema():  # another init won the race between check and create
+                raise LedgerExists("this ledger was initialised concurrently; refusing to "
+                                   "overwrite it") from exc
+            raise
         self._migrate()
         self._load_identity()
 
@@ -199,6 +205,18 @@ class SqlLedger(Ledger):
         self.pilot_id = meta["pilot_id"]
         self.incarnation = meta["incarnation"]
         self.schema_version = int(meta["schema_version"])
+
+    def rotate_incarnation(self, now: float) -> str:
+        incarnation = "inc_" + uuid.uuid4().hex
+        with self.transaction() as tx:
+            tx.execute("UPDATE meta SET value = ? WHERE key = 'incarnation'", (incarnation,))
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+                "SET value = excluded.value",
+                (f"rotated_from:{self.incarnation}", repr(now)),
+            )
+        self.incarnation = incarnation
+        return incarnation
 
     # -- claims ---------------------------------------------------------------
 

@@ -55,5 +55,6 @@ def open_pilot(home: str | os.PathLike[str], *, recover: bool = True) -> Pilot:
         ledger.close()
         raise
     if recover:
+        pilot.check_continuity()
         pilot.recover()
     return pilot

@@ -210,6 +210,7 @@ class Pilot:
             change=marque.change,
             max_rows=marque.budget.max_rows,
             statement_timeout_ms=timeout_ms,
+            expires_at=float(marque.expires_at),
         )
         settle: dict[str, Any]
         try:
@@ -289,6 +290,7 @@ class Pilot:
             pilot_id=self.pilot_id, incarnation=record.owner_incarnation,
             change=None,  # reconciliation observes; it never runs the change
             max_rows=budget["max_rows"], statement_timeout_ms=0,
+            expires_at=budget["expires_at"],
         )
         return run, self.targets[budget["target"]]
 
@@ -342,6 +344,40 @@ class Pilot:
                 "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
             },
         )
+
+    def check_continuity(self) -> dict[str, Any] | None:
+        """DESIGN §5: the targets' stamps are the anchor outside the ledger.
+
+        A stamp of this incarnation, for a marque still live, that the ledger
+        does not know means the ledger went back in time (restored from an
+        old copy). Its budgets cannot be trusted, so the Pilot rotates to a
+        new incarnation — refusing every outstanding marque — and records
+        the finding. Returns the finding, or None.
+        """
+        live_after = self.clock() - self.options.skew_seconds
+        unknown: list[dict[str, Any]] = []
+        unchecked: list[str] = []
+        for name, target in self.targets.items():
+            try:
+                stamps = target.stamps(self.incarnation, live_after)
+            except Exception:  # an unreachable target cannot vouch either way
+                unchecked.append(name)
+                continue
+            for stamp in stamps:
+                known = {a.attempt for a in self.ledger.attempts(stamp["marque_id"],
+                                                                  stamp["nonce"])}
+                if stamp["attempt"] not in known:
+                    unknown.append({"target": name, **stamp})
+        if not unknown:
+            return None
+        old = self.incarnation
+        new = self.ledger.rotate_incarnation(self.clock())
+        finding = {"finding": "ledger_regressed", "old_incarnation": old,
+                   "new_incarnation": new, "pilot_id": self.pilot_id,
+                   "unknown_stamps": unknown, "unchecked_targets": unchecked}
+        if self.logbook is not None:
+            self.logbook.append("finding.ledger_regressed", f"finding/rotate/{old}", finding)
+        return finding
 
     def recover(self) -> list[dict[str, Any]]:
         """Settle what evidence can settle; returns what changed.

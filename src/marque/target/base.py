@@ -34,6 +34,10 @@ Emit = Callable[..., None]
 
 APPLIED = "applied"
 TOMBSTONE = "tombstone"
+STAMP_COLUMNS = (
+    "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
+    "created_at", "expires_at",
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class Run:
     statement_timeout_ms: int
     #: The target's transaction id, where the engine has one and it is known.
     txid: int | None = None
+    #: The marque's expiry, written on the stamp so start-up checks look at live ones only.
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,8 +105,8 @@ class Target(abc.ABC):
         """Observe, never resend: settle the attempt by a tombstone stamp."""
 
     @abc.abstractmethod
-    def stamps(self, incarnation: str) -> list[dict[str, Any]]:
-        """Stamps this target holds for a Pilot incarnation."""
+    def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
+        """Stamps this target holds for a Pilot incarnation, of marques live after a time."""
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing
         """Release connections."""
@@ -165,18 +171,18 @@ class SqlTarget(Target):
         # attempt's tombstone. An applied stamp is never replaced.
         return self._sql(
             "INSERT INTO {stamps} (marque_id, nonce, attempt, kind, pilot_id, incarnation, "
-            "rows_affected, created_at) VALUES (?, ?, ?, ?, ?, ?, NULL, ?) "
+            "rows_affected, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?) "
             "ON CONFLICT (marque_id, nonce) DO UPDATE SET attempt = excluded.attempt, "
             "kind = excluded.kind, pilot_id = excluded.pilot_id, "
             "incarnation = excluded.incarnation, rows_affected = NULL, "
-            "created_at = excluded.created_at "
+            "created_at = excluded.created_at, expires_at = excluded.expires_at "
             "WHERE {stamps}.kind = 'tombstone' AND {stamps}.attempt < excluded.attempt "
             "RETURNING " + self.stamp_returning
         )
 
     def _stamp_row(self, run: Run, kind: str) -> tuple[Any, ...]:
         return (run.marque_id, run.nonce, run.attempt, kind, run.pilot_id, run.incarnation,
-                time.time())
+                time.time(), run.expires_at)
 
     @staticmethod
     def _verdict(run: Run, stamp: dict[str, Any] | None, inserted: bool) -> Evidence:

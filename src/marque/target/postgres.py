@@ -32,7 +32,7 @@ from marque.errors import (
     StatementError,
     StatementTimeout,
 )
-from marque.target.base import Evidence, Run, SqlTarget, Verdict
+from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
 
 _ISOLATION = {
     "read_committed": psycopg.IsolationLevel.READ_COMMITTED,
@@ -50,11 +50,9 @@ _STAMP_DDL = (
     " incarnation TEXT NOT NULL,"
     " rows_affected BIGINT,"
     " created_at DOUBLE PRECISION NOT NULL,"
+    " expires_at DOUBLE PRECISION,"
     " PRIMARY KEY (marque_id, nonce))",
-)
-_STAMP_COLUMNS = (
-    "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
-    "created_at",
+    "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
 )
 _SERIALIZATION = {"40001", "40P01"}
 _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
@@ -186,7 +184,7 @@ class PostgresTarget(SqlTarget):
                          (f"{self.lock_timeout_ms}ms",))
             inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
             row = conn.execute(
-                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque.stamps "
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps "
                 "WHERE marque_id = %s AND nonce = %s",
                 (run.marque_id, run.nonce),
             ).fetchone()
@@ -199,24 +197,25 @@ class PostgresTarget(SqlTarget):
             return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
         finally:
             self._abandon(conn)
-        stamp = dict(zip(_STAMP_COLUMNS, row, strict=True)) if row else None
+        stamp = dict(zip(STAMP_COLUMNS, row, strict=True)) if row else None
         evidence = self._verdict(run, stamp, bool(inserted))
         if corroboration is None:
             return evidence
         return Evidence(evidence.verdict, evidence.rows_affected, evidence.stamp,
                         evidence.reason, corroboration)
 
-    def stamps(self, incarnation: str) -> list[dict[str, Any]]:
+    def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
         conn = self._checkout()
         try:
             rows = conn.execute(
-                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque.stamps WHERE incarnation = %s",
-                (incarnation,),
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps "
+                "WHERE incarnation = %s AND expires_at > %s",
+                (incarnation, live_after),
             ).fetchall()
             conn.rollback()
         finally:
             self._abandon(conn)
-        return [dict(zip(_STAMP_COLUMNS, r, strict=True)) for r in rows]
+        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
 
     def close(self) -> None:
         with self._pool_lock:

@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from marque.errors import MarqueError, StatementError, StatementTimeout
-from marque.target.base import Evidence, Run, SqlTarget, Verdict
+from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
 
-_STAMP_DDL = (
+STAMP_DDL = (
     "CREATE TABLE IF NOT EXISTS marque_stamps ("
     " marque_id TEXT NOT NULL,"
     " nonce TEXT NOT NULL,"
@@ -25,11 +25,11 @@ _STAMP_DDL = (
     " incarnation TEXT NOT NULL,"
     " rows_affected INTEGER,"
     " created_at REAL NOT NULL,"
+    " expires_at REAL,"
     " PRIMARY KEY (marque_id, nonce))"
 )
-_STAMP_COLUMNS = (
-    "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
-    "created_at",
+STAMP_INDEX = (
+    "CREATE INDEX IF NOT EXISTS marque_stamps_live ON marque_stamps (incarnation, expires_at)"
 )
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -70,7 +70,8 @@ class SqliteTarget(SqlTarget):
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(_STAMP_DDL)
+            conn.execute(STAMP_DDL)
+            conn.execute(STAMP_INDEX)
         except BaseException:
             conn.close()
             raise
@@ -125,10 +126,11 @@ class SqliteTarget(SqlTarget):
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(_STAMP_DDL)
+            conn.execute(STAMP_DDL)
+            conn.execute(STAMP_INDEX)
             inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
             row = conn.execute(
-                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque_stamps "
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
                 "WHERE marque_id = ? AND nonce = ?",
                 (run.marque_id, run.nonce),
             ).fetchone()
@@ -137,10 +139,10 @@ class SqliteTarget(SqlTarget):
             return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
         finally:
             conn.close()
-        stamp = dict(zip(_STAMP_COLUMNS, row, strict=True)) if row else None
+        stamp = dict(zip(STAMP_COLUMNS, row, strict=True)) if row else None
         return self._verdict(run, stamp, bool(inserted))
 
-    def stamps(self, incarnation: str) -> list[dict[str, Any]]:
+    def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
         conn = self._connect()
         try:
             exists = conn.execute(
@@ -149,9 +151,10 @@ class SqliteTarget(SqlTarget):
             if not exists:
                 return []
             rows = conn.execute(
-                f"SELECT {', '.join(_STAMP_COLUMNS)} FROM marque_stamps WHERE incarnation = ?",
-                (incarnation,),
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
+                "WHERE incarnation = ? AND expires_at > ?",
+                (incarnation, live_after),
             ).fetchall()
         finally:
             conn.close()
-        return [dict(zip(_STAMP_COLUMNS, r, strict=True)) for r in rows]
+        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]

@@ -1,0 +1,932 @@
+"""The ledger behaviour suite (DESIGN §3–§5, seed 001), run over every ledger engine.
+
+Every test drives the ledger through its public interface and asserts on what
+the ledger then holds: attempt records, budget rows, observations, events, the
+outbox and stats. The ``ledger``/``pool`` fixtures are parametrised over
+``conftest.LEDGER_ENGINES``, so a new engine runs this whole file unchanged.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marque.errors import AttemptsExhausted, BudgetExhausted, LedgerExists, LedgerMissing
+from marque.ledger.base import Claim, ClaimTicket, Ledger
+from marque.outcome import Status, merge
+
+from .conftest import LedgerEngine, LedgerPool, make_ticket
+
+T0 = 1_900_000_000.0  # a fixed clock for tests that reason about expiry
+
+MQ = "mq_test"
+
+
+def settle(
+    ledger: Ledger,
+    nonce: str,
+    status: Status,
+    *,
+    attempt: int = 1,
+    marque_id: str = MQ,
+    source: str = "test",
+    now: float | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``ledger.settle`` with a default marque, attempt, clock and source."""
+    return ledger.settle(
+        marque_id,
+        nonce,
+        attempt,
+        status,
+        now=time.time() if now is None else now,
+        source=source,
+        **kwargs,
+    )
+
+
+def claim_and_settle(
+    ledger: Ledger, ticket: ClaimTicket, status: Status | None, **kwargs: Any
+) -> Claim:
+    """Claim a fresh nonce and, unless ``status`` is None, settle its attempt to ``status``."""
+    claimed = ledger.claim(ticket)
+    assert claimed.fresh
+    if status is not None:
+        ledger.settle(
+            ticket.marque_id,
+            ticket.nonce,
+            claimed.record.attempt,
+            status,
+            now=ticket.now,
+            source="test",
+            **kwargs,
+        )
+    return claimed
+
+
+def ack_all(ledger: Ledger, now: float = T0) -> None:
+    """Acknowledge every pending outbox report."""
+    for entry in ledger.outbox_pending(limit=10_000):
+        ledger.outbox_ack(entry, now)
+
+
+def pending_for(ledger: Ledger, nonce: str, marque_id: str = MQ) -> list[Any]:
+    return [
+        e
+        for e in ledger.outbox_pending(limit=10_000)
+        if e.marque_id == marque_id and e.nonce == nonce
+    ]
+
+
+# -- the incarnation, written once ---------------------------------------------
+
+
+def test_create_refuses_existing_ledger(pool: LedgerPool, ledger: Ledger, ledger_location: str):
+    """``create`` on a location that already holds a ledger raises LedgerExists and keeps it."""
+    incarnation = ledger.incarnation
+    ledger.claim(make_ticket(nonce="kept"))
+    with pytest.raises(LedgerExists):
+        pool.create(ledger_location, pilot_id="pilot-intruder")
+    reopened = pool.open(ledger_location)
+    assert reopened.incarnation == incarnation
+    assert reopened.pilot_id == "pilot-test"
+    assert reopened.outcome(MQ, "kept") is not None
+
+
+def test_reopen_keeps_identity_and_state(pool: LedgerPool, ledger: Ledger, ledger_location: str):
+    """Re-opening a ledger keeps its pilot_id, incarnation and recorded claims."""
+    pilot_id, incarnation = ledger.pilot_id, ledger.incarnation
+    first = ledger.claim(make_ticket(nonce="n1"))
+    ledger.close()
+    reopened = pool.open(ledger_location)
+    assert (reopened.pilot_id, reopened.incarnation) == (pilot_id, incarnation)
+    assert reopened.outcome(MQ, "n1") == first.record
+    assert reopened.budget(MQ)["executions_left"] == 2
+
+
+def test_open_missing_ledger_raises_ledger_missing(pool: LedgerPool):
+    """Opening a location with no ledger raises LedgerMissing and initialises nothing there."""
+    location = pool.location()
+    with pytest.raises(LedgerMissing):
+        pool.open(location)
+    # Nothing was silently created: the location still takes a brand-new ledger.
+    created = pool.create(location)
+    assert created.incarnation
+    assert created.stats(T0)["claims"] == 0
+
+
+def test_new_ledger_has_new_incarnation(pool: LedgerPool, ledger: Ledger):
+    """A ledger created at a new location gets a different incarnation."""
+    other = pool.create(pool.location())
+    assert ledger.incarnation and other.incarnation
+    assert other.incarnation != ledger.incarnation
+    assert other.pilot_id == ledger.pilot_id == "pilot-test"
+
+
+def test_concurrent_create_loser_sees_ledger_exists(
+    engine: LedgerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Two ``create`` calls racing on one SQLite file: the loser gets LedgerExists, not a crash."""
+    if engine.name != "sqlite":
+        pytest.skip("deterministic interleaving is SQLite-specific")
+    from marque.ledger.sqlite import SqliteLedger
+
+    path = str(tmp_path / "raced.sqlite3")
+    real_has_schema = SqliteLedger._has_schema
+    winners: list[Ledger] = []
+
+    def racing_has_schema(self: SqliteLedger) -> bool:
+        answer = real_has_schema(self)
+        if not winners:
+            # The other `marque pilot init` wins the race between check and write.
+            monkeypatch.setattr(SqliteLedger, "_has_schema", real_has_schema)
+            winners.append(SqliteLedger.create(path, "pilot-winner"))
+        return answer
+
+    monkeypatch.setattr(SqliteLedger, "_has_schema", racing_has_schema)
+    try:
+        loser_error: BaseException | None = None
+        try:
+            SqliteLedger.create(path, "pilot-loser").close()
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            loser_error = exc
+        # Whatever the loser saw, the winner's incarnation survived.
+        reopened = SqliteLedger.open(path)
+        try:
+            assert reopened.incarnation == winners[0].incarnation
+            assert reopened.pilot_id == "pilot-winner"
+        finally:
+            reopened.close()
+        assert isinstance(loser_error, LedgerExists), repr(loser_error)
+    finally:
+        for w in winners:
+            w.close()
+
+
+# -- claims and the budget --------------------------------------------------------
+
+
+def test_fresh_claim_starts_attempt_one_and_spends_budget(ledger: Ledger):
+    """A fresh claim starts attempt 1 in_progress with owner and lease, and spends one execution."""
+    now = time.time()
+    ticket = make_ticket(nonce="n1", executions=3, owner_run="run_A", lease_seconds=45, now=now)
+    claimed = ledger.claim(ticket)
+    assert claimed.fresh is True
+    rec = claimed.record
+    assert (rec.marque_id, rec.nonce, rec.attempt) == (MQ, "n1", 1)
+    assert rec.status is Status.IN_PROGRESS
+    assert rec.owner_run == "run_A"
+    assert rec.owner_incarnation == ledger.incarnation
+    assert rec.lease_expires_at == pytest.approx(now + 45)
+    assert rec.started_at == pytest.approx(now)
+    assert rec.rows_affected is None and rec.result is None and rec.settled_at is None
+    assert ledger.outcome(MQ, "n1") == rec
+    assert ledger.budget(MQ) == {
+        "executions_left": 2,
+        "max_rows": ticket.max_rows,
+        "attempts_per_nonce": ticket.attempts_per_nonce,
+        "expires_at": pytest.approx(ticket.expires_at),
+        "target": "bank",
+    }
+
+
+def test_same_nonce_replays_without_spending(ledger: Ledger):
+    """Claiming a claimed nonce returns the same record (fresh=False) and spends nothing."""
+    first = ledger.claim(make_ticket(nonce="n1", executions=3))
+    again = ledger.claim(make_ticket(nonce="n1", executions=3, owner_run="run_other"))
+    assert again.fresh is False
+    assert again.record == first.record
+    assert ledger.budget(MQ)["executions_left"] == 2
+    assert len(ledger.attempts(MQ, "n1")) == 1
+    assert ledger.stats(time.time())["claims"] == 1
+
+
+def test_budget_row_is_taken_from_first_sight_only(ledger: Ledger):
+    """The budget row is created from the first claim's ticket; later tickets don't reset it."""
+    ledger.claim(make_ticket(nonce="n1", executions=2))
+    ledger.claim(make_ticket(nonce="n2", executions=100, max_rows=999))
+    budget = ledger.budget(MQ)
+    assert budget["executions_left"] == 0
+    assert budget["max_rows"] == 10
+    with pytest.raises(BudgetExhausted):
+        ledger.claim(make_ticket(nonce="n3", executions=100))
+
+
+@pytest.mark.parametrize("executions", [1, 3])
+def test_budget_allows_exactly_n_claims(ledger: Ledger, executions: int):
+    """executions=N admits exactly N distinct nonces; the rest are refused and record nothing."""
+    fresh, refused = [], []
+    for i in range(executions + 5):
+        nonce = f"n{i}"
+        try:
+            claimed = ledger.claim(make_ticket(nonce=nonce, executions=executions))
+        except BudgetExhausted:
+            refused.append(nonce)
+        else:
+            assert claimed.fresh
+            fresh.append(nonce)
+    assert fresh == [f"n{i}" for i in range(executions)]
+    assert len(refused) == 5
+    for nonce in refused:
+        assert ledger.outcome(MQ, nonce) is None
+        assert ledger.attempts(MQ, nonce) == []
+    assert ledger.budget(MQ)["executions_left"] == 0
+    assert ledger.stats(time.time())["claims"] == executions
+
+
+def test_zero_budget_refusal_records_nothing(ledger: Ledger):
+    """A first-sight claim with no executions is refused and leaves no claim and no budget row."""
+    with pytest.raises(BudgetExhausted):
+        ledger.claim(make_ticket(nonce="n1", executions=0))
+    assert ledger.outcome(MQ, "n1") is None
+    assert ledger.budget(MQ) is None
+    stats = ledger.stats(time.time())
+    assert (stats["claims"], stats["attempts"], stats["marques"]) == (0, 0, 0)
+
+
+def test_claimed_nonce_replays_even_when_budget_is_spent(ledger: Ledger):
+    """A retry of a claimed nonce returns its record even after the budget reached zero."""
+    first = ledger.claim(make_ticket(nonce="n1", executions=1))
+    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    again = ledger.claim(make_ticket(nonce="n1", executions=1))
+    assert again.fresh is False
+    assert again.record.attempt == first.record.attempt
+    assert again.record.status is Status.APPLIED
+    assert again.record.rows_affected == 1
+    assert ledger.budget(MQ)["executions_left"] == 0
+
+
+@pytest.mark.parametrize("status", [Status.IN_PROGRESS, Status.INDETERMINATE, Status.APPLIED])
+def test_nonce_not_aborted_is_returned_not_rerun(ledger: Ledger, status: Status):
+    """A nonce in_progress, indeterminate or applied is returned as is, never re-attempted."""
+    claim_and_settle(
+        ledger, make_ticket(nonce="n1"), None if status is Status.IN_PROGRESS else status
+    )
+    again = ledger.claim(make_ticket(nonce="n1"))
+    assert again.fresh is False
+    assert again.record.attempt == 1
+    assert again.record.status is status
+    assert [a.attempt for a in ledger.attempts(MQ, "n1")] == [1]
+    assert ledger.budget(MQ)["executions_left"] == 2
+
+
+def test_aborted_nonce_retries_without_budget_until_attempts_exhausted(ledger: Ledger):
+    """An aborted nonce re-attempts without spending budget, up to attempts_per_nonce attempts."""
+    ticket = make_ticket(nonce="n1", executions=1, attempts_per_nonce=3)
+    first = ledger.claim(ticket)
+    assert first.record.attempt == 1
+    assert ledger.budget(MQ)["executions_left"] == 0
+    for expected_attempt in (2, 3):
+        settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, attempt=expected_attempt - 1)
+        retry = ledger.claim(make_ticket(nonce="n1", executions=1, attempts_per_nonce=3))
+        assert retry.fresh is True
+        assert retry.record.attempt == expected_attempt
+        assert retry.record.status is Status.IN_PROGRESS
+        assert ledger.outcome(MQ, "n1") == retry.record
+        assert ledger.budget(MQ)["executions_left"] == 0
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, attempt=3)
+    with pytest.raises(AttemptsExhausted):
+        ledger.claim(make_ticket(nonce="n1", executions=1, attempts_per_nonce=3))
+    attempts = ledger.attempts(MQ, "n1")
+    assert [a.attempt for a in attempts] == [1, 2, 3]
+    assert all(a.status is Status.ABORTED_NOT_APPLIED for a in attempts)
+    assert ledger.outcome(MQ, "n1").attempt == 3
+    assert ledger.budget(MQ)["executions_left"] == 0
+    assert ledger.stats(time.time())["attempts"] == 3
+
+
+def test_retry_attempt_keeps_earlier_attempts_intact(ledger: Ledger):
+    """Starting attempt 2 leaves attempt 1's aborted record and error untouched."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
+    ledger.claim(make_ticket(nonce="n1", owner_run="run_B"))
+    settle(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=4)
+    one, two = ledger.attempts(MQ, "n1")
+    assert (one.attempt, one.status, one.error) == (
+        1,
+        Status.ABORTED_NOT_APPLIED,
+        {"code": "guard_failed"},
+    )
+    assert (two.attempt, two.status, two.rows_affected, two.owner_run) == (
+        2,
+        Status.APPLIED,
+        4,
+        "run_B",
+    )
+    assert ledger.outcome(MQ, "n1") == two
+
+
+# -- settlement: compare-and-set on rank ------------------------------------------------
+
+
+def test_applied_then_indeterminate_stays_applied(ledger: Ledger):
+    """A late indeterminate observation does not overwrite applied, its rows or its result."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.APPLIED, rows_affected=3, result={"rows": [[1]]})
+    after = settle(
+        ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"}, rows_affected=99
+    )
+    assert after.status is Status.APPLIED
+    assert after.rows_affected == 3
+    assert after.result == {"rows": [[1]]}
+    assert after.error is None
+    assert ledger.outcome(MQ, "n1") == after
+
+
+def test_indeterminate_then_applied_upgrades(ledger: Ledger):
+    """Evidence of commit upgrades indeterminate to applied, storing rows and result."""
+    ledger.claim(make_ticket(nonce="n1"))
+    mid = settle(ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"})
+    assert mid.status is Status.INDETERMINATE and mid.settled_at is None
+    after = settle(ledger, "n1", Status.APPLIED, rows_affected=2, result={"ok": True}, now=T0)
+    assert after.status is Status.APPLIED
+    assert (after.rows_affected, after.result) == (2, {"ok": True})
+    assert after.settled_at == pytest.approx(T0)
+    assert ledger.outcome(MQ, "n1") == after
+
+
+def test_in_progress_then_aborted(ledger: Ledger):
+    """An in_progress attempt settles to aborted_not_applied with its error."""
+    ledger.claim(make_ticket(nonce="n1"))
+    after = settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"}, now=T0)
+    assert after.status is Status.ABORTED_NOT_APPLIED
+    assert after.error == {"code": "guard_failed"}
+    assert after.settled_at == pytest.approx(T0)
+    assert ledger.outcome(MQ, "n1") == after
+
+
+def test_aborted_then_indeterminate_stays_aborted(ledger: Ledger):
+    """A weaker indeterminate observation does not overwrite aborted_not_applied."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
+    after = settle(ledger, "n1", Status.INDETERMINATE, error={"code": "lease_expired"})
+    assert after.status is Status.ABORTED_NOT_APPLIED
+    assert after.error == {"code": "guard_failed"}
+
+
+def test_in_progress_observation_changes_nothing(ledger: Ledger):
+    """An in_progress observation never moves an attempt (not even an in_progress one)."""
+    claimed = ledger.claim(make_ticket(nonce="n1"))
+    after = settle(ledger, "n1", Status.IN_PROGRESS, error={"code": "x"})
+    assert after == claimed.record
+    assert ledger.outbox_pending() == []
+
+
+def test_equal_rank_observation_does_not_overwrite(ledger: Ledger):
+    """A second observation of the same status keeps the first one's error and rows."""
+    ledger.claim(make_ticket(nonce="n1"))
+    first = settle(
+        ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "first"}, rows_affected=0, now=T0
+    )
+    second = settle(
+        ledger,
+        "n1",
+        Status.ABORTED_NOT_APPLIED,
+        error={"code": "second"},
+        rows_affected=7,
+        now=T0 + 5,
+    )
+    assert second == first
+    assert second.error == {"code": "first"}
+    assert second.settled_at == pytest.approx(T0)
+
+
+def test_observations_log_every_observation(ledger: Ledger):
+    """observations() lists every merged observation in order, the rejected ones included."""
+    ledger.claim(make_ticket(nonce="n1"))
+    steps = [
+        (Status.INDETERMINATE, "pilot", T0 + 1),
+        (Status.APPLIED, "reconcile", T0 + 2),
+        (Status.INDETERMINATE, "late-timeout", T0 + 3),
+        (Status.APPLIED, "duplicate", T0 + 4),
+    ]
+    for status, source, now in steps:
+        settle(ledger, "n1", status, source=source, now=now)
+    observed = ledger.observations(MQ, "n1")
+    assert [(o["attempt"], o["status"], o["source"]) for o in observed] == [
+        (1, s.value, src) for s, src, _ in steps
+    ]
+    assert [o["at"] for o in observed] == pytest.approx([now for _, _, now in steps])
+    assert ledger.outcome(MQ, "n1").status is Status.APPLIED
+
+
+def test_settle_unknown_attempt_fails_and_logs_nothing(ledger: Ledger):
+    """Settling an attempt that was never claimed raises and leaves no observation behind."""
+    ledger.claim(make_ticket(nonce="n1"))
+    with pytest.raises(LedgerMissing):
+        settle(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=1)
+    with pytest.raises(LedgerMissing):
+        settle(ledger, "ghost", Status.APPLIED, rows_affected=1)
+    assert ledger.observations(MQ, "n1") == []
+    assert ledger.observations(MQ, "ghost") == []
+    assert ledger.outcome(MQ, "n1").status is Status.IN_PROGRESS
+    assert ledger.outbox_pending() == []
+
+
+def test_stored_result_is_never_cleared(ledger: Ledger):
+    """Once applied with rows and result, later observations (any status, None values) keep them."""
+    ledger.claim(make_ticket(nonce="n1"))
+    result = {"columns": ["id"], "rows": [[1], [2], [3]]}
+    settle(ledger, "n1", Status.APPLIED, rows_affected=3, result=result)
+    settle(ledger, "n1", Status.APPLIED, rows_affected=None, result=None)
+    settle(ledger, "n1", Status.APPLIED, rows_affected=8, result={"other": 1})
+    settle(ledger, "n1", Status.INDETERMINATE, rows_affected=None, result=None)
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "x"}, rows_affected=0)
+    final = ledger.outcome(MQ, "n1")
+    assert final.status is Status.APPLIED
+    assert final.rows_affected == 3
+    assert final.result == result
+    assert final.error is None
+    replay = ledger.claim(make_ticket(nonce="n1"))
+    assert (replay.fresh, replay.record.rows_affected, replay.record.result) == (False, 3, result)
+
+
+# -- events ------------------------------------------------------------------------------
+
+
+def test_events_append_in_order(ledger: Ledger):
+    """settle(events=...) and append_events() append to the nonce's log in call order."""
+    ledger.claim(make_ticket(nonce="n1"))
+    ledger.claim(make_ticket(nonce="n2"))
+    ledger.append_events(MQ, "n1", [{"event": "claimed"}, {"event": "fence_checked"}])
+    ledger.append_events(MQ, "n2", [{"event": "claimed", "nonce": "n2"}])
+    settle(ledger, "n1", Status.APPLIED, rows_affected=1, events=[{"event": "committed"}])
+    ledger.append_events(MQ, "n1", [{"event": "reported", "n": 1}])
+    # A rejected (weaker) observation still logs what happened.
+    settle(ledger, "n1", Status.INDETERMINATE, events=[{"event": "late_timeout"}])
+    assert ledger.events(MQ, "n1") == [
+        {"event": "claimed"},
+        {"event": "fence_checked"},
+        {"event": "committed"},
+        {"event": "reported", "n": 1},
+        {"event": "late_timeout"},
+    ]
+    assert ledger.events(MQ, "n2") == [{"event": "claimed", "nonce": "n2"}]
+    assert ledger.events(MQ, "never") == []
+    assert ledger.stats(time.time())["events"] == 6
+
+
+# -- outbox ------------------------------------------------------------------------------
+
+
+def test_claim_alone_queues_no_report(ledger: Ledger):
+    """An in_progress claim queues nothing in the outbox."""
+    ledger.claim(make_ticket(nonce="n1"))
+    assert ledger.outbox_pending() == []
+    assert ledger.stats(time.time())["unreported_outcomes"] == 0
+
+
+def test_status_change_queues_report_and_ack_clears_it(ledger: Ledger):
+    """A settled status queues a report carrying it; outbox_ack removes it from pending."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.APPLIED, rows_affected=3, source="pilot")
+    (entry,) = ledger.outbox_pending()
+    assert (entry.marque_id, entry.nonce, entry.attempt, entry.status) == (MQ, "n1", 1, "applied")
+    assert entry.payload["status"] == "applied"
+    assert entry.payload["rows_affected"] == 3
+    assert entry.payload["attempt"] == 1
+    assert entry.payload["pilot"] == {"id": ledger.pilot_id, "incarnation": ledger.incarnation}
+    assert entry.tries == 0
+    assert ledger.stats(time.time())["unreported_outcomes"] == 1
+    ledger.outbox_ack(entry, T0)
+    assert ledger.outbox_pending() == []
+    assert ledger.stats(time.time())["unreported_outcomes"] == 0
+
+
+def test_upgrade_requeues_report_with_new_status(ledger: Ledger):
+    """indeterminate (acked) then applied re-queues the attempt's report with status applied."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.INDETERMINATE)
+    (first,) = ledger.outbox_pending()
+    assert first.status == "indeterminate"
+    ledger.outbox_ack(first, T0)
+    assert ledger.outbox_pending() == []
+    settle(ledger, "n1", Status.APPLIED, rows_affected=5)
+    (second,) = ledger.outbox_pending()
+    assert (second.attempt, second.status) == (1, "applied")
+    assert second.payload["status"] == "applied"
+    assert second.payload["rows_affected"] == 5
+    assert ledger.stats(time.time())["unreported_outcomes"] == 1
+
+
+def test_rejected_observation_queues_nothing(ledger: Ledger):
+    """An observation that does not change the status does not re-queue a report."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    ack_all(ledger)
+    settle(ledger, "n1", Status.INDETERMINATE)
+    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    assert ledger.outbox_pending() == []
+    assert ledger.stats(time.time())["unreported_outcomes"] == 0
+
+
+def test_stale_ack_does_not_ack_newer_status(ledger: Ledger):
+    """Acking a report for an old status leaves the newer status's report pending."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.INDETERMINATE)
+    (stale,) = ledger.outbox_pending()
+    settle(ledger, "n1", Status.APPLIED, rows_affected=2)
+    ledger.outbox_ack(stale, T0)
+    (current,) = ledger.outbox_pending()
+    assert current.status == "applied"
+    assert ledger.stats(time.time())["unreported_outcomes"] == 1
+    ledger.outbox_ack(current, T0)
+    assert ledger.outbox_pending() == []
+
+
+def test_outbox_failed_counts_tries(ledger: Ledger):
+    """outbox_failed increments the entry's tries and leaves it pending."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
+    (entry,) = ledger.outbox_pending()
+    ledger.outbox_failed(entry)
+    ledger.outbox_failed(entry)
+    (after,) = ledger.outbox_pending()
+    assert after.tries == 2
+    assert after.status == "aborted_not_applied"
+    assert ledger.stats(time.time())["unreported_outcomes"] == 1
+
+
+def test_each_attempt_has_its_own_report(ledger: Ledger):
+    """Aborted attempt 1 and applied attempt 2 of one nonce are reported separately."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED)
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=1)
+    assert sorted((e.attempt, e.status) for e in pending_for(ledger, "n1")) == [
+        (1, "aborted_not_applied"),
+        (2, "applied"),
+    ]
+    assert ledger.stats(time.time())["unreported_outcomes"] == 2
+
+
+def test_outbox_pending_respects_limit(ledger: Ledger):
+    """outbox_pending(limit) returns at most ``limit`` entries."""
+    for i in range(3):
+        claim_and_settle(ledger, make_ticket(nonce=f"n{i}"), Status.APPLIED, rows_affected=1)
+    assert len(ledger.outbox_pending(limit=2)) == 2
+    assert len(ledger.outbox_pending()) == 3
+
+
+# -- proofs ------------------------------------------------------------------------------
+
+
+def test_remember_pop_jti_detects_replay(ledger: Ledger):
+    """remember_pop_jti is True for a new jti and False when the same jti comes again."""
+    assert ledger.remember_pop_jti("jti-1", T0 + 60) is True
+    assert ledger.remember_pop_jti("jti-1", T0 + 60) is False
+    assert ledger.remember_pop_jti("jti-2", T0 + 60) is True
+    assert ledger.stats(T0)["pop_jtis"] == 2
+
+
+# -- unsettled ---------------------------------------------------------------------------
+
+
+def test_unsettled_lists_exactly_matching_attempts(ledger: Ledger):
+    """unsettled(IN_PROGRESS / INDETERMINATE) lists exactly the attempts in that status."""
+    claim_and_settle(ledger, make_ticket(nonce="running"), None)
+    claim_and_settle(ledger, make_ticket(nonce="lost"), Status.INDETERMINATE)
+    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    claim_and_settle(ledger, make_ticket("mq_other", nonce="failed"), Status.ABORTED_NOT_APPLIED)
+    ledger.claim(make_ticket("mq_other", nonce="failed"))  # attempt 2, in_progress
+
+    def keys(status: Status) -> set[tuple[str, str, int]]:
+        records = ledger.unsettled(status)
+        assert all(r.status is status for r in records)
+        return {(r.marque_id, r.nonce, r.attempt) for r in records}
+
+    assert keys(Status.IN_PROGRESS) == {(MQ, "running", 1), ("mq_other", "failed", 2)}
+    assert keys(Status.INDETERMINATE) == {(MQ, "lost", 1)}
+    settle(ledger, "lost", Status.APPLIED, rows_affected=1)
+    assert keys(Status.INDETERMINATE) == set()
+
+
+# -- reaping -----------------------------------------------------------------------------
+
+
+def _expired_ticket(marque_id: str, nonce: str, **kwargs: Any) -> ClaimTicket:
+    return make_ticket(marque_id, nonce, expires_at=T0 + 100, now=T0, **kwargs)
+
+
+def _live_ticket(marque_id: str, nonce: str, **kwargs: Any) -> ClaimTicket:
+    return make_ticket(marque_id, nonce, expires_at=T0 + 100_000, now=T0, **kwargs)
+
+
+def test_reap_deletes_settled_acked_entries_of_expired_marques(ledger: Ledger):
+    """Reap deletes an expired marque's settled, acked entries and keeps a live marque's."""
+    for nonce, status in (("a", Status.APPLIED), ("b", Status.ABORTED_NOT_APPLIED)):
+        claim_and_settle(
+            ledger,
+            _expired_ticket("mq_old", nonce),
+            status,
+            rows_affected=1,
+            events=[{"event": "committed"}],
+        )
+    claim_and_settle(
+        ledger,
+        _live_ticket("mq_live", "c"),
+        Status.APPLIED,
+        rows_affected=1,
+        events=[{"event": "committed"}],
+    )
+    ack_all(ledger)
+    now = T0 + 1000
+    before = ledger.stats(now)
+    assert (before["marques"], before["live_marques"], before["claims"]) == (2, 1, 3)
+    assert before["reapable_marques"] == 1
+
+    counts = ledger.reap(now)
+
+    assert counts["marques"] == 1
+    assert counts["claims"] == 2 and counts["attempts"] == 2 and counts["budgets"] == 1
+    assert counts["events"] == 2 and counts["outbox"] == 2
+    for nonce in ("a", "b"):
+        assert ledger.outcome("mq_old", nonce) is None
+        assert ledger.attempts("mq_old", nonce) == []
+        assert ledger.events("mq_old", nonce) == []
+        assert ledger.observations("mq_old", nonce) == []
+    assert ledger.budget("mq_old") is None
+    after = ledger.stats(now)
+    assert (after["marques"], after["claims"], after["attempts"], after["events"]) == (1, 1, 1, 1)
+    assert after["reapable_marques"] == 0
+    # The live marque is untouched.
+    assert ledger.outcome("mq_live", "c").status is Status.APPLIED
+    assert ledger.events("mq_live", "c") == [{"event": "committed"}]
+    assert ledger.budget("mq_live")["executions_left"] == 2
+    # Reaping again removes nothing more.
+    assert ledger.reap(now)["marques"] == 0
+    assert ledger.stats(now)["claims"] == 1
+
+
+def test_reap_keeps_marque_before_expiry(ledger: Ledger):
+    """A settled, acked marque is not reaped while ``now`` is before its expiry."""
+    claim_and_settle(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
+    ack_all(ledger)
+    assert ledger.reap(T0 + 50)["marques"] == 0
+    assert ledger.outcome("mq_old", "a") is not None
+    assert ledger.reap(T0 + 101)["marques"] == 1
+    assert ledger.outcome("mq_old", "a") is None
+
+
+@pytest.mark.parametrize("status", [None, Status.INDETERMINATE])
+def test_reap_keeps_expired_marque_with_unsettled_attempt(ledger: Ledger, status: Status | None):
+    """An expired marque with an in_progress or indeterminate attempt is not reaped."""
+    claim_and_settle(ledger, _expired_ticket("mq_old", "done"), Status.APPLIED, rows_affected=1)
+    claim_and_settle(ledger, _expired_ticket("mq_old", "open"), status)
+    ack_all(ledger)
+    now = T0 + 1000
+    counts = ledger.reap(now)
+    assert counts["marques"] == 0 and counts["claims"] == 0
+    assert ledger.outcome("mq_old", "done").status is Status.APPLIED
+    expected = Status.IN_PROGRESS if status is None else status
+    assert ledger.outcome("mq_old", "open").status is expected
+    assert ledger.budget("mq_old") is not None
+    assert ledger.stats(now)["claims"] == 2
+
+
+def test_reap_keeps_expired_marque_with_unacked_report(ledger: Ledger):
+    """An expired, settled marque whose report is not acknowledged is not reaped until acked."""
+    claim_and_settle(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
+    claim_and_settle(ledger, _expired_ticket("mq_old", "b"), Status.APPLIED, rows_affected=1)
+    (entry_a,) = pending_for(ledger, "a", "mq_old")
+    ledger.outbox_ack(entry_a, T0)
+    now = T0 + 1000
+    assert ledger.reap(now)["marques"] == 0
+    assert ledger.outcome("mq_old", "a") is not None
+    assert len(pending_for(ledger, "b", "mq_old")) == 1
+    assert ledger.stats(now)["claims"] == 2
+    ack_all(ledger)
+    assert ledger.reap(now)["marques"] == 1
+    assert ledger.stats(now)["claims"] == 0
+
+
+def test_reap_forgets_old_pop_jtis(ledger: Ledger):
+    """Reap deletes pop jtis past forget_after and keeps the rest."""
+    ledger.remember_pop_jti("old", T0 + 10)
+    ledger.remember_pop_jti("new", T0 + 10_000)
+    counts = ledger.reap(T0 + 100)
+    assert counts["pop_jtis"] == 1
+    assert ledger.stats(T0 + 100)["pop_jtis"] == 1
+    assert ledger.remember_pop_jti("new", T0 + 10_000) is False
+    assert ledger.remember_pop_jti("old", T0 + 10_000) is True
+
+
+# -- stats -------------------------------------------------------------------------------
+
+
+def test_stats_counts(ledger: Ledger):
+    """stats() counts marques, live marques, claims, attempts by status, events, reports, size."""
+    claim_and_settle(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
+    claim_and_settle(ledger, _live_ticket("mq_live", "b"), Status.INDETERMINATE)
+    claim_and_settle(ledger, _live_ticket("mq_live", "c"), Status.ABORTED_NOT_APPLIED)
+    ledger.claim(_live_ticket("mq_live", "c"))  # attempt 2, in_progress
+    ledger.claim(_live_ticket("mq_live", "d"))
+    ledger.append_events("mq_live", "d", [{"event": "claimed"}, {"event": "fence_checked"}])
+    ledger.remember_pop_jti("j", T0 + 10)
+    (old_report,) = pending_for(ledger, "a", "mq_old")
+    ledger.outbox_ack(old_report, T0)
+
+    stats = ledger.stats(T0 + 1000)
+    assert stats["pilot_id"] == "pilot-test"
+    assert stats["incarnation"] == ledger.incarnation
+    assert stats["marques"] == 2
+    assert stats["live_marques"] == 1
+    assert stats["claims"] == 4
+    assert stats["attempts"] == 5
+    assert stats["attempts_by_status"] == {
+        "in_progress": 2,
+        "indeterminate": 1,
+        "aborted_not_applied": 1,
+        "applied": 1,
+    }
+    assert stats["events"] == 2
+    assert stats["unreported_outcomes"] == 2  # b indeterminate, c#1 aborted
+    assert stats["pop_jtis"] == 1
+    assert stats["reapable_marques"] == 1
+    assert stats["size_bytes"] > 0
+    # Before mq_old expires, both marques are live.
+    assert ledger.stats(T0)["live_marques"] == 2
+
+
+def test_stats_of_empty_ledger(ledger: Ledger):
+    """A new ledger's stats are all zero except its size."""
+    stats = ledger.stats(time.time())
+    for key in ("marques", "live_marques", "claims", "attempts", "events", "unreported_outcomes"):
+        assert stats[key] == 0, key
+    assert set(stats["attempts_by_status"].values()) == {0}
+    assert stats["size_bytes"] > 0
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+THREADS = 16
+
+
+def _race(handles: list[Ledger], tickets: list[ClaimTicket]) -> tuple[list[Claim], list[Exception]]:
+    """Claim every ticket from its own thread (round-robin over ``handles``), all at once."""
+    barrier = threading.Barrier(len(tickets))
+    claims: list[Claim] = []
+    errors: list[Exception] = []
+    lock = threading.Lock()
+
+    def run(index: int) -> None:
+        handle = handles[index % len(handles)]
+        barrier.wait()
+        try:
+            claimed = handle.claim(tickets[index])
+        except Exception as exc:  # noqa: BLE001 - collected and asserted on
+            with lock:
+                errors.append(exc)
+        else:
+            with lock:
+                claims.append(claimed)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(tickets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a claim thread hung"
+    return claims, errors
+
+
+def _assert_distinct_nonce_race(
+    handles: list[Ledger], claims: list[Claim], errors: list[Exception], executions: int
+) -> None:
+    assert len(claims) + len(errors) == THREADS
+    assert all(c.fresh for c in claims)
+    assert len(claims) == executions
+    assert all(isinstance(e, BudgetExhausted) for e in errors), errors
+    for handle in handles:
+        assert handle.budget(MQ)["executions_left"] == 0
+        assert handle.stats(time.time())["claims"] == executions
+        claimed = {c.record.nonce for c in claims}
+        for i in range(THREADS):
+            recorded = handle.outcome(MQ, f"n{i}")
+            assert (recorded is not None) == (f"n{i}" in claimed)
+
+
+def _assert_same_nonce_race(handles: list[Ledger], claims: list[Claim], errors: list[Exception]):
+    assert errors == []
+    assert len(claims) == THREADS
+    assert sum(c.fresh for c in claims) == 1
+    assert {(c.record.attempt, c.record.started_at) for c in claims} == {
+        (claims[0].record.attempt, claims[0].record.started_at)
+    }
+    for handle in handles:
+        assert [a.attempt for a in handle.attempts(MQ, "same")] == [1]
+        assert handle.budget(MQ)["executions_left"] == 4
+
+
+def test_threads_claiming_distinct_nonces_spend_budget_exactly(ledger: Ledger):
+    """16 threads claiming distinct nonces of a 5-execution marque: exactly 5 fresh claims."""
+    tickets = [make_ticket(nonce=f"n{i}", executions=5) for i in range(THREADS)]
+    claims, errors = _race([ledger], tickets)
+    _assert_distinct_nonce_race([ledger], claims, errors, executions=5)
+
+
+def test_threads_claiming_same_nonce_get_one_fresh(ledger: Ledger):
+    """16 threads claiming the same nonce: exactly one fresh claim, one attempt, one spend."""
+    tickets = [make_ticket(nonce="same", executions=5, owner_run=f"run{i}") for i in range(THREADS)]
+    claims, errors = _race([ledger], tickets)
+    _assert_same_nonce_race([ledger], claims, errors)
+
+
+def test_two_handles_claiming_distinct_nonces_spend_budget_exactly(
+    pool: LedgerPool, ledger: Ledger, ledger_location: str
+):
+    """Two independent handles (two processes) racing on distinct nonces: exactly N fresh claims."""
+    second = pool.open_second(ledger_location)
+    assert second.incarnation == ledger.incarnation
+    tickets = [make_ticket(nonce=f"n{i}", executions=5) for i in range(THREADS)]
+    claims, errors = _race([ledger, second], tickets)
+    _assert_distinct_nonce_race([ledger, second], claims, errors, executions=5)
+
+
+def test_two_handles_claiming_same_nonce_get_one_fresh(
+    pool: LedgerPool, ledger: Ledger, ledger_location: str
+):
+    """Two independent handles (two processes) racing on one nonce: exactly one fresh claim."""
+    second = pool.open_second(ledger_location)
+    tickets = [make_ticket(nonce="same", executions=5, owner_run=f"run{i}") for i in range(THREADS)]
+    claims, errors = _race([ledger, second], tickets)
+    _assert_same_nonce_race([ledger, second], claims, errors)
+
+
+# -- property: settlement is a monotonic merge ------------------------------------------------
+
+OBSERVABLE = [Status.INDETERMINATE, Status.ABORTED_NOT_APPLIED, Status.APPLIED]
+
+observation = st.tuples(
+    st.sampled_from(OBSERVABLE), st.none() | st.integers(min_value=0, max_value=1_000_000)
+)
+
+
+def _apply(ledger: Ledger, nonce: str, sequence: list[tuple[Status, int | None]]) -> Any:
+    ledger.claim(make_ticket(nonce=nonce, executions=10, now=T0))
+    record = None
+    for index, (status, rows) in enumerate(sequence):
+        record = settle(
+            ledger,
+            nonce,
+            status,
+            now=T0 + index,
+            source=f"obs{index}",
+            rows_affected=rows,
+            result={"obs": index} if status is Status.APPLIED else None,
+            error=None if status is Status.APPLIED else {"obs": index},
+        )
+    return record
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data(), sequence=st.lists(observation, min_size=1, max_size=8))
+def test_settlement_is_monotonic_merge(
+    engine: LedgerEngine, data: st.DataObject, sequence: list[tuple[Status, int | None]]
+):
+    """Any sequence of observations settles to the merge fold, keeping the first settling write."""
+    permuted = data.draw(st.permutations(sequence), label="permuted")
+    with tempfile.TemporaryDirectory() as workdir:
+        pool = LedgerPool(engine, Path(workdir))
+        try:
+            ledger = pool.create()
+            final = _apply(ledger, "original", sequence)
+            reordered = _apply(ledger, "permuted", permuted)
+
+            expected = reduce(merge, (s for s, _ in sequence), Status.IN_PROGRESS)
+            assert final.status is expected
+            assert ledger.outcome(MQ, "original") == final
+            assert reordered.status is expected
+
+            # The write that reached the final status is kept: a later observation of the
+            # same or a weaker status never overwrites its rows, result or error.
+            first_index = next(i for i, (s, _) in enumerate(sequence) if s is expected)
+            first_rows = sequence[first_index][1]
+            if first_rows is not None:
+                assert final.rows_affected == first_rows
+            if expected is Status.APPLIED:
+                assert final.result == {"obs": first_index}
+                assert final.error is None
+            else:
+                assert final.error == {"obs": first_index}
+            assert final.settled_at == (
+                pytest.approx(T0 + first_index) if expected.settled else None
+            )
+
+            # Every observation is logged, accepted or not.
+            assert [o["status"] for o in ledger.observations(MQ, "original")] == [
+                s.value for s, _ in sequence
+            ]
+            # The outbox holds exactly one pending report per attempt, with the final status.
+            (report,) = pending_for(ledger, "original")
+            assert report.status == expected.value
+        finally:
+            pool.close_all()
