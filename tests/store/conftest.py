@@ -2,12 +2,8 @@
 
 Each engine is a :class:`LedgerEngine` in ``LEDGER_ENGINES``; the ``engine`` and
 ``ledger`` fixtures are parametrised over that list, so every test in
-``tests/store`` runs once per engine. To add an engine (PostgreSQL), append a
-``LedgerEngine`` to ``LEDGER_ENGINES`` — for example only when a test DSN is
-configured, so the suite still runs without a server:
-
-    if os.environ.get("MARQUE_TEST_PG_DSN"):
-        LEDGER_ENGINES.append(LedgerEngine(name="postgres", location=..., create=..., open=...))
+``tests/store`` runs once per engine: SQLite files, and PostgreSQL databases on
+the server the test run starts (``pg_admin_dsn``).
 
 ``location`` hands out a fresh, never-used place for a ledger (a file path for
 SQLite; a DSN with its own schema or database for PostgreSQL), ``create`` and
@@ -59,6 +55,34 @@ SQLITE = LedgerEngine(
 )
 
 LEDGER_ENGINES: list[LedgerEngine] = [SQLITE]
+ENGINE_NAMES = ["sqlite", "postgres"]
+
+
+def postgres_engine(admin_dsn: str) -> LedgerEngine:
+    """PostgreSQL ledgers, each in a fresh database on the test run's server."""
+    from pgcluster import create_database, drop_database
+
+    from marque.ledger.postgres import PostgresLedger
+
+    names: dict[str, str] = {}
+
+    def location(_: Path) -> str:
+        name, dsn = create_database(admin_dsn)
+        names[dsn] = name
+        return dsn
+
+    def destroy(dsn: str) -> None:
+        if dsn in names:
+            drop_database(admin_dsn, names.pop(dsn))
+
+    return LedgerEngine(
+        name="postgres",
+        location=location,
+        create=PostgresLedger.create,
+        open=PostgresLedger.open,
+        open_second=PostgresLedger.open,
+        destroy=destroy,
+    )
 
 PILOT_ID = "pilot-test"
 
@@ -135,10 +159,12 @@ def make_ticket(
     )
 
 
-@pytest.fixture(scope="session", params=LEDGER_ENGINES, ids=lambda e: e.name)
+@pytest.fixture(scope="session", params=ENGINE_NAMES)
 def engine(request: pytest.FixtureRequest) -> LedgerEngine:
     """The ledger engine under test (session-scoped so hypothesis tests may use it)."""
-    return request.param
+    if request.param == "postgres":
+        return postgres_engine(request.getfixturevalue("pg_admin_dsn"))
+    return SQLITE
 
 
 @pytest.fixture(scope="session")
@@ -167,3 +193,15 @@ def ledger_location(pool: LedgerPool) -> str:
 def ledger(pool: LedgerPool, ledger_location: str) -> Ledger:
     """A freshly created, empty ledger on the engine under test."""
     return pool.create(ledger_location)
+
+
+@pytest.fixture(scope="session")
+def shared_ledger(
+    engine: LedgerEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Ledger]:
+    """One ledger per engine for the whole session (property tests use fresh nonces)."""
+    pool = LedgerPool(engine, tmp_path_factory.mktemp(f"shared-{engine.name}"))
+    try:
+        yield pool.create()
+    finally:
+        pool.close_all()

@@ -3,14 +3,14 @@
 Every test drives the ledger through its public interface and asserts on what
 the ledger then holds: attempt records, budget rows, observations, events, the
 outbox and stats. The ``ledger``/``pool`` fixtures are parametrised over
-``conftest.LEDGER_ENGINES``, so a new engine runs this whole file unchanged.
+the ``engine`` fixture of conftest, so a new engine runs this whole file unchanged.
 """
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
+import uuid
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -871,7 +871,7 @@ observation = st.tuples(
 
 
 def _apply(ledger: Ledger, nonce: str, sequence: list[tuple[Status, int | None]]) -> Any:
-    ledger.claim(make_ticket(nonce=nonce, executions=10, now=T0))
+    ledger.claim(make_ticket(nonce=nonce, executions=1_000_000, now=T0))
     record = None
     for index, (status, rows) in enumerate(sequence):
         record = settle(
@@ -890,43 +890,41 @@ def _apply(ledger: Ledger, nonce: str, sequence: list[tuple[Status, int | None]]
 @settings(max_examples=50, deadline=None)
 @given(data=st.data(), sequence=st.lists(observation, min_size=1, max_size=8))
 def test_settlement_is_monotonic_merge(
-    engine: LedgerEngine, data: st.DataObject, sequence: list[tuple[Status, int | None]]
+    shared_ledger: Ledger, data: st.DataObject, sequence: list[tuple[Status, int | None]]
 ):
     """Any sequence of observations settles to the merge fold, keeping the first settling write."""
     permuted = data.draw(st.permutations(sequence), label="permuted")
-    with tempfile.TemporaryDirectory() as workdir:
-        pool = LedgerPool(engine, Path(workdir))
-        try:
-            ledger = pool.create()
-            final = _apply(ledger, "original", sequence)
-            reordered = _apply(ledger, "permuted", permuted)
+    # One ledger per engine for every example; each example uses nonces of its own.
+    ledger = shared_ledger
+    original, permuted_nonce = f"original-{uuid.uuid4().hex}", f"permuted-{uuid.uuid4().hex}"
+    final = _apply(ledger, original, sequence)
+    reordered = _apply(ledger, permuted_nonce, permuted)
 
-            expected = reduce(merge, (s for s, _ in sequence), Status.IN_PROGRESS)
-            assert final.status is expected
-            assert ledger.outcome(MQ, "original") == final
-            assert reordered.status is expected
+    expected = reduce(merge, (s for s, _ in sequence), Status.IN_PROGRESS)
+    assert final.status is expected
+    assert ledger.outcome(MQ, original) == final
+    assert reordered.status is expected
 
-            # The write that reached the final status is kept: a later observation of the
-            # same or a weaker status never overwrites its rows, result or error.
-            first_index = next(i for i, (s, _) in enumerate(sequence) if s is expected)
-            first_rows = sequence[first_index][1]
-            if first_rows is not None:
-                assert final.rows_affected == first_rows
-            if expected is Status.APPLIED:
-                assert final.result == {"obs": first_index}
-                assert final.error is None
-            else:
-                assert final.error == {"obs": first_index}
-            assert final.settled_at == (
-                pytest.approx(T0 + first_index) if expected.settled else None
-            )
+    # The write that reached the final status is kept: a later observation of the
+    # same or a weaker status never overwrites its rows, result or error.
+    first_index = next(i for i, (s, _) in enumerate(sequence) if s is expected)
+    first_rows = sequence[first_index][1]
+    if first_rows is not None:
+        assert final.rows_affected == first_rows
+    if expected is Status.APPLIED:
+        assert final.result == {"obs": first_index}
+        assert final.error is None
+    else:
+        assert final.error == {"obs": first_index}
+    assert final.settled_at == (
+        pytest.approx(T0 + first_index) if expected.settled else None
+    )
 
-            # Every observation is logged, accepted or not.
-            assert [o["status"] for o in ledger.observations(MQ, "original")] == [
-                s.value for s, _ in sequence
-            ]
-            # The outbox holds exactly one pending report per attempt, with the final status.
-            (report,) = pending_for(ledger, "original")
-            assert report.status == expected.value
-        finally:
-            pool.close_all()
+    # Every observation is logged, accepted or not.
+    assert [o["status"] for o in ledger.observations(MQ, original)] == [
+        s.value for s, _ in sequence
+    ]
+    # The outbox holds exactly one pending report per attempt, with the final status.
+    (report,) = pending_for(ledger, original)
+    assert report.status == expected.value
+
