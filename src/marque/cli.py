@@ -500,5 +500,23 @@ def main() -> None:
     # break stderr's JSON-lines contract; outcomes carry what matters.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
     logging.getLogger("psycopg").propagate = False
-    app()
+    # typer may vendor its own click: take the exception classes from where it raises them.
+    click_errors = sys.modules[typer.BadParameter.__module__]
+    try:
+        status = app(standalone_mode=False)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except click_errors.ClickException as exc:
+        usage = isinstance(exc, click_errors.UsageError)
+        # Errors found by the parser still honour --json's one-object contract.
+        if "--json" in sys.argv[1:] and not isinstance(exc, click_errors.NoArgsIsHelpError):
+            _emit_json({"error": {"code": InvalidInput.code, "message": exc.format_message(),
+                                  "sqlstate": None}})
+        else:
+            exc.show()
+        sys.exit(InvalidInput.exit_status if usage else 1)
+    except (KeyboardInterrupt, EOFError):
+        sys.exit(130)
+    # Without standalone mode a command's typer.Exit comes back as the return value.
+    sys.exit(status if isinstance(status, int) else 0)
 

@@ -767,6 +767,18 @@ def verify_marque(
     ``skew_seconds`` of tolerance); then :class:`WrongPilot`,
     :class:`WrongIncarnation` and :class:`UnknownTarget`.
     """
+    marque = read_marque(token, trusted)
+    check_marque(marque, pilot_id=pilot_id, incarnation=incarnation, targets=targets, now=now,
+                 skew_seconds=skew_seconds)
+    return marque
+
+
+def read_marque(token: str, trusted: TrustedKeys) -> Marque:
+    """Verify the signature and read the claims; the time-independent half of verification.
+
+    Its result depends only on ``token`` and ``trusted``, so a Pilot may cache it
+    by token; :func:`check_marque` must still run on every use.
+    """
     header = _read_header(token, _MARQUE_REGISTRY, "marque", MarqueInvalid)
     if header.get("alg") != ALG:
         raise MarqueInvalid(f"marque alg must be {ALG}")
@@ -797,20 +809,6 @@ def verify_marque(
     budget = Budget.from_claim(claims["budget"])
     change = Change.from_claim(claims["change"])
 
-    moment = time.time() if now is None else now
-    if moment > expires_at + skew_seconds:
-        raise MarqueExpired(f"marque {marque_id} expired at {expires_at}")
-    if moment < not_before - skew_seconds:
-        raise MarqueNotYetValid(f"marque {marque_id} is not valid before {not_before}")
-    if pilot["id"] != pilot_id:
-        raise WrongPilot(f"marque {marque_id} is for pilot {pilot['id']!r}, not {pilot_id!r}")
-    if pilot["incarnation"] != incarnation:
-        raise WrongIncarnation(
-            f"marque {marque_id} is for ledger incarnation {pilot['incarnation']!r}, "
-            f"this ledger is {incarnation!r}"
-        )
-    if target not in targets:
-        raise UnknownTarget(f"this pilot does not serve target {target!r}")
     return Marque(
         token=token,
         marque_id=marque_id,
@@ -827,6 +825,34 @@ def verify_marque(
         change=change,
         kid=kid,
     )
+
+
+def check_marque(
+    marque: Marque,
+    *,
+    pilot_id: str,
+    incarnation: str,
+    targets: Collection[str],
+    now: float | None = None,
+    skew_seconds: float = 60,
+) -> Marque:
+    """The per-use half of verification: the window, then the Pilot, incarnation and target."""
+    moment = time.time() if now is None else now
+    marque_id = marque.marque_id
+    if moment > marque.expires_at + skew_seconds:
+        raise MarqueExpired(f"marque {marque_id} expired at {marque.expires_at}")
+    if moment < marque.not_before - skew_seconds:
+        raise MarqueNotYetValid(f"marque {marque_id} is not valid before {marque.not_before}")
+    if marque.pilot_id != pilot_id:
+        raise WrongPilot(f"marque {marque_id} is for pilot {marque.pilot_id!r}, not {pilot_id!r}")
+    if marque.incarnation != incarnation:
+        raise WrongIncarnation(
+            f"marque {marque_id} is for ledger incarnation {marque.incarnation!r}, "
+            f"this ledger is {incarnation!r}"
+        )
+    if marque.target not in targets:
+        raise UnknownTarget(f"this pilot does not serve target {marque.target!r}")
+    return marque
 
 
 # -- proofs of possession -------------------------------------------------------------
@@ -878,7 +904,7 @@ def verify_proof(
     *,
     nonce: str,
     pilot_id: str,
-    remember_jti: Callable[[str, float], bool],
+    remember_jti: Callable[[str, float], bool] | None,
     now: float | None = None,
     window_seconds: float = 120,
 ) -> str:
@@ -889,7 +915,9 @@ def verify_proof(
     signature, ``iat`` outside ``window_seconds``, or ``ath``/``nonce``/``pilot``
     not this request's) or :class:`PopReplayed`. ``remember_jti(jti,
     forget_after)`` is called last, only once everything else has held, and
-    must return False if the ``jti`` was already seen.
+    must return False if the ``jti`` was already seen. A caller passing None
+    takes that duty on itself (a Pilot records the ``jti`` in its claim
+    transaction; see :func:`jti_forget_after`).
     """
     if proof is None or proof == "":
         raise PopMissing("the request carries no proof of possession")
@@ -925,6 +953,17 @@ def verify_proof(
         raise PopInvalid("proof nonce does not match the request")
     if proof_pilot != pilot_id:
         raise PopInvalid("proof is for another pilot")
-    if not remember_jti(jti, issued_at + window_seconds + _REPLAY_MARGIN_SECONDS):
+    if remember_jti is not None and not remember_jti(
+        jti, issued_at + window_seconds + _REPLAY_MARGIN_SECONDS
+    ):
         raise PopReplayed("this proof has been used before")
     return jti
+
+
+def jti_forget_after(now: float, window_seconds: float) -> float:
+    """A time after which an accepted proof's ``jti`` can be forgotten, whatever its ``iat``.
+
+    An accepted ``iat`` is at most ``window_seconds`` ahead of ``now``, and the
+    proof stays acceptable for ``window_seconds`` after its ``iat``.
+    """
+    return now + 2 * window_seconds + _REPLAY_MARGIN_SECONDS

@@ -31,6 +31,9 @@ class ClaimTicket:
     owner_run: str
     lease_seconds: float
     now: float
+    #: The proof's jti, recorded in the claim transaction (a replay raises PopReplayed).
+    pop_jti: str | None = None
+    pop_forget_after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,10 @@ class Ledger(abc.ABC):
     def claim(self, ticket: ClaimTicket) -> Claim:
         """Claim ``(marque_id, nonce)`` in one transaction, or return what is recorded.
 
-        A new nonce decrements the marque's budget (creating the budget row on
-        first sight) and starts attempt 1; no budget left raises
+        The ticket's proof ``jti`` is recorded first; one seen before raises
+        ``PopReplayed`` and records nothing. A new nonce decrements the
+        marque's budget (creating the budget row on first sight) and starts
+        attempt 1; no budget left raises
         ``BudgetExhausted`` and records nothing. A nonce whose latest attempt
         is ``aborted_not_applied`` starts the next attempt without touching
         the budget, or raises ``AttemptsExhausted``. Any other recorded nonce

@@ -15,7 +15,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from marque.errors import AttemptsExhausted, BudgetExhausted, LedgerExists, LedgerMissing
+from marque.errors import (
+    AttemptsExhausted,
+    BudgetExhausted,
+    LedgerExists,
+    LedgerMissing,
+    PopReplayed,
+)
 from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
 from marque.outcome import Status
 
@@ -223,29 +229,34 @@ class SqlLedger(Ledger):
     def claim(self, ticket: ClaimTicket) -> Claim:
         key = (ticket.marque_id, ticket.nonce)
         with self.transaction() as tx:
+            if ticket.pop_jti is not None and not self._remember_pop_jti_txn(
+                tx, ticket.pop_jti, ticket.pop_forget_after
+            ):
+                raise PopReplayed("this proof has been used before")
             inserted = tx.one(
                 "INSERT INTO claims (marque_id, nonce, attempt, claimed_at) VALUES (?, ?, 1, ?) "
                 "ON CONFLICT (marque_id, nonce) DO NOTHING RETURNING attempt",
                 (*key, ticket.now),
             )
             if inserted is not None:
-                tx.execute(
+                if ticket.executions < 1:
+                    raise BudgetExhausted(f"marque {ticket.marque_id} allows no executions")
+                # One statement: the budget row is born from the token already spent
+                # once, or an existing row is decremented only while above zero.
+                spent = tx.one(
                     "INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
                     "attempts_per_nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (marque_id) DO NOTHING",
+                    "ON CONFLICT (marque_id) DO UPDATE "
+                    "SET executions_left = budgets.executions_left - 1 "
+                    "WHERE budgets.executions_left > 0 RETURNING executions_left",
                     (
                         ticket.marque_id,
                         ticket.target,
-                        ticket.executions,
+                        ticket.executions - 1,
                         ticket.max_rows,
                         ticket.attempts_per_nonce,
                         ticket.expires_at,
                     ),
-                )
-                spent = tx.one(
-                    "UPDATE budgets SET executions_left = executions_left - 1 "
-                    "WHERE marque_id = ? AND executions_left > 0 RETURNING executions_left",
-                    (ticket.marque_id,),
                 )
                 if spent is None:
                     # Raising rolls the claim back with it: no nonce is claimed.
@@ -475,11 +486,14 @@ class SqlLedger(Ledger):
 
     def remember_pop_jti(self, jti: str, forget_after: float) -> bool:
         with self.transaction() as tx:
-            row = tx.one(
-                "INSERT INTO pop_jtis (jti, forget_after) VALUES (?, ?) "
-                "ON CONFLICT (jti) DO NOTHING RETURNING jti",
-                (jti, forget_after),
-            )
+            return self._remember_pop_jti_txn(tx, jti, forget_after)
+
+    def _remember_pop_jti_txn(self, tx: Tx, jti: str, forget_after: float) -> bool:
+        row = tx.one(
+            "INSERT INTO pop_jtis (jti, forget_after) VALUES (?, ?) "
+            "ON CONFLICT (jti) DO NOTHING RETURNING jti",
+            (jti, forget_after),
+        )
         return row is not None
 
     # -- outbox -----------------------------------------------------------------

@@ -22,11 +22,20 @@ from marque.ledger import AttemptRecord, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
 from marque.pilot.runs import RunRegistry
 from marque.target import Evidence, Run, StampConflict, Target, Verdict
-from marque.token import Marque, TrustedKeys, verify_marque, verify_proof
+from marque.token import (
+    Marque,
+    TrustedKeys,
+    check_marque,
+    jti_forget_after,
+    read_marque,
+    verify_proof,
+)
 
 EventSink = Callable[[dict[str, Any]], None]
 
 MAX_NONCE_BYTES = 256
+#: Marques whose signature this process has verified, by token (oldest evicted first).
+READ_CACHE_SIZE = 4096
 
 
 def check_nonce(nonce: str) -> str:
@@ -82,6 +91,7 @@ class Pilot:
         self.logbook = logbook
         self.clock = clock
         self._inflight: dict[tuple[str, str], _Inflight] = {}
+        self._read_cache: dict[str, Marque] = {}
         self._inflight_lock = threading.Lock()
 
     @property
@@ -94,29 +104,42 @@ class Pilot:
 
     # -- the execution path -----------------------------------------------------
 
-    def verify(self, token: str, proof: str | None, nonce: str) -> Marque:
-        """Step 1: the marque and its proof of possession. Refusals claim nothing."""
+    def verify(self, token: str, proof: str | None, nonce: str) -> tuple[Marque, str]:
+        """Step 1: the marque and its proof of possession; returns the marque and proof jti.
+
+        The signature check of a marque depends only on the token, so it is
+        done once per process and cached by token; the window, Pilot,
+        incarnation and target are checked on every call, and so is the proof.
+        The proof's ``jti`` is recorded by the claim, in the same transaction.
+        Refusals claim nothing.
+        """
         now = self.clock()
         check_nonce(nonce)
-        marque = verify_marque(
-            token,
-            self.trusted,
+        marque = self._read_cache.get(token)
+        if marque is None:
+            marque = read_marque(token, self.trusted)
+            with self._inflight_lock:
+                if len(self._read_cache) >= READ_CACHE_SIZE:
+                    self._read_cache.pop(next(iter(self._read_cache)))
+                self._read_cache[token] = marque
+        check_marque(
+            marque,
             pilot_id=self.pilot_id,
             incarnation=self.incarnation,
             targets=self.targets.keys(),
             now=now,
             skew_seconds=self.options.skew_seconds,
         )
-        verify_proof(
+        jti = verify_proof(
             proof,
             marque,
             nonce=nonce,
             pilot_id=self.pilot_id,
-            remember_jti=self.ledger.remember_pop_jti,
+            remember_jti=None,
             now=now,
             window_seconds=self.options.pop_window_seconds,
         )
-        return marque
+        return marque, jti
 
     def execute(
         self, token: str, proof: str | None, nonce: str, on_event: EventSink | None = None
@@ -126,7 +149,7 @@ class Pilot:
         Refusals raise their typed error. Every other result — applied, not
         applied, indeterminate, in progress — is an :class:`Outcome`.
         """
-        marque = self.verify(token, proof, nonce)
+        marque, jti = self.verify(token, proof, nonce)
         key = (marque.marque_id, nonce)
         with self._inflight_lock:
             running = self._inflight.get(key)
@@ -143,7 +166,7 @@ class Pilot:
                     "the execution this call followed ended without an outcome")
             return _replayed(running.outcome)
         try:
-            outcome = self._execute_claimed(marque, nonce, mine, on_event)
+            outcome = self._execute_claimed(marque, nonce, jti, mine, on_event)
             mine.outcome = outcome
             return outcome
         except MarqueError as exc:
@@ -155,7 +178,7 @@ class Pilot:
                 del self._inflight[key]
 
     def _execute_claimed(
-        self, marque: Marque, nonce: str, mine: _Inflight, on_event: EventSink | None
+        self, marque: Marque, nonce: str, jti: str, mine: _Inflight, on_event: EventSink | None
     ) -> Outcome:
         now = self.clock()
         timeout_ms = marque.change.statement_timeout_ms or self.options.statement_timeout_ms
@@ -173,6 +196,8 @@ class Pilot:
                 owner_run=self.runs.run_id,
                 lease_seconds=lease,
                 now=now,
+                pop_jti=jti,
+                pop_forget_after=jti_forget_after(now, self.options.pop_window_seconds),
             )
         )
         if not claim.fresh:
@@ -386,10 +411,14 @@ class Pilot:
         ``indeterminate``; every indeterminate attempt is then reconciled.
         """
         changes: list[dict[str, Any]] = []
+        gone: set[str] = set()
         for record in self.ledger.unsettled(Status.IN_PROGRESS):
             if self._owner_gone(record):
+                gone.add(record.owner_run)
                 after = self._settle_lost(record)
                 changes.append(_change(record, after))
+        for run_id in gone:  # nothing of theirs is in progress any more
+            self.runs.forget(run_id)
         for record in self.ledger.unsettled(Status.INDETERMINATE):
             after = self._reconcile(record, None, "recovery")
             if after.status is not record.status:

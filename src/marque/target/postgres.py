@@ -52,6 +52,8 @@ _STAMP_DDL = (
     " created_at DOUBLE PRECISION NOT NULL,"
     " expires_at DOUBLE PRECISION,"
     " PRIMARY KEY (marque_id, nonce))",
+    # Tables made before stamps carried the marque's expiry.
+    "ALTER TABLE marque.stamps ADD COLUMN IF NOT EXISTS expires_at DOUBLE PRECISION",
     "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
 )
 _SERIALIZATION = {"40001", "40P01"}
@@ -93,8 +95,11 @@ class PostgresTarget(SqlTarget):
         for attempt in range(3):
             try:
                 with conn.transaction():
-                    exists = conn.execute("SELECT to_regclass('marque.stamps')").fetchone()
-                    if not exists or exists[0] is None:
+                    ready = conn.execute(
+                        "SELECT 1 FROM pg_indexes WHERE schemaname = 'marque' "
+                        "AND indexname = 'stamps_live'"
+                    ).fetchone()
+                    if ready is None:
                         for statement in _STAMP_DDL:
                             conn.execute(statement)
                 break

@@ -55,6 +55,7 @@ class SqliteTarget(SqlTarget):
         self.name = name
         self.path = path
         self.lock_timeout_ms = lock_timeout_ms
+        self._stamps_ready = False
 
     def _connect(self) -> sqlite3.Connection:
         # mode=rw: a missing target file is an error, never a new empty database.
@@ -66,13 +67,24 @@ class SqliteTarget(SqlTarget):
         )
         return conn
 
+    def _ensure_stamps(self, conn: sqlite3.Connection) -> None:
+        """Create or upgrade the stamp table, inside the caller's transaction (once per run)."""
+        if self._stamps_ready:
+            return
+        conn.execute(STAMP_DDL)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(marque_stamps)")}
+        if "expires_at" not in columns:  # a table made before stamps carried the expiry
+            conn.execute("ALTER TABLE marque_stamps ADD COLUMN expires_at REAL")
+        conn.execute(STAMP_INDEX)
+        self._stamps_ready = True
+
     def _begin(self, run: Run) -> sqlite3.Connection:
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(STAMP_DDL)
-            conn.execute(STAMP_INDEX)
+            self._ensure_stamps(conn)
         except BaseException:
+            self._stamps_ready = False  # the DDL rolled back with the transaction
             conn.close()
             raise
         # Defence in depth behind statement validation: approved SQL may not
@@ -101,6 +113,8 @@ class SqliteTarget(SqlTarget):
         try:
             conn.set_authorizer(None)
             if conn.in_transaction:
+                # A first-use stamp table rolls back with the transaction that made it.
+                self._stamps_ready = False
                 conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # closing the connection rolls back whatever is left
@@ -126,8 +140,7 @@ class SqliteTarget(SqlTarget):
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(STAMP_DDL)
-            conn.execute(STAMP_INDEX)
+            self._ensure_stamps(conn)
             inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
             row = conn.execute(
                 f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
@@ -136,6 +149,7 @@ class SqliteTarget(SqlTarget):
             ).fetchone()
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
+            self._stamps_ready = False
             return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
         finally:
             conn.close()

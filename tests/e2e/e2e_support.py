@@ -1,0 +1,306 @@
+"""End-to-end support: a real Pilot world built through the real ``marque`` CLI.
+
+Every helper runs the console script as a subprocess (with a timeout) against
+real SQLite files under ``tmp_path``: the bank target, the Pilot's ledger and
+its logbook. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+MARQUE = Path(sys.executable).parent / "marque"
+TIMEOUT = 30  # seconds, for any single CLI call
+
+OUTCOME_KEYS = {
+    "marque_id", "nonce", "status", "attempt", "rows_affected", "replayed", "pilot", "error",
+}
+EXIT = {"applied": 0, "usage": 2, "refused": 3, "aborted_not_applied": 4,
+        "indeterminate": 5, "in_progress": 6}
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a CLI subprocess: no stray crash point, wide rich output."""
+    env = {k: v for k, v in os.environ.items() if k != "MARQUE_CRASH_AT"}
+    env["COLUMNS"] = "200"
+    env.update(extra or {})
+    return env
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    """stdout must be exactly one line holding one JSON object."""
+    assert stdout.endswith("\n"), f"stdout is not one terminated line: {stdout!r}"
+    lines = stdout.splitlines()
+    assert len(lines) == 1, f"stdout must be exactly one JSON line, got {stdout!r}"
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict), f"stdout JSON is not an object: {obj!r}"
+    return obj
+
+
+def json_lines(stderr: str) -> list[dict[str, Any]]:
+    """stderr as JSON lines (every non-empty line must parse as an object)."""
+    events = []
+    for line in stderr.splitlines():
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        assert isinstance(event, dict), line
+        events.append(event)
+    return events
+
+
+class Result(NamedTuple):
+    """(returncode, stdout, stderr) of one CLI run, with parsing helpers."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> dict[str, Any]:
+        return one_json(self.stdout)
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return json_lines(self.stderr)
+
+    def kinds(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+
+def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = TIMEOUT,
+            cwd: Path | None = None) -> Result:
+    """Run ``marque ARGS`` to completion and return (returncode, stdout, stderr)."""
+    proc = subprocess.run(
+        [str(MARQUE), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def claims_of(token_file: Path) -> dict[str, Any]:
+    """The claims of a marque file (read without verifying; tests only)."""
+    payload = token_file.read_text().strip().split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def marque_id_of(token_file: Path) -> str:
+    """The ``jti`` (marque id) of a marque file."""
+    return claims_of(token_file)["jti"]
+
+
+class World:
+    """A Pilot home, a bank target and issuer/holder keys, all made by the CLI."""
+
+    pilot_id = "p1"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.home = root / "pilot"
+        self.bank = root / "bank.db"
+        self.issuer_key = root / "issuer.jwk"
+        self.issuer_pub = root / "issuer.pub.jwk"
+        self.holder_key = root / "holder.jwk"
+        self.holder_pub = root / "holder.pub.jwk"
+        self.incarnation = ""
+        self._issued = 0
+        # Tokens issued for this incarnation, by their `marque issue` arguments. Copies
+        # of a world share it (same keys, same incarnation, independent ledgers), so a
+        # test suite does not pay one CLI run per identical marque.
+        self.token_cache: dict[tuple[Any, ...], str] = {}
+
+    # -- setup ----------------------------------------------------------------
+
+    def build(self) -> World:
+        with sqlite3.connect(self.bank) as conn:
+            conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+            conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
+        conn.close()
+
+        # Independent steps run side by side: two keys and the ledger.
+        env = cli_env()
+        procs = {
+            name: subprocess.Popen(
+                [str(MARQUE), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, text=True, env=env,
+            )
+            for name, args in {
+                "issuer": ("keys", "new", "--out", self.issuer_key, "--public"),
+                "holder": ("keys", "new", "--out", self.holder_key, "--public"),
+                "init": ("pilot", "init", "--home", self.home, "--pilot-id", self.pilot_id,
+                         "--json"),
+            }.items()
+        }
+        results = {}
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=TIMEOUT)
+            results[name] = Result(proc.returncode, out, err)
+            assert proc.returncode == 0, (name, out, err)
+
+        for who, pub in (("issuer", self.issuer_pub), ("holder", self.holder_pub)):
+            jwk = one_json(results[who].stdout)
+            assert "d" not in jwk, "--public must print the public JWK only"
+            assert jwk["kty"] == "OKP" and jwk["crv"] == "Ed25519"
+            pub.write_text(json.dumps(jwk))
+
+        ident = results["init"].json
+        assert set(ident) == {"pilot_id", "incarnation"}
+        assert ident["pilot_id"] == self.pilot_id
+        self.incarnation = ident["incarnation"]
+
+        res = self.run("pilot", "trust", "--home", self.home, self.issuer_pub, "--json")
+        assert res.returncode == 0, res
+        assert isinstance(res.json["kid"], str)
+        res = self.run("pilot", "target", "add", "--home", self.home, "bank",
+                       f"sqlite:///{self.bank.resolve()}", "--json")
+        assert res.returncode == 0, res
+        assert res.json["target"] == "bank"
+        return self
+
+    def copy_to(self, root: Path) -> World:
+        """An independent copy of this CLI-built world under ``root``.
+
+        Building a world costs five CLI runs; tests get a copy of one built
+        once per session. The copy's ``pilot.json`` is repointed at the
+        copy's own ledger and bank, so nothing is shared.
+        """
+        shutil.copytree(self.root, root, dirs_exist_ok=True)
+        twin = World(root)
+        twin.incarnation = self.incarnation
+        twin.token_cache = self.token_cache
+        config_path = twin.home / "pilot.json"
+        config = json.loads(config_path.read_text())
+        assert config["ledger"] == f"sqlite:///{(self.home / 'ledger.sqlite3').resolve()}"
+        assert config["targets"] == {"bank": f"sqlite:///{self.bank.resolve()}"}
+        config["ledger"] = f"sqlite:///{(twin.home / 'ledger.sqlite3').resolve()}"
+        config["targets"]["bank"] = f"sqlite:///{twin.bank.resolve()}"
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        return twin
+
+    # -- CLI --------------------------------------------------------------------
+
+    marque_id = staticmethod(marque_id_of)
+
+    def run(self, *args: Any, env: dict[str, str] | None = None,
+            timeout: float = TIMEOUT) -> Result:
+        return run_cli(*args, env=env, timeout=timeout, cwd=self.root)
+
+    def issue(
+        self,
+        sql: Sequence[str],
+        params: Sequence[str] = (),
+        *,
+        executions: int = 1,
+        max_rows: int = 1,
+        attempts: int | None = None,
+        ttl: str | None = None,
+        incarnation: str | None = None,
+    ) -> Path:
+        """Issue a marque with ``marque issue``; returns the file holding it."""
+        args: list[Any] = [
+            "issue", "--issuer-key", self.issuer_key, "--pilot-id", self.pilot_id,
+            "--incarnation", incarnation or self.incarnation, "--target", "bank",
+            "--holder-key", self.holder_pub, "--executions", executions, "--max-rows", max_rows,
+        ]
+        for text in sql:
+            args += ["--sql", text]
+        for param in params:
+            args += ["--param", param]
+        if attempts is not None:
+            args += ["--attempts", attempts]
+        if ttl is not None:
+            args += ["--ttl", ttl]
+        key = (incarnation or self.incarnation, tuple(sql), tuple(params), executions,
+               max_rows, attempts)
+        if ttl is not None or key not in self.token_cache:  # short-lived: always fresh
+            res = self.run(*args)
+            assert res.returncode == 0, res
+            token = res.stdout.strip()
+            assert token.count(".") == 2 and "\n" not in token, res.stdout
+            self.token_cache[key] = token
+        token = self.token_cache[key]
+        self._issued += 1
+        path = self.root / f"marque-{self._issued}.jws"
+        path.write_text(token + "\n")
+        return path
+
+    def exec_args(self, marque: Path, nonce: str) -> list[Any]:
+        return ["exec", "--home", self.home, "--marque", marque, "--key", self.holder_key,
+                "--nonce", nonce, "--json"]
+
+    def exec(self, marque: Path, nonce: str, env: dict[str, str] | None = None) -> Result:
+        return self.run(*self.exec_args(marque, nonce), env=env)
+
+    def outcome(self, marque_id: str, nonce: str) -> Result:
+        return self.run("outcome", "--home", self.home, marque_id, nonce, "--json")
+
+    def reconcile(self) -> Result:
+        return self.run("reconcile", "--home", self.home, "--json")
+
+    def stats(self) -> dict[str, Any]:
+        res = self.run("ledger", "stats", "--home", self.home, "--json")
+        assert res.returncode == 0, res
+        return res.json
+
+    # -- direct reads of the SQLite files -------------------------------------------
+
+    def balances(self) -> dict[int, int]:
+        conn = sqlite3.connect(self.bank)
+        try:
+            return dict(conn.execute("SELECT id, balance FROM accounts ORDER BY id"))
+        finally:
+            conn.close()
+
+    def stamps(self) -> list[dict[str, Any]]:
+        conn = sqlite3.connect(self.bank)
+        conn.row_factory = sqlite3.Row
+        try:
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'marque_stamps'"
+                                ).fetchone():
+                return []
+            return [dict(r) for r in conn.execute(
+                "SELECT * FROM marque_stamps ORDER BY marque_id, nonce")]
+        finally:
+            conn.close()
+
+    def ledger_rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.home / "ledger.sqlite3")
+        try:
+            return conn.execute(sql, tuple(params)).fetchall()
+        finally:
+            conn.close()
+
+    def ledger_count(self, table: str) -> int:
+        [(count,)] = self.ledger_rows(f"SELECT COUNT(*) FROM {table}")
+        return count
+
+    def ledger_dump(self) -> list[str]:
+        """Every row of every ledger table, for read-only checks."""
+        conn = sqlite3.connect(self.home / "ledger.sqlite3")
+        try:
+            return list(conn.iterdump())
+        finally:
+            conn.close()
+
+    def logbook(self, kind: str) -> list[dict[str, Any]]:
+        conn = sqlite3.connect(self.home / "logbook.sqlite3")
+        try:
+            rows = conn.execute("SELECT kind, body FROM logbook WHERE kind = ? ORDER BY seq",
+                                (kind,)).fetchall()
+        finally:
+            conn.close()
+        return [{"kind": k, "body": json.loads(b)} for k, b in rows]
