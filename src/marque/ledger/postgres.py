@@ -94,5 +94,8 @@ class PostgresLedger(SqlLedger):
             ).fetchone()
         return int(row[0]) if row else 0
 
+    def _json_array_length(self, column: str) -> str:
+        return f"json_array_length({column}::json)"
+
     def close(self) -> None:
         self._pool.close()

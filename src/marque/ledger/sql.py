@@ -160,6 +160,10 @@ class SqlLedger(Ledger):
     def _size_bytes(self) -> int:
         """The store's size on disk."""
 
+    def _json_array_length(self, column: str) -> str:
+        """SQL for the length of a JSON array held in a TEXT column."""
+        return f"json_array_length({column})"
+
     # -- lifecycle ------------------------------------------------------------
 
     def _initialise(self, pilot_id: str, now: float) -> None:
@@ -348,7 +352,7 @@ class SqlLedger(Ledger):
                 "rows_affected = COALESCE(?, rows_affected), error = ?, "
                 "result = COALESCE(?, result), settled_at = ? "
                 "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
-                "RETURNING attempt",
+                f"RETURNING {_ATTEMPT_COLUMNS.replace('a.', '')}",
                 (
                     status.value,
                     status.rank,
@@ -376,7 +380,7 @@ class SqlLedger(Ledger):
             )
             if events:
                 self._append_events_txn(tx, marque_id, nonce, events)
-            row = tx.one(
+            row = changed or tx.one(
                 f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a "
                 "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?",
                 key,
@@ -432,17 +436,12 @@ class SqlLedger(Ledger):
     def _append_events_txn(
         self, tx: Tx, marque_id: str, nonce: str, events: list[dict[str, Any]]
     ) -> None:
-        row = tx.one(
-            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE marque_id = ? AND nonce = ?",
-            (marque_id, nonce),
+        # One row per batch of events (a JSON array): one statement, however many events.
+        tx.execute(
+            "INSERT INTO events (marque_id, nonce, seq, body) SELECT ?, ?, "
+            "COALESCE(MAX(seq), 0) + 1, ? FROM events WHERE marque_id = ? AND nonce = ?",
+            (marque_id, nonce, json.dumps(events, separators=(",", ":")), marque_id, nonce),
         )
-        seq = int(row[0]) if row else 0
-        for event in events:
-            seq += 1
-            tx.execute(
-                "INSERT INTO events (marque_id, nonce, seq, body) VALUES (?, ?, ?, ?)",
-                (marque_id, nonce, seq, _dumps(event)),
-            )
 
     def append_events(self, marque_id: str, nonce: str, events: list[dict[str, Any]]) -> None:
         with self.transaction() as tx:
@@ -454,7 +453,7 @@ class SqlLedger(Ledger):
                 "SELECT body FROM events WHERE marque_id = ? AND nonce = ? ORDER BY seq",
                 (marque_id, nonce),
             )
-        return [json.loads(r[0]) for r in rows]
+        return [event for r in rows for event in json.loads(r[0])]
 
     def unsettled(self, status: Status) -> list[AttemptRecord]:
         with self.transaction() as tx:
@@ -571,7 +570,9 @@ class SqlLedger(Ledger):
                 "claims": count("SELECT COUNT(*) FROM claims"),
                 "attempts": count("SELECT COUNT(*) FROM attempts"),
                 "attempts_by_status": {s.value: int(by_status.get(s.value, 0)) for s in Status},
-                "events": count("SELECT COUNT(*) FROM events"),
+                "events": count(
+                    f"SELECT COALESCE(SUM({self._json_array_length('body')}), 0) FROM events"
+                ),
                 "unreported_outcomes": count("SELECT COUNT(*) FROM outbox WHERE acked_at IS NULL"),
                 "pop_jtis": count("SELECT COUNT(*) FROM pop_jtis"),
                 "reapable_marques": len(tx.execute(self._REAPABLE, (now,))),
