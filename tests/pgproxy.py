@@ -2,7 +2,7 @@
 
 It forwards bytes both ways and reads the frontend protocol just enough to
 recognise, on a connection that has inserted a Marque stamp, the simple-query
-``COMMIT`` message. When armed it then either
+message that ends with ``COMMIT``. When armed it then either
 
 * ``drop_before_commit``: closes both sides without forwarding COMMIT — the
   server sees the client vanish mid-transaction and rolls back; or
@@ -137,7 +137,7 @@ class PgProxy:
                 return
             if STAMP_INSERT in payload:
                 stamped = True
-            if stamped and kind == b"Q" and payload.rstrip(b"\x00").strip().upper() == b"COMMIT":
+            if stamped and kind == b"Q" and _ends_with_commit(payload):
                 stamped = False
                 mode = self._take()
                 if mode == "drop_before_commit":
@@ -151,6 +151,12 @@ class PgProxy:
                     self.fired.set()
                     return
             server.sendall(header + payload)
+
+
+def _ends_with_commit(payload: bytes) -> bool:
+    """A simple query whose last statement is COMMIT (alone or after others)."""
+    text = payload.rstrip(b"\x00").strip().rstrip(b";").strip().upper()
+    return text == b"COMMIT" or text.endswith((b"; COMMIT", b";COMMIT"))
 
 
 def _recv_exact(sock: socket.socket, count: int) -> bytes | None:

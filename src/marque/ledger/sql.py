@@ -152,6 +152,10 @@ class SqlLedger(Ledger):
     def transaction(self) -> contextlib.AbstractContextManager[Tx]:
         """A write transaction that commits on success and rolls back on error."""
 
+    def reading(self) -> contextlib.AbstractContextManager[Tx]:
+        """A transaction that only reads; engines may serve it without joining writers."""
+        return self.transaction()
+
     @abc.abstractmethod
     def _has_schema(self) -> bool:
         """Whether the ledger's tables exist."""
@@ -409,11 +413,11 @@ class SqlLedger(Ledger):
             return record
 
     def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             return self._latest_txn(tx, marque_id, nonce)
 
     def attempts(self, marque_id: str, nonce: str) -> list[AttemptRecord]:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             rows = tx.execute(
                 f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a WHERE a.marque_id = ? AND a.nonce = ? "
                 "ORDER BY a.attempt",
@@ -422,7 +426,7 @@ class SqlLedger(Ledger):
         return [_record(r) for r in rows]
 
     def observations(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             rows = tx.execute(
                 "SELECT attempt, status, source, detail, observed_at FROM observations "
                 "WHERE marque_id = ? AND nonce = ? ORDER BY observed_at, id",
@@ -448,7 +452,7 @@ class SqlLedger(Ledger):
             self._append_events_txn(tx, marque_id, nonce, events)
 
     def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             rows = tx.execute(
                 "SELECT body FROM events WHERE marque_id = ? AND nonce = ? ORDER BY seq",
                 (marque_id, nonce),
@@ -456,7 +460,7 @@ class SqlLedger(Ledger):
         return [event for r in rows for event in json.loads(r[0])]
 
     def unsettled(self, status: Status) -> list[AttemptRecord]:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             rows = tx.execute(
                 f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a WHERE a.status_rank = ? "
                 "ORDER BY a.started_at",
@@ -465,7 +469,7 @@ class SqlLedger(Ledger):
         return [_record(r) for r in rows]
 
     def budget(self, marque_id: str) -> dict[str, Any] | None:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             row = tx.one(
                 "SELECT executions_left, max_rows, attempts_per_nonce, expires_at, target "
                 "FROM budgets WHERE marque_id = ?",
@@ -498,7 +502,7 @@ class SqlLedger(Ledger):
     # -- outbox -----------------------------------------------------------------
 
     def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
-        with self.transaction() as tx:
+        with self.reading() as tx:
             rows = tx.execute(
                 "SELECT marque_id, nonce, attempt, status, payload, tries FROM outbox "
                 "WHERE acked_at IS NULL ORDER BY queued_at LIMIT ?",
@@ -552,7 +556,7 @@ class SqlLedger(Ledger):
         return counts
 
     def stats(self, now: float) -> dict[str, Any]:
-        with self.transaction() as tx:
+        with self.reading() as tx:
 
             def count(sql: str, params: Sequence[Any] = ()) -> int:
                 row = tx.one(sql, params)

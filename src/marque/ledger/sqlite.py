@@ -1,9 +1,14 @@
 """The SQLite ledger: the embedded default.
 
 WAL journal with ``synchronous=FULL`` so a claim that returned is on disk
-before anything touches the target. One connection per ledger object, one
-writer at a time (a process-wide lock; ``BEGIN IMMEDIATE`` and a busy timeout
-between processes), which is what SQLite allows anyway.
+before anything touches the target. SQLite allows one writer, so this ledger
+has one writing connection and lets it serve many threads by *group commit*:
+each caller's statements run inside a savepoint of one shared transaction, and
+one COMMIT (one fsync) makes a whole group durable before any of its callers
+returns. A caller whose statements fail rolls back to its savepoint and leaves
+the others' work alone. Reads go through a second connection and see only
+committed data. Between processes, ``BEGIN IMMEDIATE`` and a busy timeout
+take turns.
 """
 
 from __future__ import annotations
@@ -35,13 +40,28 @@ class SqliteLedger(SqlLedger):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._lock = threading.RLock()
-        self._conn = sqlite3.connect(
+        self._conn = self._connect(path)
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._reader = self._connect(path)
+        self._read_lock = threading.Lock()
+        # Group commit state, all guarded by one condition's lock.
+        self._cond = threading.Condition(threading.Lock())
+        self._open_batch = 0  # the batch whose transaction is open, 0 for none
+        self._last_batch = 0
+        self._members = 0  # callers whose work is in the open batch, awaiting its COMMIT
+        self._committed = 0  # the newest batch known durable (or failed)
+        self._failures: dict[int, BaseException] = {}
+        self._arriving = 0  # callers about to join (guarded by _arriving_lock)
+        self._arriving_lock = threading.Lock()
+
+    @staticmethod
+    def _connect(path: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
         )
-        self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
 
     @classmethod
     def create(cls, path: str, pilot_id: str) -> SqliteLedger:
@@ -72,20 +92,70 @@ class SqliteLedger(SqlLedger):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        with self._arriving_lock:
+            self._arriving += 1
+        with self._cond:
+            with self._arriving_lock:
+                self._arriving -= 1
+            if not self._open_batch:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._last_batch += 1
+                self._open_batch = self._last_batch
+            batch = self._open_batch
+            self._conn.execute("SAVEPOINT caller")
             try:
                 yield _SqliteTx(self._conn)
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._conn.execute("ROLLBACK TO caller")
+                self._conn.execute("RELEASE caller")
+                if self._members == 0:  # nobody else's work is waiting in this batch
+                    self._end_batch(commit=False)
                 raise
-            self._conn.execute("COMMIT")
+            self._conn.execute("RELEASE caller")
+            self._members += 1
+            self._await_commit(batch)
+
+    def _await_commit(self, batch: int) -> None:
+        """Wait (holding the condition) until ``batch`` is durable; lead its COMMIT if free."""
+        lingered = False
+        while self._committed < batch:
+            if self._open_batch == batch:
+                if self._arriving and not lingered:
+                    # Others are about to join: let them, once, then commit for all.
+                    lingered = True
+                    self._cond.wait(0.0005)
+                    continue
+                self._end_batch(commit=True)
+            else:
+                self._cond.wait()
+        failure = self._failures.get(batch)
+        if failure is not None:
+            raise failure
+
+    def _end_batch(self, *, commit: bool) -> None:
+        batch = self._open_batch
+        try:
+            self._conn.execute("COMMIT" if commit else "ROLLBACK")
+        except sqlite3.Error as exc:
+            self._failures[batch] = exc
+            while len(self._failures) > 64:  # members read theirs at once; keep a few
+                self._failures.pop(next(iter(self._failures)))
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        self._open_batch = 0
+        self._members = 0
+        self._committed = batch
+        self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Tx]:
+        # Autocommit reads on their own connection: each sees the latest commit.
+        with self._read_lock:
+            yield _SqliteTx(self._reader)
 
     def _has_schema(self) -> bool:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-            ).fetchone()
+        with self.reading() as tx:
+            row = tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'")
         return row is not None
 
     def _size_bytes(self) -> int:
@@ -96,5 +166,7 @@ class SqliteLedger(SqlLedger):
         return total
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._conn.close()
+        with self._read_lock:
+            self._reader.close()

@@ -35,7 +35,8 @@ def open_pilot(home: str | os.PathLike[str], *, recover: bool = True) -> Pilot:
     try:
         settings = config.settings
         targets = {
-            name: open_target(name, dsn, lock_timeout_ms=settings.lock_timeout_ms)
+            name: open_target(name, dsn, lock_timeout_ms=settings.lock_timeout_ms,
+                              statement_timeout_ms=settings.statement_timeout_ms)
             for name, dsn in config.targets.items()
         }
         pilot = Pilot(

@@ -1,7 +1,11 @@
-"""The Pilot's background reconciler: settles what it can, backs off when it can't.
+"""The Pilot's background work: reporting outcomes, and reconciling what is unsettled.
 
-A long-running Pilot cannot wait for an operator to type ``marque reconcile``
-after a target outage. This loop runs :meth:`Pilot.recover` periodically; while
+The reporter delivers the outbox to the logbook off the execution path, so a
+caller waits for its own durable outcome but not for the logbook's fsync.
+
+The reconciler exists because a long-running Pilot cannot wait for an operator
+to type ``marque reconcile`` after a target outage. It runs
+:meth:`Pilot.recover` periodically; while
 attempts stay unsettled (the target is unreachable, a lock is held) it waits
 longer each round, up to a ceiling, and returns to the base interval as soon as
 nothing is left.
@@ -58,3 +62,35 @@ class Reconciler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+
+class Reporter:
+    """A daemon thread that delivers a Pilot's outbox whenever there is news."""
+
+    def __init__(self, pilot: Pilot, *, idle_interval: float = 5.0) -> None:
+        self.pilot = pilot
+        self.idle_interval = idle_interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="marque-reporter", daemon=True)
+
+    def start(self) -> Reporter:
+        """Start the loop."""
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.pilot.report_wanted.wait(self.idle_interval)
+            self.pilot.report_wanted.clear()
+            try:
+                self.pilot.report()
+            except Exception:  # the logbook is away: the outbox keeps it for next time
+                self._stop.wait(self.idle_interval)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after a last delivery round."""
+        self._stop.set()
+        self.pilot.report_wanted.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.pilot.report()

@@ -67,6 +67,9 @@ class PilotOptions:
     pop_window_seconds: float = 120.0
     statement_timeout_ms: int = 30_000
     lease_grace_seconds: float = 30.0
+    #: Report each outcome before ``execute`` returns (CLI); else a background
+    #: reporter delivers the outbox off the execution path (long-running Pilots).
+    report_inline: bool = True
 
 
 class Pilot:
@@ -92,6 +95,8 @@ class Pilot:
         self.clock = clock
         self._inflight: dict[tuple[str, str], _Inflight] = {}
         self._read_cache: dict[str, Marque] = {}
+        #: Set when the outbox has something new (for a background reporter).
+        self.report_wanted = threading.Event()
         self._inflight_lock = threading.Lock()
 
     @property
@@ -282,8 +287,11 @@ class Pilot:
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
             record = self._reconcile(record, run, "commit_unknown")
-        if self.report():
-            emit("reported")
+        if self.options.report_inline:
+            if self.report():
+                emit("reported")
+        else:
+            self.report_wanted.set()
         return self._outcome(record, replayed=False)
 
     # -- recovery and reconciliation ----------------------------------------------

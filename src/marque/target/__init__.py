@@ -28,13 +28,16 @@ def check_dsn(dsn: str) -> str:
     raise InvalidInput("unsupported target DSN: use sqlite:///path or postgresql://…")
 
 
-def open_target(name: str, dsn: str, *, lock_timeout_ms: int = 5_000) -> Target:
+def open_target(
+    name: str, dsn: str, *, lock_timeout_ms: int = 5_000, statement_timeout_ms: int = 30_000
+) -> Target:
     """The target ``name`` behind ``dsn``; connects lazily, per transaction."""
     check_dsn(dsn)
     if is_postgres(dsn):
         from marque.target.postgres import PostgresTarget
 
-        return PostgresTarget(name, dsn, lock_timeout_ms=lock_timeout_ms)
+        return PostgresTarget(name, dsn, lock_timeout_ms=lock_timeout_ms,
+                              statement_timeout_ms=statement_timeout_ms)
     from marque.target.sqlite import SqliteTarget
 
     return SqliteTarget(name, sqlite_path(dsn), lock_timeout_ms=lock_timeout_ms)

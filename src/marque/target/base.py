@@ -135,10 +135,17 @@ class SqlTarget(Target):
     def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         """Execute one statement; return a cursor."""
 
+    def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """Send the stamp insert (engines may send it together with BEGIN); its rows."""
+        return list(self._run(conn, sql, params).fetchall())
+
     @abc.abstractmethod
-    def _commit(self, conn: Any) -> None:
-        """COMMIT. Raises NotApplied for an error the server *answered* with;
-        any other exception means the outcome is not known."""
+    def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
+        """Record rows_affected on the stamp (``sql``) and COMMIT.
+
+        Raises NotApplied for an error the server *answered* with; any other
+        exception means the outcome is not known.
+        """
 
     @abc.abstractmethod
     def _abandon(self, conn: Any) -> None:
@@ -220,8 +227,7 @@ class SqlTarget(Target):
         txid: int | None = None
         try:
             try:
-                inserted = self._run(conn, self._stamp_upsert,
-                                     self._stamp_row(run, APPLIED)).fetchall()
+                inserted = self._stamp(conn, self._stamp_upsert, self._stamp_row(run, APPLIED))
             except Exception as exc:
                 if self._is_unique_violation(exc):
                     inserted = []
@@ -258,13 +264,12 @@ class SqlTarget(Target):
                         f"{run.max_rows}"
                     )
             self._check_guards(conn, change, "after", emit)
-            self._run(conn, self._sql(
-                "UPDATE {stamps} SET rows_affected = ? WHERE marque_id = ? AND nonce = ?"),
-                (total, run.marque_id, run.nonce))
             emit("asserted", rows_affected=total, max_rows=run.max_rows)
             crash_point("before_commit")
             committing = True
-            self._commit(conn)
+            self._finish(conn, self._sql(
+                "UPDATE {stamps} SET rows_affected = ? WHERE marque_id = ? AND nonce = ?"),
+                (total, run.marque_id, run.nonce))
         except (StampConflict, MarqueError) as exc:
             self._abandon(conn)
             if isinstance(exc, CommitUnknown) and txid is not None:

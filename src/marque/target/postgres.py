@@ -4,9 +4,13 @@ Same fenced flow as every target (see ``target/base.py``); what is particular
 to PostgreSQL lives here:
 
 * the stamp table is ``marque.stamps`` in a schema of its own;
-* ``statement_timeout`` and ``lock_timeout`` are set with ``SET LOCAL``
-  semantics (``set_config(..., true)``), so they die with the transaction;
+* ``statement_timeout`` and ``lock_timeout`` are the Pilot's, set on each
+  pooled connection; a marque asking for another statement timeout gets it
+  with ``SET LOCAL``, so it dies with the transaction;
 * the isolation level is the marque's (READ COMMITTED by default);
+* round trips are few: ``BEGIN`` travels with the stamp insert, and the
+  stamp's ``rows_affected`` with ``COMMIT`` (one simple-protocol message each,
+  parameters bound client-side — they are the Pilot's own values);
 * the stamp insert returns ``txid_current()``, kept as corroborating evidence;
 * errors are classified by *whether the server answered*: an error response
   received before or at COMMIT is provably not applied (the SQLSTATE is
@@ -18,6 +22,7 @@ Statements use psycopg's ``%s`` placeholders.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -35,9 +40,9 @@ from marque.errors import (
 from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
 
 _ISOLATION = {
-    "read_committed": psycopg.IsolationLevel.READ_COMMITTED,
-    "repeatable_read": psycopg.IsolationLevel.REPEATABLE_READ,
-    "serializable": psycopg.IsolationLevel.SERIALIZABLE,
+    "read_committed": "READ COMMITTED",
+    "repeatable_read": "REPEATABLE READ",
+    "serializable": "SERIALIZABLE",
 }
 _STAMP_DDL = (
     "CREATE SCHEMA IF NOT EXISTS marque",
@@ -57,6 +62,15 @@ _STAMP_DDL = (
     "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
 )
 _SERIALIZATION = {"40001", "40P01"}
+
+
+@dataclass
+class _Open:
+    """A checked-out connection and the BEGIN that will travel with the stamp."""
+
+    conn: psycopg.Connection[TupleRow]
+    begin: str
+    begin_params: tuple[Any, ...]
 _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
 
 
@@ -68,11 +82,18 @@ class PostgresTarget(SqlTarget):
     stamp_returning = "attempt, txid_current()"
 
     def __init__(
-        self, name: str, dsn: str, *, lock_timeout_ms: int = 5_000, pool_size: int = 8
+        self,
+        name: str,
+        dsn: str,
+        *,
+        lock_timeout_ms: int = 5_000,
+        statement_timeout_ms: int = 30_000,
+        pool_size: int = 8,
     ) -> None:
         self.name = name
         self.dsn = dsn
         self.lock_timeout_ms = lock_timeout_ms
+        self.statement_timeout_ms = statement_timeout_ms
         self._pool_size = pool_size
         self._pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
         self._pool_lock = threading.Lock()
@@ -85,9 +106,16 @@ class PostgresTarget(SqlTarget):
             if self._pool is None:
                 self._pool = ConnectionPool(
                     self.dsn, min_size=0, max_size=self._pool_size, open=True,
-                    kwargs={"autocommit": False}, name=f"marque-target-{self.name}",
+                    kwargs={"autocommit": True}, configure=self._configure,
+                    name=f"marque-target-{self.name}",
                 )
             return self._pool
+
+    def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
+        # The Pilot's timeouts for every statement on this connection, ours included.
+        conn.execute("SELECT set_config('statement_timeout', %s, false), "
+                     "set_config('lock_timeout', %s, false)",
+                     (f"{self.statement_timeout_ms}ms", f"{self.lock_timeout_ms}ms"))
 
     def _ensure_schema(self, conn: psycopg.Connection[TupleRow]) -> None:
         if self._schema_ready:
@@ -107,14 +135,13 @@ class PostgresTarget(SqlTarget):
                 # Two Pilots creating the schema at once: the other one won.
                 if attempt == 2:
                     raise
-        conn.commit()
         self._schema_ready = True
 
     def _checkout(self) -> psycopg.Connection[TupleRow]:
         conn = self._connections().getconn()
         try:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.rollback()
+                conn.execute("ROLLBACK")
             self._ensure_schema(conn)
         except BaseException:
             self._connections().putconn(conn)
@@ -123,44 +150,49 @@ class PostgresTarget(SqlTarget):
 
     # -- the hooks of the fenced flow ----------------------------------------------
 
-    def _begin(self, run: Run) -> psycopg.Connection[TupleRow]:
-        conn = self._checkout()
-        try:
-            assert run.change is not None
-            conn.isolation_level = _ISOLATION[run.change.isolation]
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, true), "
-                "set_config('lock_timeout', %s, true)",
-                (f"{run.statement_timeout_ms}ms", f"{self.lock_timeout_ms}ms"),
-            )
-        except BaseException:
-            self._abandon(conn)
-            raise
-        return conn
+    def _begin(self, run: Run) -> _Open:
+        assert run.change is not None
+        begin = f"BEGIN ISOLATION LEVEL {_ISOLATION[run.change.isolation]}; "
+        params: tuple[Any, ...] = ()
+        if run.statement_timeout_ms != self.statement_timeout_ms:
+            begin += "SET LOCAL statement_timeout = %s; "
+            params = (f"{run.statement_timeout_ms}ms",)
+        # Nothing is sent yet: BEGIN travels with the stamp insert.
+        return _Open(self._checkout(), begin, params)
+
+    def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        cur = psycopg.ClientCursor(conn.conn)
+        cur.execute(conn.begin + sql, (*conn.begin_params, *params))
+        while cur.nextset():  # the stamp's rows are the last result
+            pass
+        return list(cur.fetchall())
 
     def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
-        cur = conn.cursor()
+        cur = conn.conn.cursor()
         # No parameters: pass None so a literal '%' in the SQL stays literal.
         cur.execute(sql, params if params else None)
         return cur
 
-    def _commit(self, conn: Any) -> None:
+    def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
         try:
-            conn.commit()
+            psycopg.ClientCursor(conn.conn).execute(sql + "; COMMIT", params)
         except psycopg.Error as exc:
-            if exc.sqlstate is not None and not conn.broken:
-                # The server answered COMMIT with an error: it rolled back.
+            if exc.sqlstate is not None and not conn.conn.broken:
+                # The server answered with an error: the transaction rolled back.
                 raise self._translate(exc) from exc
             raise CommitUnknown(f"connection lost during COMMIT: {exc}") from exc
 
     def _abandon(self, conn: Any) -> None:
+        raw = conn.conn if isinstance(conn, _Open) else conn
         try:
-            if not conn.broken and not conn.closed:
-                conn.rollback()
+            if not raw.broken and not raw.closed and (
+                raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
+                raw.execute("ROLLBACK")
         except psycopg.Error:
             pass  # the pool discards a broken connection
         finally:
-            self._connections().putconn(conn)
+            self._connections().putconn(raw)
 
     def _translate(self, exc: Exception) -> MarqueError:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -175,7 +207,8 @@ class PostgresTarget(SqlTarget):
         return StatementError(message, sqlstate=sqlstate)
 
     def _in_transaction(self, conn: Any) -> bool:
-        return bool(conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS)
+        status = conn.conn.info.transaction_status
+        return bool(status == psycopg.pq.TransactionStatus.INTRANS)
 
     def _is_unique_violation(self, exc: Exception) -> bool:
         return isinstance(exc, pgerrors.UniqueViolation)
@@ -183,10 +216,8 @@ class PostgresTarget(SqlTarget):
     def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
         conn = self._checkout()
         try:
-            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            # Waits behind an in-flight original, but only this long.
-            conn.execute("SELECT set_config('lock_timeout', %s, true)",
-                         (f"{self.lock_timeout_ms}ms",))
+            # Autocommit: the tombstone is its own transaction. It waits behind an
+            # in-flight original, but only for the connection's lock_timeout.
             inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
             row = conn.execute(
                 f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps "
@@ -197,7 +228,6 @@ class PostgresTarget(SqlTarget):
             if run.txid is not None:
                 status = conn.execute("SELECT txid_status(%s)", (run.txid,)).fetchone()
                 corroboration = {"txid": run.txid, "txid_status": status[0] if status else None}
-            conn.commit()
         except psycopg.Error as exc:
             return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
         finally:
@@ -217,7 +247,6 @@ class PostgresTarget(SqlTarget):
                 "WHERE incarnation = %s AND expires_at > %s",
                 (incarnation, live_after),
             ).fetchall()
-            conn.rollback()
         finally:
             self._abandon(conn)
         return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]

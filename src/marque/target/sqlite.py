@@ -101,7 +101,11 @@ class SqliteTarget(SqlTarget):
     def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         return conn.execute(sql, params)
 
-    def _commit(self, conn: Any) -> None:
+    def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
+        try:
+            conn.execute(sql, params)
+        except sqlite3.Error as exc:  # received before COMMIT was sent
+            raise self._translate(exc) from exc
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
         conn.execute("COMMIT")
