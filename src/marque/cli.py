@@ -292,7 +292,8 @@ _EVENT_STYLE = {
     "committed": "bold green",
     "outcome_recorded": "green",
     "reported": "dim",
-    "failed": "bold red",
+    "rolled_back": "bold yellow",
+    "outcome_unknown": "bold magenta",
 }
 
 

@@ -48,7 +48,7 @@ def test_exec_applied(world: World) -> None:
     events = res.events
     kinds = [e["event"] for e in events]
     assert in_order(kinds, APPLIED_EVENTS), kinds
-    assert "failed" not in kinds
+    assert "rolled_back" not in kinds and "outcome_unknown" not in kinds
     # The report to the (local) logbook is acknowledged after the outcome is recorded.
     assert kinds.index("reported") > kinds.index("outcome_recorded")
     for event in events:
@@ -111,7 +111,7 @@ def test_max_rows_exceeded_aborts(world: World) -> None:
     assert body["error"]["code"] == "max_rows_exceeded"
     kinds = res.kinds()
     assert in_order(kinds, ["claimed", "fence_checked", "statement_started",
-                            "statement_finished", "failed", "outcome_recorded"]), kinds
+                            "statement_finished", "rolled_back", "outcome_recorded"]), kinds
     assert "committed" not in kinds and "asserted" not in kinds
     assert world.balances() == {1: 100, 2: 100}
     assert world.stamps() == []  # the stamp rolled back with the change

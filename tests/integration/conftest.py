@@ -22,6 +22,7 @@ import pytest
 from marque.outcome import Outcome
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
+from marque.target.base import STAMP_COLUMNS
 from marque.target.sqlite import STAMP_DDL
 from marque.token import (
     Budget,
@@ -35,11 +36,6 @@ from marque.token import (
 )
 
 PILOT_ID = "pilot-1"
-STAMP_COLUMNS = (
-    "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
-    "created_at",
-)
-# The same DDL the SQLite target creates, for tests that plant a stamp by hand.
 
 
 def marque_id_of(token: str) -> str:

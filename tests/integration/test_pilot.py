@@ -384,7 +384,7 @@ def test_failed_attempts_spend_budget(env: Env) -> None:
         assert outcome.status == "aborted_not_applied"
         assert outcome.error is not None and outcome.error["code"] == "statement_error"
         assert outcome.exit_status == 4
-    assert "failed" in kinds(env.events)
+    assert "rolled_back" in kinds(env.events)
     with pytest.raises(BudgetExhausted):
         env.run(token, "C")
     assert env.pilot.ledger.outcome(mid, "C") is None

@@ -20,6 +20,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from marque.ledger.sql import SqlLedger, Tx
+from marque.pgpool import make_pool
 
 SCHEMA = "marque_ledger"
 
@@ -44,11 +45,11 @@ class PostgresLedger(SqlLedger):
 
     def __init__(self, dsn: str, *, pool_size: int = 10) -> None:
         self.dsn = dsn
-        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
-            dsn, min_size=1, max_size=pool_size, configure=_configure, open=False,
-            name="marque-ledger",
+        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = make_pool(
+            dsn, name="marque-ledger", min_size=1, max_size=pool_size, configure=_configure,
+            check_always=True,
         )
-        self._pool.open(wait=True, timeout=30)
+        self._pool.wait(timeout=30)
 
     @classmethod
     def create(cls, dsn: str, pilot_id: str) -> PostgresLedger:

@@ -251,16 +251,16 @@ class Pilot:
             settle = self._evidence_settlement(evidence, "fence_conflict")
             self._log_reconciliation(record, evidence, "fence_conflict")
         except NotApplied as exc:
-            emit("failed", error=exc.to_dict())
+            emit("rolled_back", error=exc.to_dict())
             settle = {"status": Status.ABORTED_NOT_APPLIED, "error": exc.to_dict()}
         except Indeterminate as exc:
-            emit("failed", error=exc.to_dict())
+            emit("outcome_unknown", error=exc.to_dict())
             settle = {"status": Status.INDETERMINATE, "error": exc.to_dict()}
             run = replace(run, txid=exc.detail.get("txid"))
         except Exception as exc:  # a fault of ours mid-transaction: we cannot say
             error = {"code": "commit_unknown", "message": f"{type(exc).__name__}: {exc}",
                      "sqlstate": None}
-            emit("failed", error=error)
+            emit("outcome_unknown", error=error)
             settle = {"status": Status.INDETERMINATE, "error": error}
         else:
             settle = {
@@ -420,14 +420,18 @@ class Pilot:
         """
         changes: list[dict[str, Any]] = []
         gone: set[str] = set()
+        tried: set[tuple[str, str, int]] = set()
         for record in self.ledger.unsettled(Status.IN_PROGRESS):
             if self._owner_gone(record):
                 gone.add(record.owner_run)
+                tried.add((record.marque_id, record.nonce, record.attempt))
                 after = self._settle_lost(record)
                 changes.append(_change(record, after))
         for run_id in gone:  # nothing of theirs is in progress any more
             self.runs.forget(run_id)
         for record in self.ledger.unsettled(Status.INDETERMINATE):
+            if (record.marque_id, record.nonce, record.attempt) in tried:
+                continue  # asked its target once this round already
             after = self._reconcile(record, None, "recovery")
             if after.status is not record.status:
                 changes.append(_change(record, after))

@@ -37,6 +37,7 @@ from marque.errors import (
     StatementError,
     StatementTimeout,
 )
+from marque.pgpool import make_pool
 from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
 
 _ISOLATION = {
@@ -104,10 +105,9 @@ class PostgresTarget(SqlTarget):
     def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ConnectionPool(
-                    self.dsn, min_size=0, max_size=self._pool_size, open=True,
-                    kwargs={"autocommit": True}, configure=self._configure,
-                    name=f"marque-target-{self.name}",
+                self._pool = make_pool(
+                    self.dsn, name=f"marque-target-{self.name}", max_size=self._pool_size,
+                    autocommit=True, configure=self._configure,
                 )
             return self._pool
 
@@ -161,11 +161,22 @@ class PostgresTarget(SqlTarget):
         return _Open(self._checkout(), begin, params)
 
     def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        cur = psycopg.ClientCursor(conn.conn)
-        cur.execute(conn.begin + sql, (*conn.begin_params, *params))
-        while cur.nextset():  # the stamp's rows are the last result
-            pass
-        return list(cur.fetchall())
+        for retry in (True, False):
+            cur = psycopg.ClientCursor(conn.conn)
+            try:
+                cur.execute(conn.begin + sql, (*conn.begin_params, *params))
+            except psycopg.Error:
+                if not (retry and conn.conn.broken):
+                    raise
+                # A pooled connection that died idle. COMMIT was never sent, so
+                # nothing of this attempt can have committed: resend once, fresh.
+                self._connections().putconn(conn.conn)
+                conn.conn = self._checkout()
+                continue
+            while cur.nextset():  # the stamp's rows are the last result
+                pass
+            return list(cur.fetchall())
+        raise AssertionError("unreachable")
 
     def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         cur = conn.conn.cursor()

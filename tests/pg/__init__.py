@@ -1,0 +1,1 @@
+"""PostgreSQL targets and ledgers under real faults (issue 3)."""

@@ -1,0 +1,352 @@
+"""A Pilot world over a real PostgreSQL target, and helpers the pg tests share.
+
+Nothing is mocked: the target is a real PostgreSQL database read back with
+psycopg; the Pilot is wired by ``open_pilot`` from a home made by
+``init_home`` / ``trust_issuer`` / ``add_target``; marques and proofs are
+signed with real Ed25519 keys. The ledger is the home's default SQLite file or
+a second, fresh PostgreSQL database.
+
+This module is importable from spawned worker processes (``pg.pgworld``), so
+it holds no pytest fixtures.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from marque.errors import MarqueError
+from marque.outcome import Outcome
+from marque.pilot import Pilot, open_pilot
+from marque.pilot.setup import add_target, init_home, trust_issuer
+from marque.token import (
+    Budget,
+    Change,
+    Statement,
+    issue_marque,
+    make_proof,
+    new_key,
+    public_jwk,
+)
+
+PILOT_ID = "pg-pilot"
+TARGET = "bank"
+MARQUE = Path(sys.executable).parent / "marque"
+STAMP_COLUMNS = ("marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation",
+                 "rows_affected")
+LATTICE = {"in_progress", "indeterminate", "aborted_not_applied", "applied"}
+
+
+def marque_id_of(token: str) -> str:
+    """The ``jti`` of a compact marque, read without verifying it."""
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return str(claims["jti"])
+
+
+def make_accounts(dsn: str) -> None:
+    """``accounts(id int primary key, balance int)`` with (1,100), (2,100), (3,100)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
+        conn.execute("INSERT INTO accounts VALUES (1, 100), (2, 100), (3, 100)")
+
+
+def run_outcome(pilot: Pilot, holder: dict[str, Any], token: str, nonce: str,
+                on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Execute with a fresh proof; the outcome dict, or ``{status: refused, error}``."""
+    proof = make_proof(holder, token, nonce=nonce, pilot_id=pilot.pilot_id)
+    try:
+        return pilot.execute(token, proof, nonce, on_event=on_event).to_dict()
+    except MarqueError as exc:
+        return {"status": "refused", "nonce": nonce, "error": exc.to_dict()}
+
+
+@dataclass
+class World:
+    """A Pilot home, a PostgreSQL target ``bank`` and issuer/holder keys."""
+
+    root: Path
+    target_dsn: str  # the target, direct (for reading back); the Pilot may go via a proxy
+    ledger: str  # "sqlite" or "postgres"
+    issuer: dict[str, Any]
+    holder: dict[str, Any]
+    incarnation: str
+    _pilot: Pilot | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    # -- the Pilot ---------------------------------------------------------------
+
+    @property
+    def pilot(self) -> Pilot:
+        """The world's in-process Pilot, opened (with start-up recovery) on first use."""
+        if self._pilot is None:
+            self._pilot = open_pilot(self.home)
+        return self._pilot
+
+    def open_pilot(self, *, recover: bool = True) -> Pilot:
+        """(Re)open the world's Pilot from its home."""
+        self.close_pilot()
+        self._pilot = open_pilot(self.home, recover=recover)
+        return self._pilot
+
+    def close_pilot(self) -> None:
+        if self._pilot is not None:
+            self._pilot.close()
+            self._pilot = None
+
+    # -- marques -----------------------------------------------------------------
+
+    def issue(
+        self,
+        *statements: str | Statement,
+        executions: int = 1,
+        max_rows: int = 1,
+        attempts: int = 3,
+        isolation: str = "read_committed",
+        statement_timeout_ms: int | None = None,
+    ) -> str:
+        """A marque for ``statements`` on ``bank``, bound to the holder key."""
+        change = Change(
+            tuple(s if isinstance(s, Statement) else Statement(s) for s in statements),
+            isolation=isolation,
+            statement_timeout_ms=statement_timeout_ms,
+        )
+        return issue_marque(
+            self.issuer, pilot_id=PILOT_ID, incarnation=self.incarnation, target=TARGET,
+            holder_jwk=public_jwk(self.holder), change=change,
+            budget=Budget(executions, max_rows, attempts), ttl_seconds=900,
+        )
+
+    def execute(self, token: str, nonce: str,
+                on_event: Callable[[dict[str, Any]], None] | None = None,
+                pilot: Pilot | None = None) -> Outcome:
+        """Execute through the Pilot with a fresh proof of possession."""
+        pilot = pilot or self.pilot
+        proof = make_proof(self.holder, token, nonce=nonce, pilot_id=PILOT_ID)
+        sink = on_event or self.events.append
+        return pilot.execute(token, proof, nonce, on_event=sink)
+
+    # -- files for the CLI --------------------------------------------------------
+
+    def holder_file(self) -> Path:
+        path = self.root / "holder.jwk"
+        if not path.exists():
+            path.write_text(json.dumps(self.holder))
+        return path
+
+    def marque_file(self, token: str) -> Path:
+        path = self.root / f"{marque_id_of(token)}.marque"
+        path.write_text(token + "\n")
+        return path
+
+    # -- the target, read directly -------------------------------------------------
+
+    def balances(self) -> dict[int, int]:
+        with psycopg.connect(self.target_dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT id, balance FROM accounts ORDER BY id").fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def stamps(self, marque_id: str | None = None) -> list[dict[str, Any]]:
+        """``marque.stamps`` rows (all, or one marque's), oldest first."""
+        with psycopg.connect(self.target_dsn, autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass('marque.stamps')").fetchone()
+            if not exists or exists[0] is None:
+                return []
+            sql = f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps"
+            params: tuple[Any, ...] = ()
+            if marque_id is not None:
+                sql += " WHERE marque_id = %s"
+                params = (marque_id,)
+            rows = conn.execute(sql + " ORDER BY created_at", params).fetchall()
+        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+
+    def close(self) -> None:
+        self.close_pilot()
+
+
+def build_world(root: Path, target_dsn: str, *, ledger: str = "sqlite",
+                ledger_dsn: str | None = None, pilot_target_dsn: str | None = None,
+                accounts: bool = True) -> World:
+    """A fresh world: accounts in ``target_dsn``, a Pilot home whose target ``bank``
+    is ``pilot_target_dsn`` (default: the target itself)."""
+    if accounts:
+        make_accounts(target_dsn)
+    root.mkdir(parents=True, exist_ok=True)
+    issuer, holder = new_key(), new_key()
+    ident = init_home(root / "home", PILOT_ID, ledger_dsn)
+    trust_issuer(root / "home", public_jwk(issuer))
+    add_target(root / "home", TARGET, pilot_target_dsn or target_dsn)
+    return World(root, target_dsn, ledger, issuer, holder, ident["incarnation"])
+
+
+# -- the real CLI ------------------------------------------------------------------
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MARQUE_CRASH_AT"}
+    env["COLUMNS"] = "200"
+    env.update(extra or {})
+    return env
+
+
+def run_cli(*args: Any, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``marque ARGS`` to completion."""
+    return subprocess.run(
+        [str(MARQUE), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+        env=cli_env(env), stdin=subprocess.DEVNULL,
+    )
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    """stdout must be exactly one JSON object line."""
+    lines = stdout.splitlines()
+    assert len(lines) == 1, f"stdout must be one JSON line, got {stdout!r}"
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict)
+    return obj
+
+
+class StreamingCli:
+    """A ``marque`` subprocess whose stderr JSON events are read as they arrive."""
+
+    def __init__(self, *args: Any, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [str(MARQUE), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, text=True, env=cli_env(env),
+        )
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                self.events.put(event)
+        self.events.put(None)
+
+    def wait_for(self, kind: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {kind!r} event; saw {[e['event'] for e in self.seen]}"
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            assert event is not None, (
+                f"process ended before {kind!r}; saw {[e['event'] for e in self.seen]}"
+            )
+            self.seen.append(event)
+            if event.get("event") == kind:
+                return event
+
+    def drain(self, timeout: float = 30) -> list[str]:
+        """After the process ended: every event kind it wrote, in order."""
+        while True:
+            event = self.events.get(timeout=timeout)
+            if event is None:
+                return [e["event"] for e in self.seen]
+            self.seen.append(event)
+
+
+# -- waiting on the server, bounded ------------------------------------------------
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 30,
+               step: float = 0.05) -> None:
+    """Poll ``check`` until true; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(step)
+
+
+def backends_waiting_on_lock(dsn: str, like: str) -> int:
+    """How many other backends run a query matching ``like`` and wait on a lock."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s",
+            (like,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def backends_running(dsn: str, like: str) -> int:
+    """How many other backends are active on a query matching ``like``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND state = 'active' AND query LIKE %s",
+            (like,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def outcomes_summary(outcomes: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """``{status or error code: count}`` for a batch of outcome dicts."""
+    summary: dict[str, int] = {}
+    for o in outcomes:
+        key = o["status"] if o["status"] != "refused" else o["error"]["code"]
+        summary[key] = summary.get(key, 0) + 1
+    return summary
+
+
+# -- a separate Pilot process (multiprocessing "spawn" target) --------------------------
+
+
+def process_worker(home: str, holder: dict[str, Any], token: str, nonces: list[str],
+                   start: Any, results: Any) -> None:
+    """One Pilot process: open the Pilot from ``home``, then run ``nonces`` on threads
+    released together (after every process is ready); put the outcome dicts on
+    ``results``."""
+    outcomes: list[dict[str, Any]] = []
+    try:
+        pilot = open_pilot(home)
+        try:
+            gate = threading.Barrier(len(nonces))
+            slots: list[dict[str, Any] | None] = [None] * len(nonces)
+
+            def one(index: int) -> None:
+                gate.wait(timeout=60)
+                try:
+                    slots[index] = run_outcome(pilot, holder, token, nonces[index])
+                except Exception as exc:  # surfaced to the test as a failure
+                    slots[index] = {"status": "crashed", "error": repr(exc)}
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(nonces))]
+            start.wait(timeout=120)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            outcomes = [s or {"status": "crashed", "error": "thread did not finish"}
+                        for s in slots]
+        finally:
+            pilot.close()
+    except Exception as exc:
+        outcomes.append({"status": "crashed", "error": repr(exc)})
+    results.put((os.getpid(), outcomes))
