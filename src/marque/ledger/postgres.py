@@ -11,7 +11,6 @@ the same key, and the budget on a conditional ``UPDATE`` re-checking its
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -56,24 +55,12 @@ class PostgresLedger(SqlLedger):
         """Create the ledger schema with a fresh incarnation; refuses an existing ledger."""
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-        ledger = cls(dsn)
-        try:
-            ledger._initialise(pilot_id, time.time())
-        except BaseException:
-            ledger.close()
-            raise
-        return ledger
+        return cls(dsn)._created(pilot_id)
 
     @classmethod
     def open(cls, dsn: str) -> PostgresLedger:
         """Open an existing ledger; ``LedgerMissing`` if it holds no incarnation."""
-        ledger = cls(dsn)
-        try:
-            ledger._open_existing()
-        except BaseException:
-            ledger.close()
-            raise
-        return ledger
+        return cls(dsn)._opened()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:

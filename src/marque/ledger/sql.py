@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from marque.errors import (
     AttemptsExhausted,
@@ -193,6 +194,24 @@ class SqlLedger(Ledger):
             raise
         self._migrate()
         self._load_identity()
+
+    def _created(self, pilot_id: str) -> Self:
+        """This new handle, initialised; closed again if that fails."""
+        try:
+            self._initialise(pilot_id, time.time())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _opened(self) -> Self:
+        """This new handle on an existing ledger; closed again if that fails."""
+        try:
+            self._open_existing()
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     def _open_existing(self) -> None:
         if not self._has_schema():

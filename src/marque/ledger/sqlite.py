@@ -17,7 +17,6 @@ import contextlib
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -66,13 +65,7 @@ class SqliteLedger(SqlLedger):
     @classmethod
     def create(cls, path: str, pilot_id: str) -> SqliteLedger:
         """Create a new ledger file with a fresh incarnation; refuses an existing ledger."""
-        ledger = cls(path)
-        try:
-            ledger._initialise(pilot_id, time.time())
-        except BaseException:
-            ledger.close()
-            raise
-        return ledger
+        return cls(path)._created(pilot_id)
 
     @classmethod
     def open(cls, path: str) -> SqliteLedger:
@@ -82,13 +75,7 @@ class SqliteLedger(SqlLedger):
                 f"ledger {path} does not exist; a lost ledger is a new incarnation and must be "
                 "created deliberately with `marque pilot init`"
             )
-        ledger = cls(path)
-        try:
-            ledger._open_existing()
-        except BaseException:
-            ledger.close()
-            raise
-        return ledger
+        return cls(path)._opened()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
