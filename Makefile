@@ -23,5 +23,18 @@ test: lint
 	./scripts/ensure-postgres
 	$(BIN)/python -m pytest -q
 
+# Benchmarks (bench/README.md): `make bench`, or `make bench QUICK=1` for a run under two minutes.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+.PHONY: bench
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	./scripts/ensure-postgres
+	QUICK="$(QUICK)" $(BIN)/python bench/run.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
