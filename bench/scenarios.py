@@ -92,7 +92,8 @@ class MarqueBed:
         init_home(self.home, f"bench-{name}", ledger_dsn)
         trust_issuer(self.home, public_jwk(self.issuer))
         add_target(self.home, "bench", target_dsn)
-        self.pilot: Pilot = open_pilot(self.home)
+        # A long-running Pilot: outcome reports travel off the execution path.
+        self.pilot: Pilot = open_pilot(self.home, background=True)
 
     @property
     def ledger_path(self) -> str:

@@ -928,3 +928,27 @@ def test_settlement_is_monotonic_merge(
     (report,) = pending_for(ledger, original)
     assert report.status == expected.value
 
+
+
+def test_reap_returns_the_space_to_the_live_set(engine: LedgerEngine, pool: LedgerPool) -> None:
+    """After reaping expired, settled, reported entries the SQLite file shrinks to the live set."""
+    if engine.name != "sqlite":
+        pytest.skip("PostgreSQL returns space through autovacuum, not through reap")
+    ledger = pool.create()
+    live = ledger.stats(T0)["size_bytes"]
+    for i in range(3000):
+        ticket = make_ticket(f"mq_{i}", nonce="n", executions=1, expires_at=T0 + 1, now=T0)
+        ledger.claim(ticket)
+        settle(ledger, "n", Status.APPLIED, now=T0, source="t", rows_affected=1,
+               marque_id=f"mq_{i}", events=[{"event": "x", "pad": "p" * 200}] * 5)
+    while pending := ledger.outbox_pending(limit=1000):
+        ledger.outbox_ack_all(pending, T0)
+    full = ledger.stats(T0)["size_bytes"]
+
+    counts = ledger.reap(T0 + 10)
+
+    assert counts["marques"] == 3000 and counts["claims"] == 3000
+    after = ledger.stats(T0 + 10)
+    assert after["claims"] == 0
+    assert after["size_bytes"] < full / 4
+    assert after["size_bytes"] <= live * 4

@@ -49,30 +49,37 @@ class Logbook:
 
     def append(self, kind: str, key: str, body: dict[str, Any]) -> bool:
         """Append an entry once per ``key``; False if that key is already there."""
+        return self.append_all([(kind, key, body)]) == 1
+
+    def append_all(self, entries: list[tuple[str, str, dict[str, Any]]]) -> int:
+        """Append entries ``(kind, key, body)`` in one transaction; returns how many were new."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                if self._conn.execute(
-                    "SELECT 1 FROM logbook WHERE entry_key = ?", (key,)
-                ).fetchone():
-                    self._conn.execute("ROLLBACK")
-                    return False
                 row = self._conn.execute(
                     "SELECT hash FROM logbook ORDER BY seq DESC LIMIT 1"
                 ).fetchone()
                 prev = row[0] if row else GENESIS
-                at = round(time.time(), 6)
-                text = canonicalize(body).decode()
-                self._conn.execute(
-                    "INSERT INTO logbook (entry_key, kind, body, at, prev_hash, hash) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, kind, text, at, prev, entry_hash(prev, kind, key, body, at)),
-                )
+                added = 0
+                for kind, key, body in entries:
+                    if self._conn.execute(
+                        "SELECT 1 FROM logbook WHERE entry_key = ?", (key,)
+                    ).fetchone():
+                        continue  # a retried report: it is already here
+                    at = round(time.time(), 6)
+                    digest = entry_hash(prev, kind, key, body, at)
+                    self._conn.execute(
+                        "INSERT INTO logbook (entry_key, kind, body, at, prev_hash, hash) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (key, kind, canonicalize(body).decode(), at, prev, digest),
+                    )
+                    prev = digest
+                    added += 1
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
-            return True
+            return added
 
     def entries(self, kind_prefix: str = "") -> list[dict[str, Any]]:
         """Entries in order, optionally only those whose kind starts with ``kind_prefix``."""

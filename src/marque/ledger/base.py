@@ -161,9 +161,13 @@ class Ledger(abc.ABC):
     def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
         """Outcome reports not yet acknowledged."""
 
-    @abc.abstractmethod
     def outbox_ack(self, entry: OutboxEntry, now: float) -> None:
         """Mark a report acknowledged (only if it still carries the same status)."""
+        self.outbox_ack_all([entry], now)
+
+    @abc.abstractmethod
+    def outbox_ack_all(self, entries: list[OutboxEntry], now: float) -> None:
+        """Mark reports acknowledged, in one transaction (each only if its status still holds)."""
 
     @abc.abstractmethod
     def outbox_failed(self, entry: OutboxEntry) -> None:

@@ -27,6 +27,8 @@ from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, Outbox
 from marque.outcome import Status
 
 SCHEMA_VERSION = 1
+#: Marques (or proof jtis) reaped per transaction.
+REAP_BATCH = 500
 
 # Forward-only migrations: index i holds the statements that take the schema
 # from version i to i + 1. Types are spelled so both engines accept them.
@@ -42,6 +44,7 @@ MIGRATIONS: list[list[str]] = [
             max_rows BIGINT NOT NULL,
             attempts_per_nonce INTEGER NOT NULL,
             expires_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX budgets_expiry ON budgets (expires_at)",
         """CREATE TABLE claims (
             marque_id TEXT NOT NULL,
             nonce TEXT NOT NULL,
@@ -529,13 +532,16 @@ class SqlLedger(Ledger):
             )
         return [OutboxEntry(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
 
-    def outbox_ack(self, entry: OutboxEntry, now: float) -> None:
+    def outbox_ack_all(self, entries: list[OutboxEntry], now: float) -> None:
+        if not entries:
+            return
         with self.transaction() as tx:
-            tx.execute(
-                "UPDATE outbox SET acked_at = ? WHERE marque_id = ? AND nonce = ? "
-                "AND attempt = ? AND status = ? AND acked_at IS NULL",
-                (now, entry.marque_id, entry.nonce, entry.attempt, entry.status),
-            )
+            for entry in entries:
+                tx.execute(
+                    "UPDATE outbox SET acked_at = ? WHERE marque_id = ? AND nonce = ? "
+                    "AND attempt = ? AND status = ? AND acked_at IS NULL",
+                    (now, entry.marque_id, entry.nonce, entry.attempt, entry.status),
+                )
 
     def outbox_failed(self, entry: OutboxEntry) -> None:
         with self.transaction() as tx:
@@ -556,23 +562,37 @@ class SqlLedger(Ledger):
     )
 
     def reap(self, now: float) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        with self.transaction() as tx:
-            marques = [r[0] for r in tx.execute(self._REAPABLE, (now,))]
-            for table in ("events", "observations", "outbox", "attempts", "claims", "budgets"):
-                removed = 0
-                for marque_id in marques:
-                    removed += len(
-                        tx.execute(
-                            f"DELETE FROM {table} WHERE marque_id = ? RETURNING 1", (marque_id,)
-                        )
-                    )
-                counts[table] = removed
-            counts["pop_jtis"] = len(
-                tx.execute("DELETE FROM pop_jtis WHERE forget_after < ? RETURNING 1", (now,))
-            )
-        counts["marques"] = len(marques)
+        # Many small transactions, not one big one: executions keep flowing while
+        # a large ledger is reaped, and no transaction grows without bound.
+        tables = ("events", "observations", "outbox", "attempts", "claims", "budgets")
+        counts = dict.fromkeys((*tables, "pop_jtis", "marques"), 0)
+        while True:
+            with self.transaction() as tx:
+                ids = [r[0] for r in tx.execute(self._REAPABLE + " LIMIT ?", (now, REAP_BATCH))]
+                marks = ", ".join("?" * len(ids))
+                for table in tables if ids else ():
+                    counts[table] += len(tx.execute(
+                        f"DELETE FROM {table} WHERE marque_id IN ({marks}) RETURNING 1", ids
+                    ))
+            counts["marques"] += len(ids)
+            if len(ids) < REAP_BATCH:
+                break
+        while True:
+            with self.transaction() as tx:
+                gone = len(tx.execute(
+                    "DELETE FROM pop_jtis WHERE jti IN (SELECT jti FROM pop_jtis "
+                    "WHERE forget_after < ? LIMIT ?) RETURNING 1",
+                    (now, REAP_BATCH),
+                ))
+            counts["pop_jtis"] += gone
+            if gone < REAP_BATCH:
+                break
+        if counts["marques"] or counts["pop_jtis"]:
+            self._compact()
         return counts
+
+    def _compact(self) -> None:
+        """Give the space of reaped entries back (engines that need telling)."""
 
     def stats(self, now: float) -> dict[str, Any]:
         with self.reading() as tx:

@@ -40,6 +40,9 @@ class SqliteLedger(SqlLedger):
     def __init__(self, path: str) -> None:
         self.path = path
         self._conn = self._connect(path)
+        # Takes effect only on a new, empty file (before WAL mode writes its header):
+        # lets reaping give pages back to the OS.
+        self._conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         self._conn.execute("PRAGMA journal_mode = WAL")
         self._reader = self._connect(path)
         self._read_lock = threading.Lock()
@@ -133,6 +136,17 @@ class SqliteLedger(SqlLedger):
         self._members = 0
         self._committed = batch
         self._cond.notify_all()
+
+    def _compact(self) -> None:
+        # Fold the WAL back into the file, then return the freed pages to the OS.
+        with self._cond:
+            if self._open_batch:  # writers are mid-transaction: compact next time
+                return
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # Each step of this pragma frees one page, and sqlite3's execute() steps
+            # a column-less statement once; executescript runs it to the end.
+            self._conn.executescript("PRAGMA incremental_vacuum;")
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Tx]:

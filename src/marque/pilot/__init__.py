@@ -10,6 +10,7 @@ import os
 
 from marque.harbour.logbook import Logbook
 from marque.ledger import open_ledger
+from marque.pilot.background import Reconciler, Reporter
 from marque.pilot.config import PilotConfig, PilotHome, Settings
 from marque.pilot.core import Pilot, PilotOptions, check_nonce
 from marque.pilot.runs import RunRegistry
@@ -27,8 +28,15 @@ __all__ = [
 ]
 
 
-def open_pilot(home: str | os.PathLike[str], *, recover: bool = True) -> Pilot:
-    """A Pilot wired from its home directory; by default runs start-up recovery."""
+def open_pilot(
+    home: str | os.PathLike[str], *, recover: bool = True, background: bool = False
+) -> Pilot:
+    """A Pilot wired from its home directory; by default runs start-up recovery.
+
+    ``background=True`` is for long-running Pilots: outcome reports leave the
+    execution path for a reporter thread, and a reconciler thread settles
+    what it can with backoff. Both stop when the Pilot is closed.
+    """
     pilot_home = PilotHome(home)
     config = pilot_home.load()
     ledger = open_ledger(config.ledger)
@@ -58,4 +66,8 @@ def open_pilot(home: str | os.PathLike[str], *, recover: bool = True) -> Pilot:
     if recover:
         pilot.check_continuity()
         pilot.recover()
+    if background:
+        pilot.options.report_inline = False
+        pilot.attach(Reporter(pilot).start())
+        pilot.attach(Reconciler(pilot).start())
     return pilot

@@ -36,6 +36,8 @@ EventSink = Callable[[dict[str, Any]], None]
 MAX_NONCE_BYTES = 256
 #: Marques whose signature this process has verified, by token (oldest evicted first).
 READ_CACHE_SIZE = 4096
+#: Outcome reports delivered to the logbook per transaction.
+REPORT_BATCH = 500
 
 
 def check_nonce(nonce: str) -> str:
@@ -97,6 +99,7 @@ class Pilot:
         self._read_cache: dict[str, Marque] = {}
         #: Set when the outbox has something new (for a background reporter).
         self.report_wanted = threading.Event()
+        self._workers: list[Any] = []
         self._inflight_lock = threading.Lock()
 
     @property
@@ -442,20 +445,25 @@ class Pilot:
         """Deliver queued outcome reports to the logbook; True if all were acknowledged."""
         if self.logbook is None:
             return False
-        delivered = True
-        for entry in self.ledger.outbox_pending():
+        while True:
+            pending = self.ledger.outbox_pending(limit=REPORT_BATCH)
+            if not pending:
+                return True
             try:
-                self.logbook.append(
-                    f"execution.{entry.status}",
-                    f"outcome/{entry.marque_id}/{entry.nonce}/{entry.attempt}/{entry.status}",
-                    entry.payload,
-                )
+                # One logbook transaction and one ledger transaction per batch.
+                self.logbook.append_all([
+                    (f"execution.{entry.status}",
+                     f"outcome/{entry.marque_id}/{entry.nonce}/{entry.attempt}/{entry.status}",
+                     entry.payload)
+                    for entry in pending
+                ])
             except Exception:  # the logbook is unavailable: retried on the next report
-                self.ledger.outbox_failed(entry)
-                delivered = False
-                continue
-            self.ledger.outbox_ack(entry, self.clock())
-        return delivered
+                for entry in pending:
+                    self.ledger.outbox_failed(entry)
+                return False
+            self.ledger.outbox_ack_all(pending, self.clock())
+            if len(pending) < REPORT_BATCH:
+                return True
 
     # -- reading ------------------------------------------------------------------
 
@@ -485,8 +493,15 @@ class Pilot:
         except KeyError:
             raise UnknownTarget(f"this Pilot serves no target named {name!r}") from None
 
+    def attach(self, worker: Any) -> None:
+        """Own a background worker (anything with ``stop()``): stopped first on close."""
+        self._workers.append(worker)
+
     def close(self) -> None:
-        """Release the ledger, the targets, the logbook and this run's lock."""
+        """Stop background work; release the ledger, targets, logbook and this run's lock."""
+        for worker in reversed(self._workers):
+            worker.stop()
+        self._workers.clear()
         for target in self.targets.values():
             target.close()
         self.ledger.close()
