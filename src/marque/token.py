@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import math
@@ -451,10 +452,21 @@ def _ed25519_public(jwk: Any, error: type[MarqueError], what: str) -> dict[str, 
 def _import_public(jwk: Any, error: type[MarqueError], what: str) -> OKPKey:
     members = _ed25519_public(jwk, error, what)
     try:
-        key = OKPKey.import_key(members)
+        return _public_key(members["x"])
     except (JoseError, ValueError, TypeError, binascii.Error) as exc:
         raise error(f"{what} is not a usable Ed25519 public key") from exc
-    return key
+
+
+@functools.lru_cache(maxsize=1024)
+def _public_key(x: str) -> OKPKey:
+    # A holder proves with the same key on every call: import it once. Failures
+    # raise, so they are never cached.
+    return OKPKey.import_key({"kty": "OKP", "crv": _CURVE, "x": x})
+
+
+@functools.lru_cache(maxsize=1024)
+def _thumbprint_of(x: str) -> str:
+    return _public_key(x).thumbprint()
 
 
 def _import_private(jwk: Any, what: str) -> OKPKey:
@@ -932,7 +944,7 @@ def verify_proof(
     if "d" in jwk:
         raise PopInvalid("proof jwk contains a private key")
     key = _import_public(jwk, PopInvalid, "proof jwk")
-    if key.thumbprint() != marque.jkt:
+    if _thumbprint_of(jwk["x"]) != marque.jkt:
         raise PopKeyMismatch("the proof is signed by a key other than the one the marque names")
     claims = _verified_payload(proof, key, _POP_REGISTRY, "proof", PopInvalid)
 

@@ -67,9 +67,14 @@ class Reconciler:
 class Reporter:
     """A daemon thread that delivers a Pilot's outbox whenever there is news."""
 
-    def __init__(self, pilot: Pilot, *, idle_interval: float = 5.0) -> None:
+    def __init__(
+        self, pilot: Pilot, *, idle_interval: float = 5.0, gather_seconds: float = 0.05
+    ) -> None:
         self.pilot = pilot
         self.idle_interval = idle_interval
+        # Wait this long after the first news so one logbook transaction (one
+        # fsync) carries many outcomes rather than one each.
+        self.gather_seconds = gather_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="marque-reporter", daemon=True)
 
@@ -80,7 +85,8 @@ class Reporter:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.pilot.report_wanted.wait(self.idle_interval)
+            if self.pilot.report_wanted.wait(self.idle_interval):
+                self._stop.wait(self.gather_seconds)
             self.pilot.report_wanted.clear()
             try:
                 self.pilot.report()
