@@ -92,16 +92,22 @@ class SqliteLedger(SqlLedger):
                 self._last_batch += 1
                 self._open_batch = self._last_batch
             batch = self._open_batch
-            self._conn.execute("SAVEPOINT caller")
+            # Alone in the batch, a failure can roll the whole transaction back;
+            # with others' work already in it, only this caller's savepoint.
+            shared = self._members > 0
+            if shared:
+                self._conn.execute("SAVEPOINT caller")
             try:
                 yield _SqliteTx(self._conn)
             except BaseException:
-                self._conn.execute("ROLLBACK TO caller")
-                self._conn.execute("RELEASE caller")
-                if self._members == 0:  # nobody else's work is waiting in this batch
+                if shared:
+                    self._conn.execute("ROLLBACK TO caller")
+                    self._conn.execute("RELEASE caller")
+                else:
                     self._end_batch(commit=False)
                 raise
-            self._conn.execute("RELEASE caller")
+            if shared:
+                self._conn.execute("RELEASE caller")
             self._members += 1
             self._await_commit(batch)
 
