@@ -1056,3 +1056,37 @@ def test_lease_outlives_the_change_statement_timeout(env: Env) -> None:
 
     [record] = env.pilot.ledger.attempts(mid, "n-1")
     assert record.lease_expires_at - record.started_at >= 600
+
+
+def test_a_caller_following_a_running_nonce_sees_every_event(env: Env) -> None:
+    """A second caller of a running nonce gets the events so far, then the live ones, in order."""
+    slow = ("UPDATE accounts SET balance = balance - 10 + (WITH RECURSIVE c(x) AS (SELECT 1 "
+            "UNION ALL SELECT x + 1 FROM c WHERE x < 2000000) SELECT count(*) - count(*) FROM c) "
+            "WHERE id = 1")
+    token = env.issue([slow])
+    started = threading.Event()
+    first_events: list[dict[str, Any]] = []
+
+    def on_first(event: dict[str, Any]) -> None:
+        first_events.append(event)
+        if event["event"] == "statement_started":
+            started.set()
+
+    results: list[Outcome] = []
+    leader = threading.Thread(
+        target=lambda: results.append(
+            env.pilot.execute(token, env.proof(token, "n-1"), "n-1", on_event=on_first)
+        )
+    )
+    leader.start()
+    assert started.wait(30)
+    followed: list[dict[str, Any]] = []
+    second = env.pilot.execute(token, env.proof(token, "n-1"), "n-1", on_event=followed.append)
+    leader.join(30)
+
+    assert second.replayed and second.status == "applied"
+    assert results and results[0].status == "applied" and not results[0].replayed
+    executed = [e["event"] for e in first_events if e["event"] != "reported"]
+    assert kinds(followed)[: len(executed)] == executed
+    assert "committed" in kinds(followed) and "outcome_recorded" in kinds(followed)
+    assert env.balances()[1] == 90

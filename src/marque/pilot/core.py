@@ -58,6 +58,26 @@ class _Inflight:
     done: threading.Event = field(default_factory=threading.Event)
     outcome: Outcome | None = None
     refusal: MarqueError | None = None
+    followers: list[EventSink] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Record an event and pass it to every caller following this execution."""
+        with self.lock:
+            self.events.append(event)
+            followers = list(self.followers)
+        for sink in followers:
+            sink(event)
+
+    def follow(self, sink: EventSink | None) -> None:
+        """Replay the events so far to ``sink``, then pass it the ones still to come."""
+        if sink is None:
+            return
+        # Under the lock, so no live event can overtake the replayed ones.
+        with self.lock:
+            for event in self.events:
+                sink(event)
+            self.followers.append(sink)
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -165,8 +185,7 @@ class Pilot:
                 mine = self._inflight[key] = _Inflight()
         if running is not None:
             # Same nonce, same process: follow the one execution, never start another.
-            for event in list(running.events):
-                _send(on_event, event)
+            running.follow(on_event)
             running.done.wait()
             if running.outcome is None:
                 # The first caller was refused (budget, attempts) or failed: so are we.
@@ -228,7 +247,7 @@ class Pilot:
                 **data,
             }
             events.append(event)
-            mine.events.append(event)
+            mine.publish(event)
             _send(on_event, event)
 
         emit("claimed", owner_run=self.runs.run_id, lease_expires_at=record.lease_expires_at)
@@ -285,7 +304,7 @@ class Pilot:
             marque.marque_id, nonce, record.attempt, status, now=self.clock(),
             source="execution", events=[*events, recorded_event], **settle,
         )
-        mine.events.append(recorded_event)
+        mine.publish(recorded_event)
         _send(on_event, recorded_event)
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
