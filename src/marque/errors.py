@@ -79,12 +79,6 @@ def lookup(code: str) -> type[MarqueError]:
     return MarqueError._registry[code]
 
 
-def from_dict(data: dict[str, Any]) -> MarqueError:
-    """Rebuild an error from its ``to_dict`` form (e.g. a stored outcome)."""
-    cls = MarqueError._registry.get(data.get("code", ""), MarqueError)
-    return cls(data.get("message", ""), sqlstate=data.get("sqlstate"))
-
-
 # -- usage ------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marque.crash import crash_point
-from marque.errors import Indeterminate, InvalidInput, MarqueError, NotApplied, UnknownTarget
+from marque.errors import Indeterminate, InvalidInput, MarqueError, NotApplied
 from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
@@ -504,13 +504,6 @@ class Pilot:
             error=record.error,
             result=record.result,
         )
-
-    def target(self, name: str) -> Target:
-        """A configured target, or ``UnknownTarget``."""
-        try:
-            return self.targets[name]
-        except KeyError:
-            raise UnknownTarget(f"this Pilot serves no target named {name!r}") from None
 
     def attach(self, worker: Any) -> None:
         """Own a background worker (anything with ``stop()``): stopped first on close."""
