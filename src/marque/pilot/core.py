@@ -308,7 +308,7 @@ class Pilot:
         _send(on_event, recorded_event)
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
-            record = self._reconcile(record, run, "commit_unknown")
+            record = self._reconcile(record, "commit_unknown", (run, target))
         if self.options.report_inline:
             if self.report():
                 emit("reported")
@@ -334,7 +334,7 @@ class Pilot:
                    "message": f"owner {record.owner_run} is gone or its lease expired",
                    "sqlstate": None},
         )
-        return self._reconcile(lost, None, "lease_expired")
+        return self._reconcile(lost, "lease_expired")
 
     def _run_for(self, record: AttemptRecord) -> tuple[Run, Target] | None:
         budget = self.ledger.budget(record.marque_id)
@@ -349,8 +349,15 @@ class Pilot:
         )
         return run, self.targets[budget["target"]]
 
-    def _reconcile(self, record: AttemptRecord, run: Run | None, why: str) -> AttemptRecord:
-        found = self._run_for(record)
+    def _reconcile(
+        self, record: AttemptRecord, why: str, known: tuple[Run, Target] | None = None
+    ) -> AttemptRecord:
+        """Ask the target for evidence about one attempt and settle by it.
+
+        ``known`` is the run and target when the caller has them (a lost COMMIT
+        response, straight from execution); otherwise they come from the ledger.
+        """
+        found = known or self._run_for(record)
         if found is None:
             evidence = Evidence(Verdict.UNKNOWN, reason="target of this marque is not configured")
         else:
@@ -358,7 +365,7 @@ class Pilot:
             if target.recovery_contract != "stamps":
                 evidence = Evidence(Verdict.UNKNOWN, reason="target cannot hold stamps")
             else:
-                evidence = target.reconcile(run or found[0])
+                evidence = target.reconcile(found[0])
         self._log_reconciliation(record, evidence, why)
         settle = self._evidence_settlement(evidence, (record.error or {}).get("code", why))
         status: Status = settle.pop("status")
@@ -454,7 +461,7 @@ class Pilot:
         for record in self.ledger.unsettled(Status.INDETERMINATE):
             if (record.marque_id, record.nonce, record.attempt) in tried:
                 continue  # asked its target once this round already
-            after = self._reconcile(record, None, "recovery")
+            after = self._reconcile(record, "recovery")
             if after.status is not record.status:
                 changes.append(_change(record, after))
         self.report()
