@@ -107,6 +107,7 @@ _ATTEMPT_COLUMNS = (
     "a.marque_id, a.nonce, a.attempt, a.status, a.rows_affected, a.error, a.result, "
     "a.owner_incarnation, a.owner_run, a.lease_expires_at, a.started_at, a.settled_at"
 )
+_ATTEMPT_COLUMNS_BARE = _ATTEMPT_COLUMNS.replace("a.", "")
 
 
 class Tx(abc.ABC):
@@ -378,7 +379,7 @@ class SqlLedger(Ledger):
                 "rows_affected = COALESCE(?, rows_affected), error = ?, "
                 "result = COALESCE(?, result), settled_at = ? "
                 "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
-                f"RETURNING {_ATTEMPT_COLUMNS.replace('a.', '')}",
+                f"RETURNING {_ATTEMPT_COLUMNS_BARE}",
                 (
                     status.value,
                     status.rank,

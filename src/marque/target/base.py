@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ class SqlTarget(Target):
     def _sql(self, text: str) -> str:
         return text.replace("?", self.placeholder).replace("{stamps}", self.stamp_table)
 
-    @property
+    @functools.cached_property
     def _stamp_upsert(self) -> str:
         # One row per nonce: a new row, or a newer attempt replacing an older
         # attempt's tombstone. An applied stamp is never replaced.
