@@ -8,6 +8,7 @@ or from the error class (2 usage, 3 refused) — never from a table kept here.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -343,8 +344,6 @@ def _refused(marque_id: str | None, nonce: str, pilot: dict[str, Any]) -> dict[s
 
 def _marque_id_of(token: str) -> str | None:
     """Best-effort jti for a refusal report; the token is not trusted here."""
-    import base64
-
     try:
         payload = token.split(".")[1]
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
