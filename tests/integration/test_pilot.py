@@ -330,6 +330,26 @@ def test_replayed_proof_is_refused_and_changes_nothing(env: Env) -> None:
     assert env.pilot.ledger.outcome(mid, "n-1").attempt == 1  # type: ignore[union-attr]
 
 
+def test_replay_proof_is_refused_again_and_after_a_restart(env: Env) -> None:
+    """A proof that replayed an applied nonce cannot be used twice, nor after a restart."""
+    token = env.issue([DEBIT_1], executions=2)
+    mid = marque_id_of(token)
+    env.run(token, "n-1")
+    proof = env.proof(token, "n-1")
+
+    replayed = env.pilot.execute(token, proof, "n-1")
+    assert (replayed.status, replayed.replayed) == ("applied", True)
+    with pytest.raises(PopReplayed):
+        env.pilot.execute(token, proof, "n-1")
+
+    env.reopen()
+    with pytest.raises(PopReplayed):
+        env.pilot.execute(token, proof, "n-1")
+    assert env.pilot.execute(token, env.proof(token, "n-1"), "n-1").replayed is True
+    assert env.pilot.ledger.budget(mid)["executions_left"] == 1  # type: ignore[index]
+    assert env.balances() == {1: 90, 2: 100, 3: 100}
+
+
 def test_refusal_after_a_run_leaves_budget_unchanged(env: Env) -> None:
     """A refused request for a marque that already has a budget row leaves executions_left."""
     token = env.issue([DEBIT_1], executions=3)

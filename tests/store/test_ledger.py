@@ -8,6 +8,7 @@ the ``engine`` fixture of conftest, so a new engine runs this whole file unchang
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -19,7 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marque.errors import AttemptsExhausted, BudgetExhausted, LedgerExists, LedgerMissing
+from marque.errors import (
+    AttemptsExhausted,
+    BudgetExhausted,
+    LedgerExists,
+    LedgerMissing,
+    PopReplayed,
+)
 from marque.ledger.base import Claim, ClaimTicket, Ledger
 from marque.outcome import Status, merge
 
@@ -952,3 +959,88 @@ def test_reap_returns_the_space_to_the_live_set(engine: LedgerEngine, pool: Ledg
     assert after["claims"] == 0
     assert after["size_bytes"] < full / 4
     assert after["size_bytes"] <= live * 4
+
+
+# -- replays of applied nonces: answered from a read, jti written behind -----------
+
+
+def _with_jti(ticket: ClaimTicket, jti: str) -> ClaimTicket:
+    return dataclasses.replace(ticket, pop_jti=jti, pop_forget_after=ticket.now + 600)
+
+
+def test_replay_answers_only_an_applied_nonce(ledger: Ledger):
+    """``replay`` returns the applied attempt; unknown, in-progress or aborted nonces are None."""
+    assert ledger.replay(MQ, "unknown", "j0", T0 + 600) is None
+    claim_and_settle(ledger, make_ticket(nonce="running"), None)
+    assert ledger.replay(MQ, "running", "j1", T0 + 600) is None
+    claim_and_settle(ledger, make_ticket(nonce="aborted"), Status.ABORTED_NOT_APPLIED)
+    assert ledger.replay(MQ, "aborted", "j2", T0 + 600) is None
+    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    record = ledger.replay(MQ, "done", "j3", T0 + 600)
+    assert record is not None
+    assert (record.status, record.rows_affected, record.attempt) == (Status.APPLIED, 1, 1)
+    # A refused (None) replay held no jti: the claim path may still record it.
+    assert ledger.remember_pop_jti("j1", T0 + 600) is True
+
+
+def test_replay_refuses_its_jti_at_once_and_after_the_write(ledger: Ledger):
+    """The same proof twice is PopReplayed, before and after its jti reaches the table."""
+    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    assert ledger.replay(MQ, "done", "jr", T0 + 600) is not None
+    with pytest.raises(PopReplayed):
+        ledger.replay(MQ, "done", "jr", T0 + 600)
+    with pytest.raises(PopReplayed):  # nor may the claim path take it
+        ledger.claim(_with_jti(make_ticket(nonce="other"), "jr"))
+    assert ledger.outcome(MQ, "other") is None
+    deadline = time.monotonic() + 10
+    while ledger.stats(T0)["pop_jtis"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ledger.stats(T0)["pop_jtis"] == 1  # written behind, without any further call
+    assert ledger.remember_pop_jti("jr", T0 + 600) is False
+    with pytest.raises(PopReplayed):
+        ledger.replay(MQ, "done", "jr", T0 + 600)
+
+
+def test_replay_refuses_a_jti_the_claim_recorded(ledger: Ledger):
+    """A proof that claimed the nonce cannot be replayed once the nonce is applied."""
+    ticket = _with_jti(make_ticket(nonce="done"), "jc")
+    claim_and_settle(ledger, ticket, Status.APPLIED, rows_affected=1)
+    with pytest.raises(PopReplayed):
+        ledger.replay(MQ, "done", "jc", T0 + 600)
+
+
+def test_replay_jtis_survive_close_and_reopen(
+    pool: LedgerPool, ledger: Ledger, ledger_location: str
+):
+    """Closing the ledger writes every held jti: a restart does not reopen those proofs."""
+    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    for index in range(50):
+        assert ledger.replay(MQ, "done", f"jz{index}", T0 + 600) is not None
+    ledger.close()
+    reopened = pool.open(ledger_location)
+    assert reopened.stats(T0)["pop_jtis"] == 50
+    for index in (0, 49):
+        with pytest.raises(PopReplayed):
+            reopened.replay(MQ, "done", f"jz{index}", T0 + 600)
+
+
+def test_concurrent_replays_of_one_proof_admit_one(ledger: Ledger):
+    """Eight threads replaying one proof at once: exactly one answer, seven PopReplayed."""
+    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    barrier = threading.Barrier(8)
+    results: list[str] = []
+
+    def replay() -> None:
+        barrier.wait()
+        try:
+            ledger.replay(MQ, "done", "jsame", T0 + 600)
+            results.append("answered")
+        except PopReplayed:
+            results.append("refused")
+
+    threads = [threading.Thread(target=replay) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["answered"] + ["refused"] * 7

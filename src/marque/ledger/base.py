@@ -97,6 +97,18 @@ class Ledger(abc.ABC):
         """
 
     @abc.abstractmethod
+    def replay(
+        self, marque_id: str, nonce: str, pop_jti: str, pop_forget_after: float
+    ) -> AttemptRecord | None:
+        """The nonce's latest attempt if it is ``applied``, without a durable write; else None.
+
+        ``applied`` is absorbing, so a proof for that nonce can only read it
+        again: its ``jti`` is checked unseen (``PopReplayed`` otherwise) and
+        remembered write-behind (see ``ledger/jtis.py``). None means the call
+        must go through :meth:`claim`, which records the jti before answering.
+        """
+
+    @abc.abstractmethod
     def settle(
         self,
         marque_id: str,

@@ -43,6 +43,7 @@ class PostgresLedger(SqlLedger):
     """A ledger in a PostgreSQL database (schema ``marque_ledger``)."""
 
     def __init__(self, dsn: str, *, pool_size: int = 10) -> None:
+        super().__init__()
         self.dsn = dsn
         self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = make_pool(
             dsn, name="marque-ledger", min_size=1, max_size=pool_size, configure=_configure,
@@ -86,4 +87,5 @@ class PostgresLedger(SqlLedger):
         return f"json_array_length({column}::json)"
 
     def close(self) -> None:
+        self._jtis.close()
         self._pool.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from marque.errors import (
     PopReplayed,
 )
 from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
+from marque.ledger.jtis import PendingJtis
 from marque.outcome import Status
 
 SCHEMA_VERSION = 1
@@ -151,6 +153,11 @@ def _record(row: tuple[Any, ...]) -> AttemptRecord:
 class SqlLedger(Ledger):
     """The ledger's behaviour over any engine that provides :meth:`transaction`."""
 
+    def __init__(self) -> None:
+        self._jtis = PendingJtis(self._write_jtis)
+        # Serialises a replay's "jti unseen?" read with its hold on the jti.
+        self._replay_lock = threading.Lock()
+
     # -- dialect hooks --------------------------------------------------------
 
     @abc.abstractmethod
@@ -259,6 +266,8 @@ class SqlLedger(Ledger):
 
     def claim(self, ticket: ClaimTicket) -> Claim:
         key = (ticket.marque_id, ticket.nonce)
+        if ticket.pop_jti is not None and ticket.pop_jti in self._jtis:
+            raise PopReplayed("this proof has been used before")
         with self.transaction() as tx:
             if ticket.pop_jti is not None and not self._remember_pop_jti_txn(
                 tx, ticket.pop_jti, ticket.pop_forget_after
@@ -354,6 +363,27 @@ class SqlLedger(Ledger):
             (marque_id, nonce),
         )
         return _record(row) if row else None
+
+    def replay(
+        self, marque_id: str, nonce: str, pop_jti: str, pop_forget_after: float
+    ) -> AttemptRecord | None:
+        with self._replay_lock:
+            if pop_jti in self._jtis:
+                raise PopReplayed("this proof has been used before")
+            with self.reading() as tx:
+                latest = self._latest_txn(tx, marque_id, nonce)
+                if latest is None or latest.status is not Status.APPLIED:
+                    return None
+                seen = tx.one("SELECT 1 FROM pop_jtis WHERE jti = ?", (pop_jti,))
+            if seen is not None:
+                raise PopReplayed("this proof has been used before")
+            self._jtis.add(pop_jti, pop_forget_after)
+        return latest
+
+    def _write_jtis(self, batch: list[tuple[str, float]]) -> None:
+        with self.transaction() as tx:
+            for jti, forget_after in batch:
+                self._remember_pop_jti_txn(tx, jti, forget_after)
 
     # -- settlement -------------------------------------------------------------
 

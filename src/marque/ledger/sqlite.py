@@ -38,6 +38,7 @@ class SqliteLedger(SqlLedger):
     """A ledger in one SQLite file."""
 
     def __init__(self, path: str) -> None:
+        super().__init__()
         self.path = path
         self._conn = self._connect(path)
         # Takes effect only on a new, empty file (before WAL mode writes its header):
@@ -173,6 +174,7 @@ class SqliteLedger(SqlLedger):
         return total
 
     def close(self) -> None:
+        self._jtis.close()
         with self._cond:
             self._conn.close()
         with self._read_lock:

@@ -138,8 +138,9 @@ class Pilot:
         The signature check of a marque depends only on the token, so it is
         done once per process and cached by token; the window, Pilot,
         incarnation and target are checked on every call, and so is the proof.
-        The proof's ``jti`` is recorded by the claim, in the same transaction.
-        Refusals claim nothing.
+        The proof's ``jti`` is recorded by the claim, in the same transaction
+        (or, for a replay of an applied nonce, just behind the answer:
+        ``ledger/jtis.py``). Refusals claim nothing.
         """
         now = self.clock()
         check_nonce(nonce)
@@ -208,6 +209,11 @@ class Pilot:
         self, marque: Marque, nonce: str, jti: str, mine: _Inflight, on_event: EventSink | None
     ) -> Outcome:
         now = self.clock()
+        forget_after = jti_forget_after(now, self.options.pop_window_seconds)
+        # An applied nonce is absorbing: answer its replay from a read, no durable write.
+        settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
+        if settled is not None:
+            return self._outcome(settled, replayed=True)
         timeout_ms = marque.change.statement_timeout_ms or self.options.statement_timeout_ms
         # The lease must outlive the longest the target may legitimately take.
         lease = timeout_ms / 1000 + self.options.lease_grace_seconds
@@ -224,7 +230,7 @@ class Pilot:
                 lease_seconds=lease,
                 now=now,
                 pop_jti=jti,
-                pop_forget_after=jti_forget_after(now, self.options.pop_window_seconds),
+                pop_forget_after=forget_after,
             )
         )
         if not claim.fresh:
