@@ -34,6 +34,7 @@ from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import (
     Budget,
     Change,
+    Guard,
     Statement,
     issue_marque,
     make_proof,
@@ -120,10 +121,12 @@ class World:
         attempts: int = 3,
         isolation: str = "read_committed",
         statement_timeout_ms: int | None = None,
+        guards: tuple[Guard, ...] = (),
     ) -> str:
         """A marque for ``statements`` on ``bank``, bound to the holder key."""
         change = Change(
             tuple(s if isinstance(s, Statement) else Statement(s) for s in statements),
+            guards=guards,
             isolation=isolation,
             statement_timeout_ms=statement_timeout_ms,
         )

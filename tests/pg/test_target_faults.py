@@ -25,6 +25,7 @@ from pgproxy import PgProxy
 
 from marque.outcome import Status
 from marque.pilot.setup import add_target
+from marque.token import Guard
 
 from .pgworld import (
     LATTICE,
@@ -290,8 +291,10 @@ def test_serializable_write_skew_aborts_one_marque_then_same_nonce_applies(
     """Write skew between two SERIALIZABLE marques aborts one with 40001; its retry applies."""
     world = sqlite_world
     check = "AND (SELECT sum(balance) FROM accounts) >= 200"
+    # A guard checked before the statements keeps A's stamp in a message of its
+    # own, so B can slip in between A's snapshot and A's statement.
     token_a = world.issue(f"UPDATE accounts SET balance = balance - 10 WHERE id = 1 {check}",
-                          isolation="serializable")
+                          isolation="serializable", guards=(Guard("SELECT true"),))
     token_b = world.issue(f"UPDATE accounts SET balance = balance - 10 WHERE id = 2 {check}",
                           isolation="serializable")
     mid_a = marque_id_of(token_a)

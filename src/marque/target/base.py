@@ -140,6 +140,23 @@ class SqlTarget(Target):
         """Send the stamp insert (engines may send it together with BEGIN); its rows."""
         return list(self._run(conn, sql, params).fetchall())
 
+    def _stamp_then(self, conn: Any, run: Run, emit: Emit) -> tuple[list[Any], Any]:
+        """The stamp's rows, and a cursor on the first statement if it travelled with it.
+
+        Engines with a network between the Pilot and the database may send the
+        first statement in the same message as the stamp, *after* it: a stamp
+        that conflicts then fails the message before the statement runs. Such
+        an engine emits ``statement_started`` for it as it sends the message,
+        so that event comes before ``fence_checked``. An empty list means the
+        fence found a stamp for this nonce.
+        """
+        try:
+            return self._stamp(conn, self._stamp_upsert, self._stamp_row(run, APPLIED)), None
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                return [], None
+            raise
+
     @abc.abstractmethod
     def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
         """Record rows_affected on the stamp (``sql``) and COMMIT.
@@ -188,6 +205,15 @@ class SqlTarget(Target):
             "RETURNING " + self.stamp_returning
         )
 
+    @functools.cached_property
+    def _stamp_insert(self) -> str:
+        # The fence for a first attempt: no earlier tombstone can exist to replace.
+        return self._sql(
+            "INSERT INTO {stamps} (marque_id, nonce, attempt, kind, pilot_id, incarnation, "
+            "rows_affected, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?) "
+            "RETURNING " + self.stamp_returning
+        )
+
     def _stamp_row(self, run: Run, kind: str) -> tuple[Any, ...]:
         return (run.marque_id, run.nonce, run.attempt, kind, run.pilot_id, run.incarnation,
                 time.time(), run.expires_at)
@@ -227,13 +253,7 @@ class SqlTarget(Target):
         committing = False
         txid: int | None = None
         try:
-            try:
-                inserted = self._stamp(conn, self._stamp_upsert, self._stamp_row(run, APPLIED))
-            except Exception as exc:
-                if self._is_unique_violation(exc):
-                    inserted = []
-                else:
-                    raise
+            inserted, first = self._stamp_then(conn, run, emit)
             if not inserted:
                 raise StampConflict(f"{run.marque_id}/{run.nonce} already has a stamp")
             txid = inserted[0][1] if len(inserted[0]) > 1 else None
@@ -243,8 +263,11 @@ class SqlTarget(Target):
             total = 0
             result: dict[str, Any] | None = None
             for index, statement in enumerate(change.statements):
-                emit("statement_started", index=index, sql=statement.sql)
-                cur = self._run(conn, statement.sql, tuple(statement.params))
+                if index == 0 and first is not None:
+                    cur = first  # it ran right behind the stamp, in the same message
+                else:
+                    emit("statement_started", index=index, sql=statement.sql)
+                    cur = self._run(conn, statement.sql, tuple(statement.params))
                 if cur.description is not None:
                     rows = self._fetch_bounded(cur, run.max_rows - total, run.max_rows)
                     count = len(rows)

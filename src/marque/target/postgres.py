@@ -8,9 +8,14 @@ to PostgreSQL lives here:
   pooled connection; a marque asking for another statement timeout gets it
   with ``SET LOCAL``, so it dies with the transaction;
 * the isolation level is the marque's (READ COMMITTED by default);
-* round trips are few: ``BEGIN`` travels with the stamp insert, and the
-  stamp's ``rows_affected`` with ``COMMIT`` (one simple-protocol message each,
-  parameters bound client-side — they are the Pilot's own values);
+* round trips are few: ``BEGIN`` travels with the stamp insert and, on a
+  first attempt without guards to check before, the first statement right
+  behind it; the stamp's ``rows_affected`` travels with ``COMMIT``. Each is
+  one simple-protocol message with parameters bound client-side by psycopg
+  (the Pilot's own values and the marque's signed ones). A first attempt's
+  stamp is a plain INSERT, so a conflict fails the message before the
+  statement runs; a later attempt's stamp (which may replace an older
+  tombstone) goes alone, as the fence pre-check of DESIGN §3;
 * the stamp insert returns ``txid_current()``, kept as corroborating evidence;
 * errors are classified by *whether the server answered*: an error response
   received before or at COMMIT is provably not applied (the SQLSTATE is
@@ -38,7 +43,15 @@ from marque.errors import (
     StatementTimeout,
 )
 from marque.pgpool import make_pool
-from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
+from marque.target.base import (
+    APPLIED,
+    STAMP_COLUMNS,
+    Emit,
+    Evidence,
+    Run,
+    SqlTarget,
+    Verdict,
+)
 
 _ISOLATION = {
     "read_committed": "READ COMMITTED",
@@ -72,6 +85,8 @@ class _Open:
     conn: psycopg.Connection[TupleRow]
     begin: str
     begin_params: tuple[Any, ...]
+    #: How many results ``begin`` produces before the stamp's.
+    preamble: int
 _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
 
 
@@ -158,9 +173,12 @@ class PostgresTarget(SqlTarget):
             begin += "SET LOCAL statement_timeout = %s; "
             params = (f"{run.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
-        return _Open(self._checkout(), begin, params)
+        return _Open(self._checkout(), begin, params, begin.count(";"))
 
-    def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    def _send_first(
+        self, conn: _Open, sql: str, params: tuple[Any, ...]
+    ) -> psycopg.ClientCursor[Any]:
+        """BEGIN and ``sql`` in one message; the cursor is on the stamp's result."""
         for retry in (True, False):
             cur = psycopg.ClientCursor(conn.conn)
             try:
@@ -173,10 +191,35 @@ class PostgresTarget(SqlTarget):
                 self._connections().putconn(conn.conn)
                 conn.conn = self._checkout()
                 continue
-            while cur.nextset():  # the stamp's rows are the last result
-                pass
-            return list(cur.fetchall())
+            for _ in range(conn.preamble):
+                cur.nextset()
+            return cur
         raise AssertionError("unreachable")
+
+    def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        return list(self._send_first(conn, sql, params).fetchall())
+
+    def _stamp_then(self, conn: Any, run: Run, emit: Emit) -> tuple[list[Any], Any]:
+        assert run.change is not None
+        change = run.change
+        if run.attempt != 1 or any(g.when in ("before", "both") for g in change.guards):
+            return super()._stamp_then(conn, run, emit)
+        statement = change.statements[0]
+        # Attempt 1 has no older tombstone to replace, so the plain INSERT is the
+        # whole fence — and its unique violation ends the message before the
+        # statement behind it can run. One round trip fewer.
+        sql = statement.sql if statement.params else statement.sql.replace("%", "%%")
+        emit("statement_started", index=0, sql=statement.sql)
+        try:
+            cur = self._send_first(conn, f"{self._stamp_insert}; {sql}",
+                                   (*self._stamp_row(run, APPLIED), *statement.params))
+        except pgerrors.UniqueViolation as exc:
+            if exc.diag.schema_name == "marque" and exc.diag.table_name == "stamps":
+                return [], None
+            raise  # the approved statement's own unique violation
+        inserted = list(cur.fetchall())
+        cur.nextset()
+        return inserted, cur
 
     def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         cur = conn.conn.cursor()
