@@ -2,20 +2,29 @@
 
     .venv/bin/python bench/floor.py
 
-Raw psycopg UPDATE + COMMIT; one durable SQLite commit (WAL, synchronous=FULL);
-the fenced target transaction alone (``PostgresTarget.execute``); one Ed25519
-verification. Medians of 400 operations per round, three interleaved rounds,
-on a fresh fsync-on cluster. See bench/README.md, "The floor on this machine".
+Each ingredient of an execution alone — raw psycopg UPDATE + COMMIT, one
+durable SQLite commit (WAL, synchronous=FULL), the fenced target transaction
+(``PostgresTarget.execute``), one bare Ed25519 verification, one proof of
+possession through joserfc (``verify_proof``) — and then whole executions
+through an in-process Pilot (fresh nonce; replay of an applied one). For each:
+the median wall time of 400 operations per round, three interleaved rounds, and
+the mean CPU time of the process (all its threads: the Pilot's background
+reporter and writers included) per operation. CPU is what bounds
+throughput in one Python process: with one GIL, N client threads cannot do more
+than ~1000 / (CPU ms per op) operations per second between them. Runs on a
+fresh fsync-on cluster. See bench/README.md, "The floor on this machine".
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,21 +34,31 @@ sys.path.insert(0, str(HERE))
 import psycopg  # noqa: E402
 from cluster import BenchCluster  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from scenarios import MarqueBed  # noqa: E402
 
 from marque.target.base import Run  # noqa: E402
 from marque.target.postgres import PostgresTarget  # noqa: E402
-from marque.token import Change, Statement  # noqa: E402
+from marque.token import Change, Statement, make_proof, read_marque, verify_proof  # noqa: E402
 
 OPS = 400
+ROUNDS = 3
 
 
-def median_ms(op: Callable[[int], None]) -> float:
+def _process_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def measure(op: Callable[[int], None]) -> tuple[float, float]:
+    """Median wall ms, and mean CPU ms of the whole process (every thread) per operation."""
     samples = []
+    cpu_began = _process_cpu()
     for i in range(OPS):
         start = time.perf_counter()
         op(i)
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
+    cpu = (_process_cpu() - cpu_began) / OPS
+    return statistics.median(samples) * 1e3, cpu * 1e3
 
 
 def main() -> None:
@@ -54,11 +73,11 @@ def main() -> None:
 
         target = PostgresTarget("bench", cluster.dsn("bench"))
         change = Change((Statement("UPDATE bench SET v = v + 1 WHERE id = %s", (2,)),))
-        nonce = iter(range(10**9))
+        counter = iter(range(10**9))
 
         def target_op(_: int) -> None:
-            run = Run("mq_floor", f"n{next(nonce)}", 1, "floor", "inc_floor", change, 1, 30_000,
-                      expires_at=time.time() + 600)
+            run = Run("mq_floor", f"n{next(counter)}", 1, "floor", "inc_floor", change, 1,
+                      30_000, expires_at=time.time() + 600)
             target.execute(run, lambda *a, **k: None)
 
         lite = sqlite3.connect(os.path.join(workdir, "floor.sqlite3"), isolation_level=None)
@@ -75,21 +94,66 @@ def main() -> None:
         public, message = key.public_key(), b"x" * 300
         signature = key.sign(message)
 
-        def verify_op(_: int) -> None:
+        def ed25519_op(_: int) -> None:
             public.verify(signature, message)
 
-        print("| round | raw ms | SQLite FULL commit | fenced target txn | Ed25519 verify |")
-        print("| ---: | ---: | ---: | ---: | ---: |")
-        for round_no in range(1, 4):
-            r = median_ms(raw_op)
-            s, t, v = median_ms(sqlite_op), median_ms(target_op), median_ms(verify_op)
-            print(f"| {round_no} | {r:.3f} | {s:.3f} ({s / r:.2f}×) | {t:.3f} ({t / r:.2f}×) "
-                  f"| {v:.3f} ({v / r:.2f}×) |")
+        bed = MarqueBed(Path(workdir), "floor", cluster.dsn("bench"))
+        token = bed.issue(3)
+        marque = read_marque(token, bed.pilot.trusted)
+        bed.execute_once(token, "applied-once")
+        proofs: dict[str, list[str]] = {}
+
+        def prepare() -> None:
+            # Client-side work (one signature per proof) is done before timing.
+            proofs["pop"] = [make_proof(bed.holder, token, nonce="n", pilot_id=bed.pilot.pilot_id)
+                             for _ in range(OPS)]
+            fresh = [f"f-{uuid.uuid4().hex}" for _ in range(OPS)]
+            proofs["fresh"] = [f"{n} {bed.proof(token, n)}" for n in fresh]
+            proofs["replay"] = [bed.proof(token, "applied-once") for _ in range(OPS)]
+
+        def pop_op(i: int) -> None:
+            verify_proof(proofs["pop"][i], marque, nonce="n", pilot_id=bed.pilot.pilot_id,
+                         remember_jti=None)
+
+        def fresh_op(i: int) -> None:
+            nonce, proof = proofs["fresh"][i].split(" ", 1)
+            outcome = bed.pilot.execute(token, proof, nonce)
+            assert outcome.status == "applied", outcome
+
+        def replay_op(i: int) -> None:
+            outcome = bed.pilot.execute(token, proofs["replay"][i], "applied-once")
+            assert outcome.replayed, outcome
+
+        ops = [("SQLite FULL commit", sqlite_op), ("fenced target txn", target_op),
+               ("Ed25519 verify", ed25519_op), ("proof verify (joserfc)", pop_op),
+               ("Pilot: fresh execution", fresh_op), ("Pilot: replay", replay_op)]
+        print("Wall: median ms (× raw of the same round). CPU: mean process-CPU ms per op.\n")
+        print("| round | raw | " + " | ".join(name for name, _ in ops) + " |")
+        print("| ---: | ---: |" + " ---: |" * len(ops))
+        cpu: dict[str, list[float]] = {name: [] for name in ["raw", *(n for n, _ in ops)]}
+        for round_no in range(1, ROUNDS + 1):
+            prepare()
+            bed.pilot.report()  # start each round with an empty outbox
+            raw_ms, raw_cpu = measure(raw_op)
+            cpu["raw"].append(raw_cpu)
+            cells = []
+            for name, op in ops:
+                ms, op_cpu = measure(op)
+                cpu[name].append(op_cpu)
+                cells.append(f"{ms:.3f} ({ms / raw_ms:.2f}×)")
+            print(f"| {round_no} | {raw_ms:.3f} | " + " | ".join(cells) + " |")
+        print("\n| CPU per op, median of rounds | ms | one-GIL ceiling, ops/s |")
+        print("| --- | ---: | ---: |")
+        for name, values in cpu.items():
+            ms = statistics.median(values)
+            print(f"| {name} | {ms:.3f} | {1000 / ms:,.0f} |")
+        bed.close()
         target.close()
         raw.close()
         lite.close()
     finally:
         cluster.destroy()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

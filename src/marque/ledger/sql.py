@@ -125,8 +125,13 @@ class Tx(abc.ABC):
         return rows[0] if rows else None
 
 
+# Built once: json.dumps with non-default options builds an encoder per call.
+_SORTED = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return None if value is None else _SORTED.encode(value)
 
 
 def _loads(text: str | None) -> Any:
@@ -497,7 +502,7 @@ class SqlLedger(Ledger):
         tx.execute(
             "INSERT INTO events (marque_id, nonce, seq, body) SELECT ?, ?, "
             "COALESCE(MAX(seq), 0) + 1, ? FROM events WHERE marque_id = ? AND nonce = ?",
-            (marque_id, nonce, json.dumps(events, separators=(",", ":")), marque_id, nonce),
+            (marque_id, nonce, _COMPACT.encode(events), marque_id, nonce),
         )
 
     def append_events(self, marque_id: str, nonce: str, events: list[dict[str, Any]]) -> None:
