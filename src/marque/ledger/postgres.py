@@ -2,7 +2,8 @@
 
 Tables live in their own schema (``marque_ledger``) so a ledger can share a
 database with anything else. Connections come from a pool; each ledger
-transaction is one pooled connection inside ``conn.transaction()``. Claims
+transaction is one pooled connection inside ``conn.transaction()``; reads go
+through a second pool of autocommit connections and see the latest commit. Claims
 rely on ``INSERT … ON CONFLICT DO NOTHING`` waiting for a concurrent insert of
 the same key, and the budget on a conditional ``UPDATE`` re-checking its
 ``WHERE`` after a row lock — both READ COMMITTED guarantees.
@@ -34,6 +35,25 @@ class _PgTx(Tx):
         return cur.fetchall() if cur.description is not None else []
 
 
+class _PgReadTx(Tx):
+    """Reads, each one autocommit statement on a pooled connection."""
+
+    def __init__(self, pool: ConnectionPool[psycopg.Connection[TupleRow]]) -> None:
+        self._pool = pool
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        for retry in (True, False):
+            with self._pool.connection() as conn:
+                try:
+                    return _PgTx(conn).execute(sql, params)
+                except psycopg.OperationalError:
+                    if not (retry and conn.broken):
+                        raise
+            # Connections died idle (a server restart): weed out the pool, ask again.
+            self._pool.check()
+        raise AssertionError("unreachable")
+
+
 def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     conn.execute(f"SET search_path TO {SCHEMA}")
     conn.commit()
@@ -50,6 +70,13 @@ class PostgresLedger(SqlLedger):
             check_always=True,
         )
         self._pool.wait(timeout=30)
+        # Reads are one autocommit statement each (one round trip, no BEGIN or
+        # COMMIT), on connections pinged only after sitting idle: a read that
+        # fails can simply be asked again, unlike a write mid-transaction.
+        self._read_pool: ConnectionPool[psycopg.Connection[TupleRow]] = make_pool(
+            dsn, name="marque-ledger-reads", max_size=pool_size, configure=_configure,
+            autocommit=True,
+        )
 
     @classmethod
     def create(cls, dsn: str, pilot_id: str) -> PostgresLedger:
@@ -67,6 +94,10 @@ class PostgresLedger(SqlLedger):
     def transaction(self) -> Iterator[Tx]:
         with self._pool.connection() as conn, conn.transaction():
             yield _PgTx(conn)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Tx]:
+        yield _PgReadTx(self._read_pool)
 
     def _has_schema(self) -> bool:
         with self._pool.connection() as conn:
@@ -88,4 +119,5 @@ class PostgresLedger(SqlLedger):
 
     def close(self) -> None:
         self._jtis.close()
+        self._read_pool.close()
         self._pool.close()
