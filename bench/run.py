@@ -251,6 +251,8 @@ def prefilled_bed(root: Path, target: str, entries: int) -> tuple[MarqueBed, flo
         marque_id = "mq_template" + uuid.uuid4().hex[:16]
         jti = "template-" + uuid.uuid4().hex
         bed.execute_once(bed.issue(1, marque_id=marque_id), "template", jti=jti)
+        # Reported before it is copied: pre-filled entries are settled *and* reported.
+        bed.pilot.report()
         started = time.perf_counter()
         written = prefill_sqlite_ledger(bed.ledger_path, marque_id, jti, entries)
         return bed, time.perf_counter() - started, written

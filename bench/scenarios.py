@@ -168,6 +168,10 @@ class MarqueCell(Cell):
         return self._extra
 
     def prepare(self, per_client: int) -> list[Op]:
+        # Start from a quiet Pilot: the background reporter must not be draining
+        # the previous cell's outcomes into the logbook while this one is timed.
+        # Drained first, so the proofs made below are fresh when the round starts.
+        self.bed.pilot.report()
         ops = []
         for c in range(self.clients):
             token = self.tokens[c]
@@ -177,9 +181,6 @@ class MarqueCell(Cell):
                 nonces = [f"n-{uuid.uuid4().hex}" for _ in range(per_client)]
             proofs = [self.bed.proof(token, n) for n in nonces]
             ops.append(self._op(token, nonces, proofs))
-        # Start from a quiet Pilot: the background reporter must not be draining
-        # the previous cell's outcomes into the logbook while this one is timed.
-        self.bed.pilot.report()
         return ops
 
     def _op(self, token: str, nonces: list[str], proofs: list[str]) -> Op:

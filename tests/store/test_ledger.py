@@ -937,10 +937,19 @@ def test_settlement_is_monotonic_merge(
 
 
 
-def test_reap_returns_the_space_to_the_live_set(engine: LedgerEngine, pool: LedgerPool) -> None:
-    """After reaping expired, settled, reported entries the SQLite file shrinks to the live set."""
+@pytest.mark.parametrize("chunk_pages", [None, 8], ids=["default_chunk", "many_small_chunks"])
+def test_reap_returns_the_space_to_the_live_set(
+    engine: LedgerEngine, pool: LedgerPool, monkeypatch: pytest.MonkeyPatch, chunk_pages: int | None
+) -> None:
+    """After reaping expired, settled, reported entries the SQLite file shrinks to the live set.
+
+    Pages go back to the OS a chunk per transaction; with small chunks it takes
+    many transactions and must still give back every free page.
+    """
     if engine.name != "sqlite":
         pytest.skip("PostgreSQL returns space through autovacuum, not through reap")
+    if chunk_pages is not None:
+        monkeypatch.setattr("marque.ledger.sqlite.COMPACT_PAGES", chunk_pages)
     ledger = pool.create()
     live = ledger.stats(T0)["size_bytes"]
     for i in range(3000):
@@ -959,6 +968,8 @@ def test_reap_returns_the_space_to_the_live_set(engine: LedgerEngine, pool: Ledg
     assert after["claims"] == 0
     assert after["size_bytes"] < full / 4
     assert after["size_bytes"] <= live * 4
+    freelist = ledger._conn.execute("PRAGMA freelist_count").fetchone()[0]  # type: ignore[attr-defined]
+    assert freelist == 0
 
 
 # -- replays of applied nonces: answered from a read, jti written behind -----------

@@ -24,6 +24,8 @@ from marque.errors import LedgerMissing
 from marque.ledger.sql import SqlLedger, Tx
 
 BUSY_TIMEOUT_MS = 30_000
+#: Pages given back to the OS per transaction when compacting after a reap.
+COMPACT_PAGES = 2048
 
 
 class _SqliteTx(Tx):
@@ -145,15 +147,21 @@ class SqliteLedger(SqlLedger):
         self._cond.notify_all()
 
     def _compact(self) -> None:
-        # Fold the WAL back into the file, then return the freed pages to the OS.
-        with self._cond:
-            if self._open_batch:  # writers are mid-transaction: compact next time
-                return
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            # Each step of this pragma frees one page, and sqlite3's execute() steps
-            # a column-less statement once; executescript runs it to the end.
-            self._conn.executescript("PRAGMA incremental_vacuum;")
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        # Return the freed pages to the OS, a bounded number per transaction: the
+        # writer is shared with every execution, which must not wait for all of it.
+        while True:
+            with self._cond:
+                while self._open_batch:  # never inside a group's transaction
+                    self._cond.wait()
+                free = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+                if free:
+                    # Each step of this pragma frees one page, and sqlite3's execute()
+                    # steps a column-less statement once; executescript runs it out.
+                    self._conn.executescript(f"PRAGMA incremental_vacuum({COMPACT_PAGES});")
+                else:
+                    # Fold the WAL back into the (now smaller) file.
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    return
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Tx]:
