@@ -146,22 +146,37 @@ class SqliteLedger(SqlLedger):
         self._committed = batch
         self._cond.notify_all()
 
+    @contextlib.contextmanager
+    def _between_batches(self) -> Iterator[None]:
+        """Hold the writer, never inside a group's open transaction."""
+        with self._cond:
+            while self._open_batch:
+                self._cond.wait()
+            yield
+
+    def _pragma(self, name: str) -> int:
+        return int(self._conn.execute(f"PRAGMA {name}").fetchone()[0])
+
     def _compact(self) -> None:
-        # Return the freed pages to the OS, a bounded number per transaction: the
+        with self._between_batches():
+            if self._pragma("freelist_count") * 2 >= self._pragma("page_count"):
+                # Mostly free: rebuilding the live part is far cheaper than moving it
+                # page by page (measured: 1.0 s against 29 s for an 841 MB ledger with
+                # a tenth live). One lock, for as long as copying the live set takes.
+                self._conn.execute("VACUUM")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                return
+        # Otherwise give the freed pages back a bounded number per transaction: the
         # writer is shared with every execution, which must not wait for all of it.
         while True:
-            with self._cond:
-                while self._open_batch:  # never inside a group's transaction
-                    self._cond.wait()
-                free = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
-                if free:
-                    # Each step of this pragma frees one page, and sqlite3's execute()
-                    # steps a column-less statement once; executescript runs it out.
-                    self._conn.executescript(f"PRAGMA incremental_vacuum({COMPACT_PAGES});")
-                else:
+            with self._between_batches():
+                if not self._pragma("freelist_count"):
                     # Fold the WAL back into the (now smaller) file.
                     self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                     return
+                # Each step of this pragma frees one page, and sqlite3's execute()
+                # steps a column-less statement once; executescript runs it out.
+                self._conn.executescript(f"PRAGMA incremental_vacuum({COMPACT_PAGES});")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Tx]:
