@@ -350,6 +350,43 @@ def test_replay_proof_is_refused_again_and_after_a_restart(env: Env) -> None:
     assert env.balances() == {1: 90, 2: 100, 3: 100}
 
 
+def test_replay_records_its_jti_before_answering_when_write_behind_is_off(env: Env) -> None:
+    """settings.replay_jti_write_behind = false: the replay's jti is durable when it returns."""
+    env.pilot.options.replay_jti_write_behind = False
+    token = env.issue([DEBIT_1], executions=2)
+    env.run(token, "n-1")
+    proof = make_proof(env.holder, token, nonce="n-1", pilot_id=PILOT_ID, jti="jti-durable")
+
+    replayed = env.pilot.execute(token, proof, "n-1")
+
+    assert (replayed.status, replayed.replayed) == ("applied", True)
+    # Nothing went write-behind (its writer thread starts with the first held jti)...
+    assert env.pilot.ledger._jtis._thread is None  # type: ignore[attr-defined]
+    # ...yet the jti is already in the ledger.
+    assert env.pilot.ledger.remember_pop_jti("jti-durable", time.time() + 600) is False
+    with pytest.raises(PopReplayed):
+        env.pilot.execute(token, proof, "n-1")
+
+
+def test_replay_jti_write_behind_setting_is_read_from_pilot_json_and_checked(env: Env) -> None:
+    """The setting reaches the Pilot from pilot.json; a non-boolean value is input_invalid."""
+    home = PilotHome(env.home)
+    config = json.loads(home.config_path.read_text())
+    config.setdefault("settings", {})["replay_jti_write_behind"] = False
+    home.config_path.write_text(json.dumps(config))
+    assert env.reopen().options.replay_jti_write_behind is False
+
+    config["settings"]["replay_jti_write_behind"] = "false"
+    home.config_path.write_text(json.dumps(config))
+    env.pilot.close()
+    with pytest.raises(InvalidInput) as caught:
+        env.pilot = open_pilot(env.home)
+    assert "replay_jti_write_behind" in str(caught.value)
+    config["settings"]["replay_jti_write_behind"] = True
+    home.config_path.write_text(json.dumps(config))
+    env.pilot = open_pilot(env.home)
+
+
 def test_refusal_after_a_run_leaves_budget_unchanged(env: Env) -> None:
     """A refused request for a marque that already has a budget row leaves executions_left."""
     token = env.issue([DEBIT_1], executions=3)

@@ -56,6 +56,7 @@ def open_pilot(
                 pop_window_seconds=settings.pop_window_seconds,
                 statement_timeout_ms=settings.statement_timeout_ms,
                 lease_grace_seconds=settings.lease_grace_seconds,
+                replay_jti_write_behind=settings.replay_jti_write_behind,
             ),
             runs=RunRegistry(pilot_home.runs_dir),
             logbook=Logbook(str(pilot_home.logbook_path)),

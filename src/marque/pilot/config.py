@@ -32,6 +32,9 @@ class Settings:
     lock_timeout_ms: int = 5_000
     # A lease outlives the statement timeout by this much before it expires.
     lease_grace_seconds: float = 30.0
+    # Replays of applied nonces: proof jti written just behind the answer (see
+    # marque/ledger/jtis.py for the trade); false makes every replay wait for it.
+    replay_jti_write_behind: bool = True
 
 
 @dataclass
@@ -52,7 +55,7 @@ class PilotConfig:
     def from_dict(cls, data: dict[str, Any]) -> PilotConfig:
         """Parse ``pilot.json``; a malformed file is ``InvalidInput``."""
         try:
-            return cls(
+            config = cls(
                 pilot_id=str(data["pilot_id"]),
                 ledger=str(data["ledger"]),
                 targets={str(k): str(v) for k, v in data.get("targets", {}).items()},
@@ -61,6 +64,11 @@ class PilotConfig:
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidInput(f"malformed {CONFIG_FILE}: {exc}") from exc
+        if not isinstance(config.settings.replay_jti_write_behind, bool):
+            # "false" as a string would read as true: refuse rather than guess.
+            raise InvalidInput(f"malformed {CONFIG_FILE}: settings.replay_jti_write_behind "
+                               "must be true or false")
+        return config
 
 
 class PilotHome:

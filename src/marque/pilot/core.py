@@ -94,6 +94,9 @@ class PilotOptions:
     #: Report each outcome before ``execute`` returns (CLI); else a background
     #: reporter delivers the outbox off the execution path (long-running Pilots).
     report_inline: bool = True
+    #: Answer a replay of an applied nonce from a read and write its proof's jti
+    #: just behind the answer (``ledger/jtis.py``); False records it durably first.
+    replay_jti_write_behind: bool = True
 
 
 class Pilot:
@@ -212,10 +215,11 @@ class Pilot:
     ) -> Outcome:
         now = self.clock()
         forget_after = jti_forget_after(now, self.options.pop_window_seconds)
-        # An applied nonce is absorbing: answer its replay from a read, no durable write.
-        settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
-        if settled is not None:
-            return self._outcome(settled, replayed=True)
+        if self.options.replay_jti_write_behind:
+            # An applied nonce is absorbing: answer its replay from a read, no durable write.
+            settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
+            if settled is not None:
+                return self._outcome(settled, replayed=True)
         timeout_ms = marque.change.statement_timeout_ms or self.options.statement_timeout_ms
         # The lease must outlive the longest the target may legitimately take.
         lease = timeout_ms / 1000 + self.options.lease_grace_seconds
