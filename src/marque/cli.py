@@ -22,19 +22,12 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from marque.change import Budget, Change, Statement
 from marque.errors import InvalidInput, MarqueError, Refusal
 from marque.outcome import Outcome, Status
 from marque.pilot import open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
-from marque.token import (
-    Budget,
-    Change,
-    Statement,
-    issue_marque,
-    make_proof,
-    new_key,
-    public_jwk,
-)
+from marque.token import issue_marque, make_proof, new_key, public_jwk
 
 app = typer.Typer(
     help="Marque: run approved database changes exactly once, within budget, honestly.",

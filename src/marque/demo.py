@@ -20,12 +20,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from marque.change import Budget, Change, Statement
 from marque.errors import MarqueError
 from marque.outcome import Outcome
 from marque.pilot import open_pilot
 from marque.pilot.core import Pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
-from marque.token import Budget, Change, Statement, issue_marque, make_proof, new_key, public_jwk
+from marque.token import issue_marque, make_proof, new_key, public_jwk
 
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 INTEREST = "UPDATE accounts SET balance = balance + 5"

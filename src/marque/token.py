@@ -2,9 +2,10 @@
 
 A marque (DESIGN §2) is the only thing that lets a Pilot touch a target
 database, so this module is where a forged, stale, misdirected or stolen one
-must be stopped. It turns the approved work (:class:`Change`, :class:`Budget`)
-into a signed compact JWS, and turns a received token back into a
-:class:`Marque` only after every rule of DESIGN §2 and RFC 8725 has held:
+must be stopped. It turns the approved work (:class:`Change`, :class:`Budget`,
+defined in :mod:`marque.change` and re-exported here) into a signed compact
+JWS, and turns a received token back into a :class:`Marque` only after every
+rule of DESIGN §2 and RFC 8725 has held:
 
 * only ``EdDSA`` over Ed25519 is accepted — an allow-list, never the token's own
   ``alg`` — and ``typ`` must say what the token is (``marque+jwt``);
@@ -46,7 +47,16 @@ from joserfc.jwa import EdDSAAlgorithm
 from joserfc.jwk import OKPKey
 from joserfc.jwk import import_key as _import_jwk
 
-from marque.cid import MAX_SAFE_INT, cid
+from marque.change import (
+    GUARD_WHEN,
+    ISOLATION_LEVELS,
+    Budget,
+    Change,
+    Guard,
+    Statement,
+    is_json_int,
+)
+from marque.cid import MAX_SAFE_INT
 from marque.errors import (
     InvalidInput,
     MarqueError,
@@ -61,7 +71,6 @@ from marque.errors import (
     WrongIncarnation,
     WrongPilot,
 )
-from marque.sqltext import SqlTextError, check_statement
 
 __all__ = [
     "ALG",
@@ -90,10 +99,6 @@ ALG = "EdDSA"
 MARQUE_TYP = "marque+jwt"
 #: ``typ`` header of a proof of possession.
 POP_TYP = "marque-pop+jwt"
-#: Isolation levels a change may ask for.
-ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
-#: When a guard is checked, relative to the statements.
-GUARD_WHEN = ("before", "after", "both")
 
 _CURVE: Final = "Ed25519"
 #: Largest accepted proof ``jti``: it is stored in the Pilot's replay cache.
@@ -106,12 +111,6 @@ _MAX_MARQUE_PAYLOAD = 1_000_000
 _MARQUE_CLAIMS = frozenset(
     {"iss", "sub", "jti", "iat", "nbf", "exp", "pilot", "target", "cnf", "budget", "change"}
 )
-_BUDGET_KEYS = frozenset({"executions", "max_rows", "attempts_per_nonce"})
-_CHANGE_KEYS = frozenset(
-    {"statements", "guards", "isolation", "statement_timeout_ms", "change_cid"}
-)
-_STATEMENT_KEYS = frozenset({"sql", "params"})
-_GUARD_KEYS = frozenset({"sql", "params", "expect", "when"})
 # Headers joserfc would act on (RFC 7797 unencoded payloads, critical extensions): never ours.
 _FORBIDDEN_HEADERS = ("crit", "b64")
 _B64URL = re.compile(r"[A-Za-z0-9_-]+")
@@ -141,248 +140,6 @@ class _Registry(jws.JWSRegistry):
 _MARQUE_REGISTRY = _Registry(algorithms=[ALG])
 _MARQUE_REGISTRY.max_payload_length = _MAX_MARQUE_PAYLOAD
 _POP_REGISTRY = _Registry(algorithms=[ALG])
-
-
-# -- approved work ------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_scalar(value: Any, where: str, error: type[MarqueError]) -> None:
-    if value is None or isinstance(value, str | bool):
-        return
-    if isinstance(value, int):
-        if abs(value) > MAX_SAFE_INT:
-            raise error(f"{where}: integer {value} is too large for JSON (more than 2**53)")
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise error(f"{where}: {value!r} is not a finite number")
-        return
-    raise error(f"{where}: {type(value).__name__} is not a JSON scalar")
-
-
-def _check_params(value: Any, where: str, error: type[MarqueError]) -> tuple[Any, ...]:
-    if not isinstance(value, list | tuple):
-        raise error(f"{where}.params must be a list of JSON scalars")
-    for index, item in enumerate(value):
-        _check_scalar(item, f"{where}.params[{index}]", error)
-    return tuple(value)
-
-
-def _check_sql(value: Any, where: str, error: type[MarqueError]) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise error(f"{where}.sql must be a non-empty string")
-    try:
-        return check_statement(value)
-    except SqlTextError as exc:
-        raise error(f"{where}.sql {exc}") from exc
-
-
-def _check_keys(data: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise MarqueInvalid(f"{where} must be a JSON object")
-    missing = sorted(allowed - data.keys())
-    if missing:
-        raise MarqueInvalid(f"{where} lacks {', '.join(missing)}")
-    unknown = sorted(str(k) for k in data.keys() - allowed)
-    if unknown:
-        raise MarqueInvalid(f"{where} has unknown member(s) {', '.join(unknown)}")
-    return data
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What a marque may spend: executions (nonces), rows per execution, attempts per nonce."""
-
-    executions: int
-    max_rows: int
-    attempts_per_nonce: int = 3
-
-    def __post_init__(self) -> None:
-        _check_budget(self.executions, self.max_rows, self.attempts_per_nonce, InvalidInput)
-
-    def to_claim(self) -> dict[str, int]:
-        """The ``budget`` claim: ``{executions, max_rows, attempts_per_nonce}``."""
-        return {
-            "executions": self.executions,
-            "max_rows": self.max_rows,
-            "attempts_per_nonce": self.attempts_per_nonce,
-        }
-
-    @classmethod
-    def from_claim(cls, data: Any) -> Budget:
-        """Read a ``budget`` claim; anything but the exact shape raises :class:`MarqueInvalid`."""
-        data = _check_keys(data, _BUDGET_KEYS, "budget")
-        _check_budget(
-            data["executions"], data["max_rows"], data["attempts_per_nonce"], MarqueInvalid
-        )
-        return cls(data["executions"], data["max_rows"], data["attempts_per_nonce"])
-
-
-def _check_budget(
-    executions: Any, max_rows: Any, attempts_per_nonce: Any, error: type[MarqueError]
-) -> None:
-    for name, value, least in (
-        ("executions", executions, 1),
-        ("max_rows", max_rows, 0),
-        ("attempts_per_nonce", attempts_per_nonce, 1),
-    ):
-        if not _is_int(value):
-            raise error(f"budget.{name} must be an integer, got {type(value).__name__}")
-        if value < least:
-            raise error(f"budget.{name} must be at least {least}, got {value}")
-        if value > MAX_SAFE_INT:
-            raise error(f"budget.{name} is too large")
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One approved SQL statement and its bound parameters (JSON scalars)."""
-
-    sql: str
-    params: tuple[Any, ...] = ()
-
-    def __post_init__(self) -> None:
-        _check_sql(self.sql, "statement", InvalidInput)
-        object.__setattr__(self, "params", _check_params(self.params, "statement", InvalidInput))
-
-    def to_claim(self) -> dict[str, Any]:
-        """The statement as it appears in the ``change`` claim."""
-        return {"sql": self.sql, "params": list(self.params)}
-
-
-@dataclass(frozen=True)
-class Guard:
-    """An approved query whose first column of the first row must equal ``expect``.
-
-    ``when`` says whether it is checked before the statements, after them
-    (inside the same transaction), or both.
-    """
-
-    sql: str
-    params: tuple[Any, ...] = ()
-    expect: Any = True
-    when: str = "before"
-
-    def __post_init__(self) -> None:
-        _check_sql(self.sql, "guard", InvalidInput)
-        object.__setattr__(self, "params", _check_params(self.params, "guard", InvalidInput))
-        _check_scalar(self.expect, "guard.expect", InvalidInput)
-        if self.when not in GUARD_WHEN:
-            raise InvalidInput(f"guard.when must be one of {', '.join(GUARD_WHEN)}")
-
-    def to_claim(self) -> dict[str, Any]:
-        """The guard as it appears in the ``change`` claim."""
-        return {
-            "sql": self.sql,
-            "params": list(self.params),
-            "expect": self.expect,
-            "when": self.when,
-        }
-
-
-@dataclass(frozen=True)
-class Change:
-    """The exact approved work of a marque; ``change_cid`` names it (DESIGN §8)."""
-
-    statements: tuple[Statement, ...]
-    guards: tuple[Guard, ...] = ()
-    isolation: str = "read_committed"
-    statement_timeout_ms: int | None = None
-    _cid: str = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        statements = tuple(self.statements)
-        guards = tuple(self.guards)
-        if not statements:
-            raise InvalidInput("a change needs at least one statement")
-        if not all(isinstance(s, Statement) for s in statements):
-            raise InvalidInput("change.statements must be Statement objects")
-        if not all(isinstance(g, Guard) for g in guards):
-            raise InvalidInput("change.guards must be Guard objects")
-        _check_isolation(self.isolation, InvalidInput)
-        _check_timeout(self.statement_timeout_ms, InvalidInput)
-        object.__setattr__(self, "statements", statements)
-        object.__setattr__(self, "guards", guards)
-        # Computing the CID also proves the whole change has one canonical JSON form.
-        object.__setattr__(self, "_cid", cid(self._preimage()))
-
-    def _preimage(self) -> dict[str, Any]:
-        return {
-            "statements": [s.to_claim() for s in self.statements],
-            "guards": [g.to_claim() for g in self.guards],
-            "isolation": self.isolation,
-            "statement_timeout_ms": self.statement_timeout_ms,
-        }
-
-    @property
-    def change_cid(self) -> str:
-        """``cid(self.to_claim(), exclude="change_cid")`` — what approval signs."""
-        return self._cid
-
-    def to_claim(self) -> dict[str, Any]:
-        """The ``change`` claim, including its own ``change_cid``."""
-        claim = self._preimage()
-        claim["change_cid"] = self._cid
-        return claim
-
-    @classmethod
-    def from_claim(cls, data: Any) -> Change:
-        """Read a ``change`` claim, strictly, and check it hashes to its ``change_cid``.
-
-        Raises :class:`MarqueInvalid` for any deviation from the shape
-        :meth:`to_claim` produces, or when the recomputed CID differs.
-        """
-        data = _check_keys(data, _CHANGE_KEYS, "change")
-        raw_statements = data["statements"]
-        if not isinstance(raw_statements, list) or not raw_statements:
-            raise MarqueInvalid("change.statements must be a non-empty list")
-        statements = []
-        for index, item in enumerate(raw_statements):
-            where = f"change.statements[{index}]"
-            item = _check_keys(item, _STATEMENT_KEYS, where)
-            sql = _check_sql(item["sql"], where, MarqueInvalid)
-            params = _check_params(item["params"], where, MarqueInvalid)
-            statements.append(Statement(sql, params))
-        raw_guards = data["guards"]
-        if not isinstance(raw_guards, list):
-            raise MarqueInvalid("change.guards must be a list")
-        guards = []
-        for index, item in enumerate(raw_guards):
-            where = f"change.guards[{index}]"
-            item = _check_keys(item, _GUARD_KEYS, where)
-            sql = _check_sql(item["sql"], where, MarqueInvalid)
-            params = _check_params(item["params"], where, MarqueInvalid)
-            _check_scalar(item["expect"], f"{where}.expect", MarqueInvalid)
-            if item["when"] not in GUARD_WHEN:
-                raise MarqueInvalid(f"{where}.when must be one of {', '.join(GUARD_WHEN)}")
-            guards.append(Guard(sql, params, item["expect"], item["when"]))
-        _check_isolation(data["isolation"], MarqueInvalid)
-        _check_timeout(data["statement_timeout_ms"], MarqueInvalid)
-        try:
-            change = cls(
-                tuple(statements), tuple(guards), data["isolation"], data["statement_timeout_ms"]
-            )
-        except InvalidInput as exc:
-            raise MarqueInvalid(f"change: {exc.message}") from exc
-        if data["change_cid"] != change.change_cid:
-            raise MarqueInvalid("change_cid does not match the change it names")
-        return change
-
-
-def _check_isolation(value: Any, error: type[MarqueError]) -> None:
-    if not isinstance(value, str) or value not in ISOLATION_LEVELS:
-        raise error(f"change.isolation must be one of {', '.join(ISOLATION_LEVELS)}")
-
-
-def _check_timeout(value: Any, error: type[MarqueError]) -> None:
-    if value is None:
-        return
-    if not _is_int(value) or value < 1 or value > MAX_SAFE_INT:
-        raise error("change.statement_timeout_ms must be a positive integer or null")
 
 
 # -- the verified marque ----------------------------------------------------------------
@@ -667,7 +424,7 @@ def _nonempty_str(value: Any, name: str, error: type[MarqueError]) -> str:
 
 
 def _int_claim(value: Any, name: str, error: type[MarqueError]) -> int:
-    if not _is_int(value):
+    if not is_json_int(value):
         raise error(f"{name} must be an integer number of seconds")
     if abs(value) > MAX_SAFE_INT:
         raise error(f"{name} is out of range")

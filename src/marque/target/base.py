@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from marque.change import Change, Guard
 from marque.crash import crash_point
 from marque.errors import (
     CommitUnknown,
@@ -29,7 +30,6 @@ from marque.errors import (
     MarqueError,
     MaxRowsExceeded,
 )
-from marque.token import Change, Guard
 
 Emit = Callable[..., None]
 
