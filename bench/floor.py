@@ -107,8 +107,8 @@ def main() -> None:
             # Client-side work (one signature per proof) is done before timing.
             proofs["pop"] = [make_proof(bed.holder, token, nonce="n", pilot_id=bed.pilot.pilot_id)
                              for _ in range(OPS)]
-            fresh = [f"f-{uuid.uuid4().hex}" for _ in range(OPS)]
-            proofs["fresh"] = [f"{n} {bed.proof(token, n)}" for n in fresh]
+            proofs["fresh_nonces"] = [f"f-{uuid.uuid4().hex}" for _ in range(OPS)]
+            proofs["fresh"] = [bed.proof(token, n) for n in proofs["fresh_nonces"]]
             proofs["replay"] = [bed.proof(token, "applied-once") for _ in range(OPS)]
 
         def pop_op(i: int) -> None:
@@ -116,8 +116,7 @@ def main() -> None:
                          remember_jti=None)
 
         def fresh_op(i: int) -> None:
-            nonce, proof = proofs["fresh"][i].split(" ", 1)
-            outcome = bed.pilot.execute(token, proof, nonce)
+            outcome = bed.pilot.execute(token, proofs["fresh"][i], proofs["fresh_nonces"][i])
             assert outcome.status == "applied", outcome
 
         def replay_op(i: int) -> None:

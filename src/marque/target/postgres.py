@@ -76,6 +76,7 @@ _STAMP_DDL = (
     "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
 )
 _SERIALIZATION = {"40001", "40P01"}
+_TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
 
 
 @dataclass
@@ -85,9 +86,12 @@ class _Open:
     conn: psycopg.Connection[TupleRow]
     begin: str
     begin_params: tuple[Any, ...]
-    #: How many results ``begin`` produces before the stamp's.
-    preamble: int
-_TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
+
+    @property
+    def preamble(self) -> int:
+        """How many results ``begin`` produces before the stamp's (one per statement)."""
+        return self.begin.count(";")
+
 
 
 class PostgresTarget(SqlTarget):
@@ -173,7 +177,7 @@ class PostgresTarget(SqlTarget):
             begin += "SET LOCAL statement_timeout = %s; "
             params = (f"{run.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
-        return _Open(self._checkout(), begin, params, begin.count(";"))
+        return _Open(self._checkout(), begin, params)
 
     def _send_first(
         self, conn: _Open, sql: str, params: tuple[Any, ...]
