@@ -4,12 +4,19 @@ Every error a caller can act on carries a ``code`` that never changes, and a
 ``kind`` that says what it means for the execution:
 
     MarqueError
-    ├── UsageError            bad input to a command (exit 2)
+    ├── UsageError            bad input to a command (exit 2; HTTP 400)
     │   ├── InvalidInput         input_invalid
+    │   ├── ConfigInvalid        config_invalid        pilot.json (or another config) is unusable
     │   ├── LedgerExists         ledger_exists
     │   ├── LedgerMissing        ledger_missing
-    │   └── Conflict             conflict
-    ├── Refusal               nothing was claimed, no budget spent (exit 3)
+    │   ├── HomeMismatch         home_mismatch         ledger opened from another home
+    │   ├── RequestIdInvalid     request_id_invalid
+    │   ├── Unauthenticated      unauthenticated       (HTTP 401)
+    │   ├── Forbidden            forbidden             (HTTP 403)
+    │   ├── NotFound             not_found             (HTTP 404)
+    │   │   └── NonceReaped      nonce_reaped          settled, reported, then reaped
+    │   └── Conflict             conflict              (HTTP 409; 422 for a reused request id)
+    ├── Refusal               nothing was claimed, no budget spent (exit 3; HTTP 403)
     │   ├── MarqueInvalid        marque_invalid
     │   ├── MarqueExpired        marque_expired
     │   ├── MarqueNotYetValid    marque_not_yet_valid
@@ -21,16 +28,30 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── PopReplayed          pop_replayed
     │   ├── PopKeyMismatch       pop_key_mismatch
     │   ├── BudgetExhausted      budget_exhausted
-    │   └── AttemptsExhausted    attempts_exhausted
+    │   ├── AttemptsExhausted    attempts_exhausted
+    │   ├── SelfApproval         self_approval
+    │   ├── RevalidationFailed   revalidation_failed
+    │   ├── AccountDenied        account_denied
+    │   ├── AccountNoMatch       account_no_match
+    │   ├── AccountConfigInvalid account_config_invalid
+    │   ├── DelegationRejected   delegation_rejected
+    │   └── RequestExpired       request_expired
     ├── NotApplied            an error received before or at COMMIT (exit 4)
     │   ├── MaxRowsExceeded      max_rows_exceeded
     │   ├── GuardFailed          guard_failed
     │   ├── StatementError       statement_error
     │   ├── SerializationFailure serialization_failure
-    │   └── StatementTimeout     statement_timeout
-    └── Indeterminate         nobody can say yet whether it applied (exit 5)
-        ├── LeaseExpired         lease_expired
-        └── CommitUnknown        commit_unknown
+    │   ├── StatementTimeout     statement_timeout
+    │   ├── TargetUnavailable    target_unavailable    nothing sent: the nonce may run again
+    │   └── PreviewFailed        preview_failed
+    ├── Indeterminate         nobody can say yet whether it applied (exit 5)
+    │   ├── LeaseExpired         lease_expired
+    │   └── CommitUnknown        commit_unknown
+    └── Unavailable           could not be reached before anything was claimed (exit 7; HTTP 503)
+        ├── LedgerUnavailable    ledger_unavailable
+        │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
+        ├── HarbourUnavailable   harbour_unavailable
+        └── PilotUnavailable     pilot_unavailable
 
 The CLI derives exit statuses and the HTTP layer derives bodies from these
 classes; nothing else maps codes by hand.
@@ -47,6 +68,8 @@ class MarqueError(Exception):
     code: ClassVar[str] = "marque_error"
     kind: ClassVar[str] = "error"
     exit_status: ClassVar[int] = 1
+    #: The HTTP status of the problem document a service answers with (DESIGN §10).
+    http_status: ClassVar[int] = 500
     _registry: ClassVar[dict[str, type[MarqueError]]] = {}
 
     def __init_subclass__(cls, code: str | None = None, **kwargs: Any) -> None:
@@ -85,6 +108,7 @@ def lookup(code: str) -> type[MarqueError]:
 class UsageError(MarqueError):
     kind = "usage"
     exit_status = 2
+    http_status = 400
 
 
 class InvalidInput(UsageError, code="input_invalid"):
@@ -99,8 +123,45 @@ class LedgerMissing(UsageError, code="ledger_missing"):
     """A configured ledger is gone; re-initialising it is a deliberate act."""
 
 
+class ConfigInvalid(UsageError, code="config_invalid"):
+    """A configuration file (``pilot.json``) is malformed or holds a value out of range."""
+
+
+class HomeMismatch(UsageError, code="home_mismatch"):
+    """A ledger was opened from a home it was not initialised for (a copy, or an
+    unacknowledged move): two homes must never run on one incarnation."""
+
+
+class RequestIdInvalid(UsageError, code="request_id_invalid"):
+    """A caller request id breaks the rules of DESIGN §11.1; nothing was stored."""
+
+
+class Unauthenticated(UsageError, code="unauthenticated"):
+    """No credential, or one nobody issued."""
+
+    http_status = 401
+
+
+class Forbidden(UsageError, code="forbidden"):
+    """A known principal asked for something its roles do not allow."""
+
+    http_status = 403
+
+
+class NotFound(UsageError, code="not_found"):
+    """No such thing here (a nonce never claimed, an unknown request)."""
+
+    http_status = 404
+
+
+class NonceReaped(NotFound, code="nonce_reaped"):
+    """The nonce was claimed and settled here, then reaped once its marque expired."""
+
+
 class Conflict(UsageError, code="conflict"):
-    """Same idempotency key, different intent."""
+    """Same idempotency key, different intent; or a lost compare-and-set."""
+
+    http_status = 409
 
 
 # -- refusals: nothing claimed, no budget spent -------------------------------
@@ -109,6 +170,7 @@ class Conflict(UsageError, code="conflict"):
 class Refusal(MarqueError):
     kind = "refused"
     exit_status = 3
+    http_status = 403
 
 
 class MarqueInvalid(Refusal, code="marque_invalid"):
@@ -159,12 +221,41 @@ class AttemptsExhausted(Refusal, code="attempts_exhausted"):
     pass
 
 
+class SelfApproval(Refusal, code="self_approval"):
+    """A requester tried to approve their own request where routing forbids it."""
+
+
+class RevalidationFailed(Refusal, code="revalidation_failed"):
+    pass
+
+
+class AccountDenied(Refusal, code="account_denied"):
+    pass
+
+
+class AccountNoMatch(Refusal, code="account_no_match"):
+    pass
+
+
+class AccountConfigInvalid(Refusal, code="account_config_invalid"):
+    pass
+
+
+class DelegationRejected(Refusal, code="delegation_rejected"):
+    pass
+
+
+class RequestExpired(Refusal, code="request_expired"):
+    pass
+
+
 # -- provably not applied -----------------------------------------------------
 
 
 class NotApplied(MarqueError):
     kind = "aborted_not_applied"
     exit_status = 4
+    http_status = 422
 
 
 class MaxRowsExceeded(NotApplied, code="max_rows_exceeded"):
@@ -187,6 +278,14 @@ class StatementTimeout(NotApplied, code="statement_timeout"):
     pass
 
 
+class TargetUnavailable(NotApplied, code="target_unavailable"):
+    """The target refused the connection before any statement was sent."""
+
+
+class PreviewFailed(NotApplied, code="preview_failed"):
+    pass
+
+
 # -- not known yet --------------------------------------------------------------
 
 
@@ -200,4 +299,32 @@ class LeaseExpired(Indeterminate, code="lease_expired"):
 
 
 class CommitUnknown(Indeterminate, code="commit_unknown"):
+    pass
+
+
+# -- could not be reached; nothing claimed ------------------------------------------
+
+
+class Unavailable(MarqueError):
+    """A ledger, target or service could not be reached before anything was claimed:
+    nothing happened, and a retry with the same nonce is safe."""
+
+    kind = "unavailable"
+    exit_status = 7
+    http_status = 503
+
+
+class LedgerUnavailable(Unavailable, code="ledger_unavailable"):
+    pass
+
+
+class LedgerCorrupt(LedgerUnavailable, code="ledger_corrupt"):
+    """The ledger file exists but is not a ledger database (truncated, overwritten)."""
+
+
+class HarbourUnavailable(Unavailable, code="harbour_unavailable"):
+    pass
+
+
+class PilotUnavailable(Unavailable, code="pilot_unavailable"):
     pass

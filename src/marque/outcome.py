@@ -2,9 +2,12 @@
 
 Each attempt of a nonce settles by monotonic merge (seed 001): an observation
 only lands if it ranks strictly above what is recorded, so a late timeout can
-never overwrite a commit and ``applied`` is absorbing. The storage layers
-implement the same rule as a compare-and-set on ``rank``; :func:`merge` is its
-pure statement, used by tests and by code that reasons about outcomes.
+never overwrite a commit and ``applied`` is absorbing. And an attempt settles
+*once*: after ``aborted_not_applied`` or ``applied`` nothing moves it, whatever
+a late reconciler brings (its evidence may be about another attempt of the same
+nonce). :func:`advance` is that rule, the one transition function; the storage
+layers implement it as a compare-and-set on ``rank``. :func:`merge` is the bare
+lattice join, used by code that reasons about observations.
 """
 
 from __future__ import annotations
@@ -42,8 +45,19 @@ _RANK = {
 
 
 def merge(current: Status, observed: Status) -> Status:
-    """The status after ``observed`` meets ``current``: the higher rank wins."""
+    """The lattice join of two observations: the higher rank wins."""
     return observed if observed.rank > current.rank else current
+
+
+#: Ranks at or above this are settled: the ledger's compare-and-set never moves them.
+SETTLED_RANK = 3
+
+
+def advance(current: Status, observed: Status) -> Status:
+    """An attempt's status after an observation: settled stays, else the higher rank wins."""
+    if current.settled:
+        return current
+    return merge(current, observed)
 
 
 # Exit statuses of DESIGN §9, by the outcome object's status.

@@ -28,7 +28,7 @@ from marque.errors import (
     PopReplayed,
 )
 from marque.ledger.base import Claim, ClaimTicket, Ledger
-from marque.outcome import Status, merge
+from marque.outcome import Status, advance
 
 from .conftest import LedgerEngine, LedgerPool, make_ticket
 
@@ -368,6 +368,28 @@ def test_in_progress_then_aborted(ledger: Ledger):
     assert after.error == {"code": "guard_failed"}
     assert after.settled_at == pytest.approx(T0)
     assert ledger.outcome(MQ, "n1") == after
+
+
+def test_aborted_attempt_never_becomes_applied(ledger: Ledger):
+    """An attempt settles once: a late applied observation leaves aborted_not_applied alone."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "commit_unknown"})
+    ledger.outbox_ack_all(pending_for(ledger, "n1"), T0)
+    after = settle(ledger, "n1", Status.APPLIED, rows_affected=1, source="reconciliation")
+    assert after.status is Status.ABORTED_NOT_APPLIED
+    assert after.rows_affected is None
+    assert pending_for(ledger, "n1") == []  # nothing new to report: nothing changed
+    assert [o["status"] for o in ledger.observations(MQ, "n1")] == [
+        "aborted_not_applied", "applied"]  # the late observation is still on record
+
+
+def test_applied_attempt_never_becomes_aborted(ledger: Ledger):
+    """The mirror image: applied is final too."""
+    ledger.claim(make_ticket(nonce="n1"))
+    settle(ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"})
+    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    after = settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "late"})
+    assert after.status is Status.APPLIED and after.rows_affected == 1
 
 
 def test_aborted_then_indeterminate_stays_aborted(ledger: Ledger):
@@ -899,7 +921,7 @@ def _apply(ledger: Ledger, nonce: str, sequence: list[tuple[Status, int | None]]
 def test_settlement_is_monotonic_merge(
     shared_ledger: Ledger, data: st.DataObject, sequence: list[tuple[Status, int | None]]
 ):
-    """Any sequence of observations settles to the merge fold, keeping the first settling write."""
+    """Observations advance an attempt by rank until one settles it; settled is final."""
     permuted = data.draw(st.permutations(sequence), label="permuted")
     # One ledger per engine for every example; each example uses nonces of its own.
     ledger = shared_ledger
@@ -907,10 +929,10 @@ def test_settlement_is_monotonic_merge(
     final = _apply(ledger, original, sequence)
     reordered = _apply(ledger, permuted_nonce, permuted)
 
-    expected = reduce(merge, (s for s, _ in sequence), Status.IN_PROGRESS)
+    expected = reduce(advance, (s for s, _ in sequence), Status.IN_PROGRESS)
     assert final.status is expected
     assert ledger.outcome(MQ, original) == final
-    assert reordered.status is expected
+    assert reordered.status is reduce(advance, (s for s, _ in permuted), Status.IN_PROGRESS)
 
     # The write that reached the final status is kept: a later observation of the
     # same or a weaker status never overwrites its rows, result or error.

@@ -13,10 +13,23 @@ DESIGN_CODES = {
     "max_rows_exceeded": 4, "guard_failed": 4, "statement_error": 4,
     "serialization_failure": 4, "statement_timeout": 4, "lease_expired": 5,
     "commit_unknown": 5, "conflict": 2,
+    # DESIGN §9, the control plane's and infrastructure's codes
+    "ledger_unavailable": 7, "harbour_unavailable": 7, "pilot_unavailable": 7,
+    "unauthenticated": 2, "forbidden": 2, "not_found": 2, "request_id_invalid": 2,
+    "self_approval": 3, "revalidation_failed": 3, "account_denied": 3,
+    "account_no_match": 3, "account_config_invalid": 3, "delegation_rejected": 3,
+    "request_expired": 3, "target_unavailable": 4, "preview_failed": 4,
 }
+# Marque's own additions (documented in docs/errors.md).
+OWN_CODES = {
+    "input_invalid": 2, "config_invalid": 2, "ledger_exists": 2, "ledger_missing": 2,
+    "home_mismatch": 2, "nonce_reaped": 2, "ledger_corrupt": 7,
+}
+HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
+        "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400}
 
 
-@pytest.mark.parametrize(("code", "exit_status"), sorted(DESIGN_CODES.items()))
+@pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))
 def test_each_design_code_is_registered_once(code: str, exit_status: int) -> None:
     """lookup(code) finds a class carrying that code and the exit status DESIGN §9 gives it."""
     cls = errors.lookup(code)
@@ -36,3 +49,14 @@ def test_unknown_code_is_a_key_error() -> None:
     """lookup of a code nobody registered raises KeyError."""
     with pytest.raises(KeyError):
         errors.lookup("no_such_code")
+
+
+def test_the_registry_holds_exactly_the_documented_codes() -> None:
+    """No code is registered that the tables above (and docs/errors.md) do not name."""
+    assert set(errors.MarqueError._registry) == set(DESIGN_CODES) | set(OWN_CODES)
+
+
+@pytest.mark.parametrize(("code", "status"), sorted(HTTP.items()))
+def test_http_status_follows_the_error_class(code: str, status: int) -> None:
+    """DESIGN §10: the problem document's HTTP status is derived from the class."""
+    assert errors.lookup(code).http_status == status

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marque.outcome import Status, merge
+from marque.outcome import Status, advance, merge
 
 statuses = st.sampled_from(list(Status))
 status_lists = st.lists(statuses, max_size=12)
@@ -126,3 +126,22 @@ def test_merge_never_downgrades(start: Status, observed: list[Status]):
         if status.rank <= current.rank:
             assert merged is current
         current = merged
+
+
+@given(statuses, status_lists)
+def test_a_settled_attempt_never_changes(start: Status, observed: list[Status]):
+    """advance: once applied or aborted_not_applied, no observation moves the attempt."""
+    current = start
+    for status in observed:
+        after = advance(current, status)
+        if current.settled:
+            assert after is current
+        else:
+            assert after is merge(current, status)
+        current = after
+
+
+def test_aborted_then_applied_stays_aborted():
+    """The shape issue 8 found: a late applied verdict does not overturn a settled abort."""
+    assert advance(Status.ABORTED_NOT_APPLIED, Status.APPLIED) is Status.ABORTED_NOT_APPLIED
+    assert advance(Status.INDETERMINATE, Status.APPLIED) is Status.APPLIED

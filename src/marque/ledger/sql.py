@@ -26,7 +26,7 @@ from marque.errors import (
 )
 from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
 from marque.ledger.jtis import PendingJtis
-from marque.outcome import Status
+from marque.outcome import SETTLED_RANK, Status
 
 SCHEMA_VERSION = 1
 #: Marques (or proof jtis) reaped per transaction.
@@ -408,12 +408,14 @@ class SqlLedger(Ledger):
     ) -> AttemptRecord:
         key = (marque_id, nonce, attempt)
         with self.transaction() as tx:
-            # Compare-and-set on rank: a weaker or equal observation changes nothing.
+            # Compare-and-set on rank (outcome.advance): a weaker or equal observation
+            # changes nothing, and a settled attempt never changes again.
             changed = tx.one(
                 "UPDATE attempts SET status = ?, status_rank = ?, "
                 "rows_affected = COALESCE(?, rows_affected), error = ?, "
                 "result = COALESCE(?, result), settled_at = ? "
                 "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
+                f"AND status_rank < {SETTLED_RANK} "
                 f"RETURNING {_ATTEMPT_COLUMNS_BARE}",
                 (
                     status.value,

@@ -19,7 +19,7 @@ from typing import Any
 from marque.crash import crash_point
 from marque.errors import Indeterminate, InvalidInput, MarqueError, NotApplied
 from marque.harbour.logbook import Logbook
-from marque.ledger import AttemptRecord, ClaimTicket, Ledger
+from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
 from marque.pilot.runs import RunRegistry
 from marque.target import Evidence, Run, StampConflict, Target, Verdict
@@ -81,6 +81,44 @@ class _Inflight:
                 sink(event)
             self.followers.append(sink)
     events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one look at an attempt established: its status and what goes with it."""
+
+    run: Run
+    status: Status
+    rows_affected: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class _AttemptStream:
+    """The events of one attempt: kept for the ledger, passed to every follower."""
+
+    def __init__(self, pilot: Pilot, marque_id: str, nonce: str, attempt: int,
+                 inflight: _Inflight, sink: EventSink | None) -> None:
+        self._pilot = pilot
+        self._base = {"marque_id": marque_id, "nonce": nonce, "attempt": attempt}
+        self._inflight = inflight
+        self._sink = sink
+        self.events: list[dict[str, Any]] = []
+
+    def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        """A new event of this attempt (not yet sent anywhere)."""
+        return {"event": kind, **self._base, "at": round(self._pilot.clock(), 6), **data}
+
+    def emit(self, kind: str, **data: Any) -> None:
+        """An event that goes to the ledger with the outcome, and to every follower now."""
+        event = self.event(kind, **data)
+        self.events.append(event)
+        self.publish(event)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Send an event to the followers and the caller, without keeping it."""
+        self._inflight.publish(event)
+        _send(self._sink, event)
 
 
 @dataclass
@@ -220,10 +258,40 @@ class Pilot:
             settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
             if settled is not None:
                 return self._outcome(settled, replayed=True)
+        claim = self._claim(marque, nonce, jti, now, forget_after)
+        if not claim.fresh:
+            record = claim.record
+            if record.status is Status.IN_PROGRESS and self._owner_gone(record):
+                record = self._settle_lost(record)
+            return self._outcome(record, replayed=True)
+
+        attempt = _AttemptStream(self, marque.marque_id, nonce, claim.record.attempt, mine,
+                                 on_event)
+        attempt.emit("claimed", owner_run=self.runs.run_id,
+                     lease_expires_at=claim.record.lease_expires_at)
+        crash_point("after_claim")
+        run = self._target_run(marque, nonce, claim.record.attempt)
+        observation = self._observe_target(run, claim.record, attempt)
+        record = self._record_observation(observation, attempt)
+        if record.status is Status.INDETERMINATE:
+            # A lost COMMIT response goes to reconciliation at once.
+            record = self._reconcile(record, "commit_unknown",
+                                     (observation.run, self.targets[marque.target]))
+        if self.options.report_inline:
+            if self.report():
+                attempt.emit("reported")
+        else:
+            self.report_wanted.set()
+        return self._outcome(record, replayed=False)
+
+    def _claim(
+        self, marque: Marque, nonce: str, jti: str, now: float, forget_after: float
+    ) -> Claim:
+        """Step 2: claim the nonce (or learn what is recorded) in one ledger transaction."""
         timeout_ms = marque.change.statement_timeout_ms or self.options.statement_timeout_ms
         # The lease must outlive the longest the target may legitimately take.
         lease = timeout_ms / 1000 + self.options.lease_grace_seconds
-        claim = self.ledger.claim(
+        return self.ledger.claim(
             ClaimTicket(
                 marque_id=marque.marque_id,
                 nonce=nonce,
@@ -239,94 +307,64 @@ class Pilot:
                 pop_forget_after=forget_after,
             )
         )
-        if not claim.fresh:
-            record = claim.record
-            if record.status is Status.IN_PROGRESS and self._owner_gone(record):
-                record = self._settle_lost(record)
-            return self._outcome(record, replayed=True)
 
-        record = claim.record
-        attempt = record.attempt
-        events: list[dict[str, Any]] = []
-
-        def emit(kind: str, **data: Any) -> None:
-            event = {
-                "event": kind,
-                "marque_id": marque.marque_id,
-                "nonce": nonce,
-                "attempt": attempt,
-                "at": round(self.clock(), 6),
-                **data,
-            }
-            events.append(event)
-            mine.publish(event)
-            _send(on_event, event)
-
-        emit("claimed", owner_run=self.runs.run_id, lease_expires_at=record.lease_expires_at)
-        crash_point("after_claim")
-        target = self.targets[marque.target]
-        run = Run(
+    def _target_run(self, marque: Marque, nonce: str, attempt: int) -> Run:
+        return Run(
             marque_id=marque.marque_id,
             nonce=nonce,
-            attempt=record.attempt,
+            attempt=attempt,
             pilot_id=self.pilot_id,
             incarnation=self.incarnation,
             change=marque.change,
             max_rows=marque.budget.max_rows,
-            statement_timeout_ms=timeout_ms,
+            statement_timeout_ms=(marque.change.statement_timeout_ms
+                                  or self.options.statement_timeout_ms),
             expires_at=float(marque.expires_at),
+            target=marque.target,
         )
-        settle: dict[str, Any]
+
+    def _observe_target(
+        self, run: Run, record: AttemptRecord, attempt: _AttemptStream
+    ) -> Observation:
+        """Steps 3–5 on the target: what this attempt did, as one observation."""
+        target = self.targets[run.target]
         try:
-            applied = target.execute(run, emit)
+            applied = target.execute(run, attempt.emit)
         except StampConflict:
-            emit("fence_checked", stamp="conflict")
+            attempt.emit("fence_checked", stamp="conflict")
             evidence = target.reconcile(run)
-            settle = self._evidence_settlement(evidence, "fence_conflict")
             self._log_reconciliation(record, evidence, "fence_conflict")
+            self._check_stamp_against_ledger(record, evidence)
+            return self._evidence_observation(run, evidence, "fence_conflict")
         except NotApplied as exc:
-            emit("rolled_back", error=exc.to_dict())
-            settle = {"status": Status.ABORTED_NOT_APPLIED, "error": exc.to_dict()}
+            attempt.emit("rolled_back", error=exc.to_dict())
+            return Observation(run, Status.ABORTED_NOT_APPLIED, error=exc.to_dict())
         except Indeterminate as exc:
-            emit("outcome_unknown", error=exc.to_dict())
-            settle = {"status": Status.INDETERMINATE, "error": exc.to_dict()}
-            run = replace(run, txid=exc.detail.get("txid"))
+            attempt.emit("outcome_unknown", error=exc.to_dict())
+            return Observation(replace(run, txid=exc.detail.get("txid")), Status.INDETERMINATE,
+                               error=exc.to_dict())
         except Exception as exc:  # a fault of ours mid-transaction: we cannot say
             error = {"code": "commit_unknown", "message": f"{type(exc).__name__}: {exc}",
                      "sqlstate": None}
-            emit("outcome_unknown", error=error)
-            settle = {"status": Status.INDETERMINATE, "error": error}
-        else:
-            settle = {
-                "status": Status.APPLIED,
-                "rows_affected": applied.rows_affected,
-                "result": applied.result,
-            }
+            attempt.emit("outcome_unknown", error=error)
+            return Observation(run, Status.INDETERMINATE, error=error)
+        return Observation(run, Status.APPLIED, rows_affected=applied.rows_affected,
+                           result=applied.result)
 
-        status: Status = settle.pop("status")
-        recorded_event = {
-            "event": "outcome_recorded",
-            "marque_id": marque.marque_id,
-            "nonce": nonce,
-            "attempt": record.attempt,
-            "at": round(self.clock(), 6),
-            "status": status.value,
-        }
+    def _record_observation(
+        self, observation: Observation, attempt: _AttemptStream
+    ) -> AttemptRecord:
+        """Step 5's second half: the observation, durably, with the attempt's events."""
+        run = observation.run
+        recorded_event = attempt.event("outcome_recorded", status=observation.status.value)
         record = self.ledger.settle(
-            marque.marque_id, nonce, record.attempt, status, now=self.clock(),
-            source="execution", events=[*events, recorded_event], **settle,
+            run.marque_id, run.nonce, run.attempt, observation.status, now=self.clock(),
+            source="execution", events=[*attempt.events, recorded_event],
+            rows_affected=observation.rows_affected, error=observation.error,
+            result=observation.result,
         )
-        mine.publish(recorded_event)
-        _send(on_event, recorded_event)
-        if record.status is Status.INDETERMINATE:
-            # A lost COMMIT response goes to reconciliation at once.
-            record = self._reconcile(record, "commit_unknown", (run, target))
-        if self.options.report_inline:
-            if self.report():
-                emit("reported")
-        else:
-            self.report_wanted.set()
-        return self._outcome(record, replayed=False)
+        attempt.publish(recorded_event)
+        return record
 
     # -- recovery and reconciliation ----------------------------------------------
 
@@ -346,6 +384,8 @@ class Pilot:
                    "message": f"owner {record.owner_run} is gone or its lease expired",
                    "sqlstate": None},
         )
+        if lost.status.settled:
+            return lost  # another reconciler got there first
         return self._reconcile(lost, "lease_expired")
 
     def _run_for(self, record: AttemptRecord) -> tuple[Run, Target] | None:
@@ -357,7 +397,7 @@ class Pilot:
             pilot_id=self.pilot_id, incarnation=record.owner_incarnation,
             change=None,  # reconciliation observes; it never runs the change
             max_rows=budget["max_rows"], statement_timeout_ms=0,
-            expires_at=budget["expires_at"],
+            expires_at=budget["expires_at"], target=budget["target"],
         )
         return run, self.targets[budget["target"]]
 
@@ -369,6 +409,10 @@ class Pilot:
         ``known`` is the run and target when the caller has them (a lost COMMIT
         response, straight from execution); otherwise they come from the ledger.
         """
+        current = self._current(record)
+        if current.status.settled:
+            # Someone settled it since our snapshot: nothing for us to add.
+            return current
         found = known or self._run_for(record)
         if found is None:
             evidence = Evidence(Verdict.UNKNOWN, reason="target of this marque is not configured")
@@ -379,26 +423,63 @@ class Pilot:
             else:
                 evidence = target.reconcile(found[0])
         self._log_reconciliation(record, evidence, why)
-        settle = self._evidence_settlement(evidence, (record.error or {}).get("code", why))
-        status: Status = settle.pop("status")
-        if status is Status.INDETERMINATE:
-            return record
+        self._check_stamp_against_ledger(record, evidence)
+        run = found[0] if found else Run(record.marque_id, record.nonce, record.attempt,
+                                         self.pilot_id, record.owner_incarnation, None, 0, 0)
+        observation = self._evidence_observation(
+            run, evidence, (current.error or {}).get("code", why))
+        if observation.status is Status.INDETERMINATE:
+            return current
+        # The compare-and-set re-checks what our snapshot saw: a settled attempt stays.
         return self.ledger.settle(
-            record.marque_id, record.nonce, record.attempt, status, now=self.clock(),
-            source="reconciliation", **settle,
+            record.marque_id, record.nonce, record.attempt, observation.status,
+            now=self.clock(), source="reconciliation", rows_affected=observation.rows_affected,
+            error=observation.error,
         )
 
+    def _current(self, record: AttemptRecord) -> AttemptRecord:
+        """The attempt as the ledger holds it now (a snapshot may be stale)."""
+        for candidate in self.ledger.attempts(record.marque_id, record.nonce):
+            if candidate.attempt == record.attempt:
+                return candidate
+        return record
+
     @staticmethod
-    def _evidence_settlement(evidence: Evidence, cause: str) -> dict[str, Any]:
+    def _evidence_observation(run: Run, evidence: Evidence, cause: str) -> Observation:
         if evidence.verdict is Verdict.APPLIED:
-            return {"status": Status.APPLIED, "rows_affected": evidence.rows_affected}
+            return Observation(run, Status.APPLIED, rows_affected=evidence.rows_affected)
         if evidence.verdict is Verdict.NOT_APPLIED:
             # Keep the code of what made it uncertain; the message says what settled it.
             code = cause if cause in ("lease_expired", "commit_unknown") else "commit_unknown"
-            return {"status": Status.ABORTED_NOT_APPLIED,
-                    "error": {"code": code,
-                              "message": f"reconciled: {evidence.reason}", "sqlstate": None}}
-        return {"status": Status.INDETERMINATE}
+            return Observation(run, Status.ABORTED_NOT_APPLIED,
+                               error={"code": code, "message": f"reconciled: {evidence.reason}",
+                                      "sqlstate": None})
+        return Observation(run, Status.INDETERMINATE)
+
+    def _check_stamp_against_ledger(self, record: AttemptRecord, evidence: Evidence) -> None:
+        """An applied stamp of an attempt the ledger holds as not applied is a finding.
+
+        It cannot happen while the ledger is the one that ran the attempts; it
+        means the ledger was restored or edited. The target is right (it never
+        applies a nonce twice); the ledger's history for that nonce is not.
+        """
+        stamp = evidence.stamp
+        if stamp is None or stamp.get("kind") != "applied" or stamp["attempt"] == record.attempt:
+            return
+        held = {a.attempt: a.status for a in self.ledger.attempts(record.marque_id,
+                                                                  record.nonce)}
+        if held.get(stamp["attempt"]) is Status.APPLIED:
+            return
+        if self.logbook is not None:
+            self.logbook.append(
+                "finding.stamp_contradicts_ledger",
+                f"finding/stamp/{record.marque_id}/{record.nonce}/{stamp['attempt']}",
+                {"marque_id": record.marque_id, "nonce": record.nonce,
+                 "stamp": stamp,
+                 "ledger_status": (held[stamp["attempt"]].value
+                                   if stamp["attempt"] in held else None),
+                 "pilot": {"id": self.pilot_id, "incarnation": self.incarnation}},
+            )
 
     def _log_reconciliation(self, record: AttemptRecord, evidence: Evidence, why: str) -> None:
         if self.logbook is None:

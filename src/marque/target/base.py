@@ -57,6 +57,8 @@ class Run:
     txid: int | None = None
     #: The marque's expiry, written on the stamp so start-up checks look at live ones only.
     expires_at: float | None = None
+    #: The name of the target the attempt runs on, as the Pilot knows it.
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,24 +222,31 @@ class SqlTarget(Target):
 
     @staticmethod
     def _verdict(run: Run, stamp: dict[str, Any] | None, inserted: bool) -> Evidence:
-        """Read the stamp left after a tombstone try."""
+        """Read the stamp left after a tombstone try.
+
+        Only a stamp of *this* attempt is evidence that this attempt applied. A
+        stamp of another attempt of the same nonce proves only that this one
+        never committed and now never can: its applied stamp would never have
+        been replaced, and while its transaction was open nobody else could
+        have written the row.
+        """
         if inserted:
             return Evidence(Verdict.NOT_APPLIED, stamp=stamp,
                             reason="tombstone inserted: the attempt never committed and now "
                                    "never can")
         if stamp is None:
             return Evidence(Verdict.UNKNOWN, reason="no stamp after a refused tombstone")
-        if stamp["kind"] == APPLIED:
-            same = stamp["attempt"] == run.attempt
+        if stamp["attempt"] != run.attempt:
             return Evidence(
-                Verdict.APPLIED,
-                rows_affected=stamp["rows_affected"],
-                stamp=stamp,
-                reason="applied stamp found" + ("" if same else
-                                                 f" (written by attempt {stamp['attempt']})"),
-            )
+                Verdict.NOT_APPLIED, stamp=stamp,
+                reason=f"the nonce's stamp belongs to attempt {stamp['attempt']} "
+                       f"({stamp['kind']}): attempt {run.attempt} never committed and now "
+                       "never can")
+        if stamp["kind"] == APPLIED:
+            return Evidence(Verdict.APPLIED, rows_affected=stamp["rows_affected"], stamp=stamp,
+                            reason="applied stamp of this attempt found")
         return Evidence(Verdict.NOT_APPLIED, stamp=stamp,
-                        reason=f"tombstone of attempt {stamp['attempt']} blocks this attempt")
+                        reason="tombstone of this attempt found: it never committed")
 
     # -- the fenced transaction -------------------------------------------------
 
