@@ -12,7 +12,6 @@ import json
 import sqlite3
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -153,7 +152,7 @@ def run_demo(*, as_json: bool = False) -> int:
                         "balances unchanged by the refused change")
             _show_balances(story, "\nBalances after", after)
 
-            stats = pilot.ledger.stats(time.time())
+            stats = pilot.stats()
         finally:
             pilot.close()
 

@@ -104,3 +104,15 @@ class Outcome:
             "error": self.error,
             "result": self.result,
         }
+
+
+def refusal_object(
+    marque_id: str | None, nonce: str, pilot: dict[str, Any], error: dict[str, Any]
+) -> dict[str, Any]:
+    """The outcome object of a refusal: every key of an outcome, nothing claimed or run."""
+    body = Outcome(marque_id or "", nonce, "refused", 0, None, pilot.get("id") or "",
+                   pilot.get("incarnation") or "", error=error).to_dict()
+    body.update(marque_id=marque_id, attempt=None, pilot=dict(pilot))
+    if "recorded" in body:
+        body["recorded"] = False  # nothing was claimed, so nothing was recorded
+    return body

@@ -444,6 +444,21 @@ def _new_marque_id() -> str:
 # -- marques ----------------------------------------------------------------------------
 
 
+def unverified_claims(token: str) -> dict[str, Any] | None:
+    """The claims of a compact JWS *without verifying it*, or None if it has none.
+
+    Only for labelling (the marque id of a refusal, the id and expiry ``issue``
+    prints); nothing read here is ever trusted.
+    """
+    try:
+        payload = _b64url_decode(token.strip().split(".")[1])
+        claims = json.loads(payload)
+    except (IndexError, ValueError):
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
+
 def issue_marque(
     issuer_key: dict[str, Any],
     *,

@@ -186,11 +186,11 @@ def test_outcome_is_read_only(world: World) -> None:
     assert world.ledger_dump() == dump_before
 
 
-def test_outcome_of_unclaimed_nonce_is_usage_error(world: World) -> None:
-    """`marque outcome` of a nonce never claimed here → exit 2 with an error object."""
+def test_outcome_of_unclaimed_nonce_is_not_found(world: World) -> None:
+    """`marque outcome` of a nonce never claimed here → not_found (exit 2), not a usage error."""
     res = world.outcome("mq_nosuchmarque", "nope")
     assert res.returncode == EXIT["usage"], res
-    assert res.json["error"]["code"] == "input_invalid"
+    assert res.json["error"]["code"] == "not_found"
 
 
 # -- ledger ---------------------------------------------------------------------------

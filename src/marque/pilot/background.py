@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from marque.outcome import Status
 from marque.pilot.core import Pilot
 
 
@@ -44,8 +43,7 @@ class Reconciler:
         """One round; returns how long to wait before the next."""
         self.changes.extend(self.pilot.recover())
         self.rounds += 1
-        unsettled = any(self.pilot.ledger.unsettled(s)
-                        for s in (Status.IN_PROGRESS, Status.INDETERMINATE))
+        unsettled = bool(self.pilot.unsettled())
         self.delay = min(self.delay * 2, self.max_backoff) if unsettled else self.interval
         return self.delay
 

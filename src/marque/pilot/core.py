@@ -586,6 +586,25 @@ class Pilot:
 
     # -- reading ------------------------------------------------------------------
 
+    def unsettled(self) -> list[AttemptRecord]:
+        """Attempts still ``in_progress`` or ``indeterminate``, oldest first."""
+        return [record for status in (Status.IN_PROGRESS, Status.INDETERMINATE)
+                for record in self.ledger.unsettled(status)]
+
+    def stats(self) -> dict[str, Any]:
+        """The ledger's size and health (what ``marque ledger stats`` prints)."""
+        return self.ledger.stats(self.clock())
+
+    def reap(self) -> dict[str, int]:
+        """Report what is unreported, then reap settled entries of expired marques.
+
+        A marque counts as expired only once its expiry plus the clock-skew
+        allowance has passed: until then this Pilot could still accept it.
+        """
+        self.report()
+        return self.ledger.reap(self.clock() - self.options.skew_seconds)
+
+
     def outcome(self, marque_id: str, nonce: str) -> Outcome | None:
         """The recorded outcome of a nonce (read-only), or None if never claimed."""
         record = self.ledger.outcome(marque_id, nonce)
