@@ -13,7 +13,7 @@ lattice join, used by code that reasons about observations.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -84,7 +84,6 @@ class Outcome:
     replayed: bool = False
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
-    events: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     @property
     def exit_status(self) -> int:
