@@ -88,7 +88,7 @@ def _is(result: Outcome | MarqueError, test: Callable[[Outcome], bool]) -> bool:
 
 def run_demo(*, as_json: bool = False) -> int:
     """Run the narrated demo; returns the exit status (0 only if every step behaved)."""
-    story = _Story(None if as_json else Console(highlight=False))
+    story = _Story(None if as_json else Console(highlight=False, soft_wrap=True))
     with tempfile.TemporaryDirectory(prefix="marque-demo-") as tmp:
         root = Path(tmp)
         home, bank = root / "pilot", root / "bank.db"
@@ -159,7 +159,10 @@ def run_demo(*, as_json: bool = False) -> int:
         story.say("\n[bold]6. The ledger[/] (marque ledger stats)")
         for key in ("pilot_id", "incarnation", "live_marques", "claims", "attempts_by_status",
                     "unreported_outcomes", "size_bytes"):
-            story.say(f"    {key:<20} {stats[key]}")
+            value = stats[key]
+            if isinstance(value, dict):  # attempts by status: "applied 2, in_progress 0, …"
+                value = ", ".join(f"{k} {v}" for k, v in value.items())
+            story.say(f"    {key:<20} {value}")
         story.check("ledger", stats["claims"] == 2 and stats["unreported_outcomes"] == 0,
                     "two nonces claimed, every outcome reported to the logbook")
 

@@ -45,7 +45,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── TargetUnavailable    target_unavailable    nothing sent: the nonce may run again
     │   └── PreviewFailed        preview_failed
     ├── Indeterminate         nobody can say yet whether it applied (exit 5)
-    │   ├── LeaseExpired         lease_expired
+    │   ├── LeaseExpired         lease_expired         the owner's lease ran out, no outcome
+    │   ├── OwnerGone            owner_gone            the owning process died, no outcome
     │   └── CommitUnknown        commit_unknown
     └── Unavailable           could not be reached before anything was claimed (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
@@ -292,10 +293,18 @@ class PreviewFailed(NotApplied, code="preview_failed"):
 class Indeterminate(MarqueError):
     kind = "indeterminate"
     exit_status = 5
+    # Over HTTP an outcome is a 200 body; this is for a problem raised instead of one: the
+    # answer from the target (upstream of the Pilot) did not arrive, so nobody can say yet.
+    http_status = 504
 
 
 class LeaseExpired(Indeterminate, code="lease_expired"):
-    pass
+    """The attempt's lease ran out before its owner recorded an outcome."""
+
+
+class OwnerGone(Indeterminate, code="owner_gone"):
+    """The process that claimed the attempt is provably dead (its run lock was released)
+    and recorded no outcome; its lease had not run out yet."""
 
 
 class CommitUnknown(Indeterminate, code="commit_unknown"):

@@ -84,6 +84,9 @@ class Outcome:
     replayed: bool = False
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
+    #: False when the ledger could not record this answer (DESIGN §9): the attempt stays
+    #: claimed there, and reconciliation settles it from the target's stamp later.
+    recorded: bool = True
 
     @property
     def exit_status(self) -> int:
@@ -91,7 +94,7 @@ class Outcome:
         return EXIT_STATUS[self.status]
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of DESIGN §9 (plus ``result`` for reads)."""
+        """The JSON object of DESIGN §9 (plus ``result`` for reads, and ``recorded``)."""
         return {
             "marque_id": self.marque_id,
             "nonce": self.nonce,
@@ -102,6 +105,7 @@ class Outcome:
             "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
             "error": self.error,
             "result": self.result,
+            "recorded": self.recorded,
         }
 
 

@@ -5,26 +5,40 @@ proxy dropped it). Checking every connection on checkout costs a round trip
 per transaction. Callers that can safely resend their first message on a
 fresh connection (the target's stamp insert) check only connections idle for
 a while; callers that cannot (the ledger) check every checkout.
+
+A pool connects in the background and keeps retrying quietly, so a caller
+waiting on it for a server that refuses connections would wait out the whole
+checkout timeout and then learn only "no connection". :func:`checkout` waits
+briefly, then asks the server directly, so a refused connection, an unknown
+host or a wrong password is reported at once, with libpq's own reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 #: A connection idle longer than this is pinged before it is handed out.
 IDLE_CHECK_SECONDS = 0.5
 #: How long a caller waits for a connection before giving up (seconds).
 CHECKOUT_TIMEOUT_SECONDS = 10.0
+#: How long a caller waits on the pool before asking the server directly why
+#: no connection came (a healthy server answers a connect in milliseconds).
+FIRST_WAIT_SECONDS = 0.25
 #: libpq's connect timeout (seconds; libpq's minimum is 2).
 CONNECT_TIMEOUT_SECONDS = 5
 
 Conn = psycopg.Connection[TupleRow]
+
+_ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
 
 def make_pool(
@@ -38,6 +52,12 @@ def make_pool(
     check_always: bool = False,
 ) -> ConnectionPool[Conn]:
     """An open pool whose connections are checked before use (idle ones, or all)."""
+    # The pool logs each failed background connect as a warning; with no logging
+    # configured Python would print those on stderr, where the CLI's JSON events go.
+    # The failure reaches the caller as a typed error instead (see checkout()).
+    pool_logger = logging.getLogger("psycopg.pool")
+    if not pool_logger.handlers:
+        pool_logger.addHandler(logging.NullHandler())
     returned: dict[int, float] = {}
 
     def note_return(conn: Conn) -> None:
@@ -61,3 +81,53 @@ def make_pool(
         open=True,
         name=name,
     )
+
+
+def checkout(pool: ConnectionPool[Conn], dsn: str) -> Conn:
+    """A connection from ``pool``; raises ``psycopg.OperationalError`` if none can be had.
+
+    When the pool has nothing to hand out quickly, the server is asked directly
+    (one short-lived connection): if it refuses, that error is raised at once,
+    instead of a bare timeout after :data:`CHECKOUT_TIMEOUT_SECONDS`. A pool that
+    is merely busy is waited on for the rest of the timeout.
+    """
+    deadline = time.monotonic() + CHECKOUT_TIMEOUT_SECONDS
+    try:
+        return pool.getconn(timeout=FIRST_WAIT_SECONDS)
+    except PoolTimeout:
+        pass
+    stats = pool.get_stats()
+    if stats.get("pool_size", 0) < stats.get("pool_max", 1):
+        # Not a pool busy at its maximum but one still waiting for a connection to
+        # open, which takes milliseconds from a healthy server: ask it ourselves.
+        probe(dsn)  # raises the server's (or the network's) own reason
+    return pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+
+
+@contextlib.contextmanager
+def connection(pool: ConnectionPool[Conn], dsn: str) -> Iterator[Conn]:
+    """:func:`checkout` as a context manager that gives the connection back."""
+    conn = checkout(pool, dsn)
+    try:
+        with conn:  # commits (or rolls back on an error) what the caller did, as the pool's own
+            yield conn
+    finally:
+        pool.putconn(conn)
+
+
+def probe(dsn: str) -> None:
+    """Connect once and hang up; raises ``psycopg.OperationalError`` if the server cannot
+    be reached or refuses us."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS):
+        pass
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, in one line of the server's or libpq's own words."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    text = primary or str(exc) or "no reason given"
+    text = _ERRNO.sub("", " ".join(text.split()))
+    if text.startswith("connection failed: "):
+        text = text[len("connection failed: "):]
+    return text[:300]

@@ -71,6 +71,7 @@ from marque.errors import (
     WrongIncarnation,
     WrongPilot,
 )
+from marque.timefmt import iso_time, seconds
 
 __all__ = [
     "ALG",
@@ -561,8 +562,11 @@ def read_marque(token: str, trusted: TrustedKeys) -> Marque:
     """Verify the signature and read the claims; the time-independent half of verification.
 
     Its result depends only on ``token`` and ``trusted``, so a Pilot may cache it
-    by token; :func:`check_marque` must still run on every use.
+    by token; :func:`check_marque` must still run on every use. Whitespace around
+    the token (a file's trailing newline) is not part of it.
     """
+    if isinstance(token, str):
+        token = token.strip()
     header = _read_header(token, _MARQUE_REGISTRY, "marque", MarqueInvalid)
     if header.get("alg") != ALG:
         raise MarqueInvalid(f"marque alg must be {ALG}")
@@ -623,19 +627,36 @@ def check_marque(
     """The per-use half of verification: the window, then the Pilot, incarnation and target."""
     moment = time.time() if now is None else now
     marque_id = marque.marque_id
+    # The window is [nbf - skew, exp + skew]: the messages name both the bound and the
+    # allowance, so a marque refused (or accepted) near its edge explains itself.
     if moment > marque.expires_at + skew_seconds:
-        raise MarqueExpired(f"marque {marque_id} expired at {marque.expires_at}")
+        raise MarqueExpired(
+            f"marque {marque_id} expired at {iso_time(marque.expires_at)}; this Pilot allows "
+            f"{seconds(skew_seconds)} of clock skew past expiry (settings.skew_seconds) and its "
+            f"clock reads {iso_time(moment)}: ask for a new marque",
+            detail={"expires_at": marque.expires_at, "skew_seconds": skew_seconds,
+                    "now": moment},
+        )
     if moment < marque.not_before - skew_seconds:
-        raise MarqueNotYetValid(f"marque {marque_id} is not valid before {marque.not_before}")
+        raise MarqueNotYetValid(
+            f"marque {marque_id} is not valid before {iso_time(marque.not_before)}; this Pilot "
+            f"allows {seconds(skew_seconds)} of clock skew (settings.skew_seconds) and its "
+            f"clock reads {iso_time(moment)}: wait, or check the issuer's and this host's clocks",
+            detail={"not_before": marque.not_before, "skew_seconds": skew_seconds,
+                    "now": moment},
+        )
     if marque.pilot_id != pilot_id:
-        raise WrongPilot(f"marque {marque_id} is for pilot {marque.pilot_id!r}, not {pilot_id!r}")
+        raise WrongPilot(f"marque {marque_id} is for Pilot {marque.pilot_id}; this is Pilot "
+                         f"{pilot_id}")
     if marque.incarnation != incarnation:
         raise WrongIncarnation(
-            f"marque {marque_id} is for ledger incarnation {marque.incarnation!r}, "
-            f"this ledger is {incarnation!r}"
+            f"marque {marque_id} is for ledger incarnation {marque.incarnation}; this "
+            f"ledger is {incarnation} (a marque runs only on the ledger it names: ask for "
+            "one for this ledger)"
         )
     if marque.target not in targets:
-        raise UnknownTarget(f"this pilot does not serve target {marque.target!r}")
+        raise UnknownTarget(f"this Pilot serves no target named {marque.target} "
+                            "(see `marque pilot target list`)")
     return marque
 
 
@@ -658,6 +679,8 @@ def make_proof(
     Raises :class:`InvalidInput` for a bad key or argument.
     """
     key = _import_private(holder_key, "holder key")
+    if isinstance(marque_token, str):
+        marque_token = marque_token.strip()  # as read_marque does: ath covers the token alone
     if not isinstance(marque_token, str) or not marque_token.isascii() or not marque_token:
         raise InvalidInput("marque_token must be a compact JWS string")
     _nonempty_str(nonce, "nonce", InvalidInput)

@@ -14,6 +14,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ TIMEOUT = 30  # seconds, for any single CLI call
 
 OUTCOME_KEYS = {
     "marque_id", "nonce", "status", "attempt", "rows_affected", "replayed", "pilot", "error",
+    "recorded",
 }
 EXIT = {"applied": 0, "usage": 2, "refused": 3, "aborted_not_applied": 4,
         "indeterminate": 5, "in_progress": 6}
@@ -158,7 +160,8 @@ class World:
             pub.write_text(json.dumps(jwk))
 
         ident = results["init"].json
-        assert set(ident) == {"pilot_id", "incarnation"}
+        assert set(ident) == {"pilot_id", "incarnation", "adopted"}
+        assert ident["adopted"] is False
         assert ident["pilot_id"] == self.pilot_id
         self.incarnation = ident["incarnation"]
 
@@ -176,7 +179,8 @@ class World:
 
         Building a world costs five CLI runs; tests get a copy of one built
         once per session. The copy's ``pilot.json`` is repointed at the
-        copy's own ledger and bank, so nothing is shared.
+        copy's own bank (its ledger is found inside its home), so nothing is
+        shared.
         """
         shutil.copytree(self.root, root, dirs_exist_ok=True)
         twin = World(root)
@@ -184,11 +188,26 @@ class World:
         twin.token_cache = self.token_cache
         config_path = twin.home / "pilot.json"
         config = json.loads(config_path.read_text())
-        assert config["ledger"] == f"sqlite:///{(self.home / 'ledger.sqlite3').resolve()}"
+        assert config["ledger"] == "sqlite:///ledger.sqlite3"  # relative: it moves with the home
         assert config["targets"] == {"bank": f"sqlite:///{self.bank.resolve()}"}
-        config["ledger"] = f"sqlite:///{(twin.home / 'ledger.sqlite3').resolve()}"
         config["targets"]["bank"] = f"sqlite:///{twin.bank.resolve()}"
+        # Tests do deliberately what an operator must not: run a copy of a home, whose ledger
+        # is a clone of the original's incarnation, next to the original (each copy has its
+        # own bank, so no marque can spend twice against one target). The Pilot refuses such
+        # a copy (home_mismatch); here each copy gets a home id of its own and its ledger is
+        # bound to it directly, as `pilot init` binds a new ledger.
+        home_id = "home_" + uuid.uuid4().hex
+        config["home_id"] = home_id
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        conn = sqlite3.connect(twin.home / "ledger.sqlite3")
+        try:
+            with conn:
+                for key, value in (("home_id", home_id), ("home_path", str(twin.home.resolve()))):
+                    updated = conn.execute("UPDATE meta SET value = ? WHERE key = ?",
+                                           (value, key)).rowcount
+                    assert updated == 1, f"the template's ledger has no {key} binding"
+        finally:
+            conn.close()
         return twin
 
     # -- CLI --------------------------------------------------------------------
@@ -231,8 +250,10 @@ class World:
             assert res.returncode == 0, res
             token = res.stdout.strip()
             assert token.count(".") == 2 and "\n" not in token, res.stdout
-            self.token_cache[key] = token
-        token = self.token_cache[key]
+            if ttl is None:  # a short-lived token must never stand in for a default one
+                self.token_cache[key] = token
+        else:
+            token = self.token_cache[key]
         self._issued += 1
         path = self.root / f"marque-{self._issued}.jws"
         path.write_text(token + "\n")

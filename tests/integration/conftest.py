@@ -23,7 +23,7 @@ from marque.outcome import Outcome
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.target.base import STAMP_COLUMNS
-from marque.target.sqlite import STAMP_DDL
+from marque.target.stamps import migrate_sqlite
 from marque.token import (
     Budget,
     Change,
@@ -149,13 +149,15 @@ class Env:
         """Insert a stamp into bank.db by hand, as if an earlier run had left it."""
         conn = self._bank()
         try:
-            conn.execute(STAMP_DDL)
+            conn.execute("BEGIN IMMEDIATE")
+            migrate_sqlite(conn, "bank")  # the Pilot's own stamp table, at its current version
             conn.execute(
                 "INSERT INTO marque_stamps (marque_id, nonce, attempt, kind, pilot_id, "
                 "incarnation, rows_affected, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (marque_id, nonce, attempt, kind, self.pilot.pilot_id,
                  incarnation or self.pilot.incarnation, rows_affected, time.time()),
             )
+            conn.execute("COMMIT")
         finally:
             conn.close()
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 
+from marque.harbour.logbook import Logbook
 from marque.ledger import ClaimTicket
 from marque.outcome import Status
+from marque.pilot import open_pilot
 from marque.pilot.background import Reconciler, Reporter
 
 from .conftest import Env, marque_id_of
@@ -88,3 +92,55 @@ def test_reconciler_thread_settles_an_orphan(env: Env) -> None:
         reconciler.stop()
     record = env.pilot.ledger.outcome(mid, "n-1")
     assert record is not None and record.status is Status.ABORTED_NOT_APPLIED
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_open_pilot_background_reports_reconciles_and_closes_cleanly(env: Env) -> None:
+    """open_pilot(background=True) reports and reconciles by itself, and closes cleanly."""
+    token = env.issue([DEBIT_1], executions=3)
+    env.pilot.close()
+    before = {t.ident for t in threading.enumerate()}
+    pilot = env.pilot = open_pilot(env.home, background=True)
+
+    outcome = env.run(token, "n-1")
+    assert outcome.status == "applied"
+    assert "reported" not in [e["event"] for e in env.events]  # not on the caller's path
+    assert pilot.logbook is not None
+    logbook = pilot.logbook
+    # Delivered to the logbook, then acknowledged in the ledger's outbox.
+    _wait_for(lambda: pilot.ledger.stats(time.time())["unreported_outcomes"] == 0,
+              "the reporter to deliver n-1")
+    assert [e["body"]["nonce"] for e in logbook.entries("execution.applied")] == ["n-1"]
+
+    # A run that died after claiming, while this Pilot is up: settled with no one asking.
+    mid = _orphan(env, token, "n-orphan")
+    _wait_for(lambda: (r := pilot.ledger.outcome(mid, "n-orphan")) is not None
+              and r.status.settled, "the reconciler to settle the orphan")
+    record = pilot.ledger.outcome(mid, "n-orphan")
+    assert record is not None and record.status is Status.ABORTED_NOT_APPLIED
+    assert env.balances()[1] == 90
+
+    # Whether or not the reporter got to this one yet, close() leaves nothing unreported.
+    last = env.run(token, "n-2")
+    assert last.status == "applied"
+    pilot.close()
+    workers = [t for t in threading.enumerate()
+               if t.ident not in before and t.name.startswith("marque-")]
+    assert workers == []
+    assert not (env.home / "ledger.sqlite3-wal").exists()  # the ledger was closed
+    reopened = Logbook(str(env.home / "logbook.sqlite3"))
+    try:
+        nonces = [(e["kind"], e["body"]["nonce"]) for e in reopened.entries("execution.")
+                  if e["kind"] != "execution.reconciliation"]
+        assert sorted(nonces) == [("execution.aborted_not_applied", "n-orphan"),
+                                  ("execution.applied", "n-1"), ("execution.applied", "n-2")]
+        assert reopened.verify() is True
+    finally:
+        reopened.close()
+    env.pilot = open_pilot(env.home)  # for the fixture's teardown

@@ -24,6 +24,7 @@ from marque.cid import cid
 from marque.errors import (
     AttemptsExhausted,
     BudgetExhausted,
+    ConfigInvalid,
     InvalidInput,
     LedgerMissing,
     MarqueExpired,
@@ -369,7 +370,7 @@ def test_replay_records_its_jti_before_answering_when_write_behind_is_off(env: E
 
 
 def test_replay_jti_write_behind_setting_is_read_from_pilot_json_and_checked(env: Env) -> None:
-    """The setting reaches the Pilot from pilot.json; a non-boolean value is input_invalid."""
+    """The setting reaches the Pilot from pilot.json; a non-boolean value is config_invalid."""
     home = PilotHome(env.home)
     config = json.loads(home.config_path.read_text())
     config.setdefault("settings", {})["replay_jti_write_behind"] = False
@@ -379,7 +380,7 @@ def test_replay_jti_write_behind_setting_is_read_from_pilot_json_and_checked(env
     config["settings"]["replay_jti_write_behind"] = "false"
     home.config_path.write_text(json.dumps(config))
     env.pilot.close()
-    with pytest.raises(InvalidInput) as caught:
+    with pytest.raises(ConfigInvalid) as caught:
         env.pilot = open_pilot(env.home)
     assert "replay_jti_write_behind" in str(caught.value)
     config["settings"]["replay_jti_write_behind"] = True
@@ -707,32 +708,55 @@ def test_many_nonces_from_many_threads_respect_budget(env: Env) -> None:
     assert executions_left(env, marque_id_of(token)) == 0
 
 
+class _JoinWatch(dict):  # type: ignore[type-arg]
+    """The Pilot's in-flight table, reporting each caller that finds a running execution.
+
+    ``Pilot.execute`` looks a nonce up here under its lock; a caller that finds
+    one follows it instead of claiming. Counting those finds lets a test release
+    the first caller exactly when the others are following it — no sleeps.
+    """
+
+    def __init__(self, joined: threading.Semaphore) -> None:
+        super().__init__()
+        self._joined = joined
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = super().get(key, default)
+        if found is not None:
+            self._joined.release()
+        return found
+
+
 def test_followers_of_a_refused_nonce_see_the_refusal(env: Env) -> None:
-    """Callers that join an in-flight nonce whose claim is refused get budget_exhausted too."""
+    """Callers that join an in-flight nonce whose claim is refused get the leader's refusal."""
     token = env.issue([DEBIT_1_BY_1], executions=1)
     assert env.run(token, "spent").status == "applied"
+    counted = ("marques", "claims", "attempts", "pop_jtis")
+    before = {k: env.pilot.ledger.stats(time.time())[k] for k in counted}
 
     real_clock = env.pilot.clock
-    leader = threading.current_thread
     entered, release = threading.Event(), threading.Event()
+    joined = threading.Semaphore(0)
     calls: dict[int, int] = {}
 
     def gated_clock() -> float:
         # The leader's second clock read is the one right before its claim: hold it there
-        # (inflight registered, claim not yet made) until the followers are waiting on it.
+        # (inflight registered, claim not yet made) until the followers are following it.
         ident = threading.get_ident()
         calls[ident] = calls.get(ident, 0) + 1
-        if leader().name == "leader" and calls[ident] == 2:
+        if threading.current_thread().name == "leader" and calls[ident] == 2:
             entered.set()
             release.wait(10)
         return real_clock()
 
     env.pilot.clock = gated_clock
+    env.pilot._inflight = _JoinWatch(joined)
     errors: dict[str, BaseException | None] = {}
+    proofs = {name: env.proof(token, "n-x") for name in ("leader", "f0", "f1", "f2")}
 
     def call(name: str) -> None:
         try:
-            env.pilot.execute(token, env.proof(token, "n-x"), "n-x")
+            env.pilot.execute(token, proofs[name], "n-x")
             errors[name] = None
         except BaseException as exc:  # asserted on below
             errors[name] = exc
@@ -743,14 +767,19 @@ def test_followers_of_a_refused_nonce_see_the_refusal(env: Env) -> None:
     followers = [threading.Thread(target=call, args=(f"f{i}",)) for i in range(3)]
     for thread in followers:
         thread.start()
-    time.sleep(0.3)
+    for _ in followers:  # each has found the leader's execution and follows it
+        assert joined.acquire(timeout=10)
     release.set()
     for thread in [first, *followers]:
         thread.join(10)
 
-    assert isinstance(errors["leader"], BudgetExhausted)
+    leader_error = errors["leader"]
+    assert isinstance(leader_error, BudgetExhausted)
     for i in range(3):
-        assert isinstance(errors[f"f{i}"], BudgetExhausted), errors[f"f{i}"]
+        # The very refusal the leader got: followers never made a claim of their own.
+        assert errors[f"f{i}"] is leader_error, errors[f"f{i}"]
+    assert env.pilot.ledger.outcome(marque_id_of(token), "n-x") is None
+    assert {k: env.pilot.ledger.stats(time.time())[k] for k in counted} == before
 
 
 # -- the stamp fence ---------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from marque.errors import StatementError
+from marque.errors import StatementError, TargetUnavailable
 from marque.target.base import Run
 from marque.target.sqlite import SqliteTarget
 from marque.token import Change, Statement
@@ -52,10 +52,12 @@ def test_authorizer_stops_transaction_control(tmp_path: Path, sql: str) -> None:
 
 
 def test_missing_target_file_is_not_created(tmp_path: Path) -> None:
-    """A target path that does not exist is an error, never a new empty database."""
+    """A target path that does not exist is target_unavailable, never a new empty database."""
     target = SqliteTarget("bank", str(tmp_path / "nope.db"))
     run = Run("mq_x", "n-1", 1, "p1", "inc_1", Change((Statement("SELECT 1"),)), max_rows=1,
               statement_timeout_ms=5_000)
-    with pytest.raises(StatementError):
+    with pytest.raises(TargetUnavailable) as raised:
         target.execute(run, lambda *a, **k: None)
+    assert raised.value.detail["sqlite_errorname"] == "SQLITE_CANTOPEN"
+    assert str(tmp_path / "nope.db") in raised.value.message
     assert not (tmp_path / "nope.db").exists()

@@ -224,7 +224,8 @@ def test_sigkill_mid_statement_keeps_nonce_claimed_and_reconciles_not_applied(
     assert pilot.ledger.budget(mid)["executions_left"] == 0
     observations = pilot.ledger.observations(mid, "kill-me")
     assert observations[0]["status"] == "indeterminate"
-    assert observations[0]["detail"]["error"]["code"] == "lease_expired"
+    # Killed seconds ago, lease still valid: a dead owner, not an expired lease.
+    assert observations[0]["detail"]["error"]["code"] == "owner_gone"
     assert observations[-1]["status"] == "aborted_not_applied"
     assert observations[-1]["source"] == "reconciliation"
     assert all(o["status"] != "applied" for o in observations)
@@ -376,7 +377,7 @@ def test_marque_runs_at_its_isolation_level(sqlite_world: World, isolation: str,
 def test_server_crash_mid_execution_settles_consistent_with_target(
     cluster_world: World, pg_cluster: PgCluster,
 ) -> None:
-    """A server crash (stop -m immediate) mid-execution settles to an outcome matching the rows."""
+    """A server crash (stop -m immediate) mid-statement is aborted_not_applied, no stamp."""
     world = cluster_world
     token = world.issue(SLOW_UPDATE, statement_timeout_ms=60_000)
     mid = marque_id_of(token)
@@ -406,19 +407,21 @@ def test_server_crash_mid_execution_settles_consistent_with_target(
     assert "error" not in box, box
     pg_cluster.start()
 
-    pilot.recover()
+    # The statement was still running when the server died: COMMIT was never sent, so
+    # the attempt is provably not applied — the one outcome this crash can have.
+    outcome = box["outcome"]
+    assert (outcome.status, outcome.attempt, outcome.rows_affected) == (
+        "aborted_not_applied", 1, None)
+    assert outcome.error is not None
+    assert "committed" not in [e["event"] for e in world.events]
+
+    assert pilot.recover() == []  # nothing in progress or indeterminate is left
     record = pilot.ledger.outcome(mid, "crash")
     assert record is not None
-    assert record.status in (Status.APPLIED, Status.ABORTED_NOT_APPLIED)
-    assert record.attempt == 1
-    stamps = world.stamps(mid)
-    if record.status is Status.APPLIED:
-        assert world.balances() == {**START, 1: 90}
-        assert stamp_view(stamps) == [("crash", "applied", 1, 1)]
-    else:
-        assert world.balances() == START
-        assert all(s["kind"] == "tombstone" for s in stamps)
-    assert pilot.ledger.outcome(mid, "crash").status is record.status
+    assert (record.status, record.attempt) == (Status.ABORTED_NOT_APPLIED, 1)
+    assert world.balances() == START
+    assert world.stamps(mid) == []  # the stamp rolled back with the transaction
+    assert_never_failed(world, mid, "crash")
 
 
 def test_unreachable_target_keeps_attempt_indeterminate_until_it_returns(
@@ -439,7 +442,7 @@ def test_unreachable_target_keeps_attempt_indeterminate_until_it_returns(
     changes = pilot.recover()  # the target cannot be asked: nothing is known
     record = pilot.ledger.outcome(mid, "orphan")
     assert record is not None and record.status is Status.INDETERMINATE
-    assert record.error is not None and record.error["code"] == "lease_expired"
+    assert record.error is not None and record.error["code"] == "owner_gone"  # killed, lease valid
     assert [(c["from"], c["to"]) for c in changes] == [("in_progress", "indeterminate")]
     entries = reconciliations(world, mid)
     assert entries and all(e["verdict"] == "unknown" for e in entries)

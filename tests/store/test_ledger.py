@@ -1080,3 +1080,202 @@ def test_concurrent_replays_of_one_proof_admit_one(ledger: Ledger):
     for thread in threads:
         thread.join()
     assert sorted(results) == ["answered"] + ["refused"] * 7
+
+
+# -- upgrading a ledger made by an older Marque ---------------------------------------------
+
+# The whole schema of ledger version 1, exactly as released (MIGRATIONS[0] up to 7d99a85):
+# frozen here, so a later edit of that migration cannot make this test pass by accident.
+LEDGER_V1 = [
+    """CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL)""",
+    """CREATE TABLE budgets (
+        marque_id TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        executions_left INTEGER NOT NULL CHECK (executions_left >= 0),
+        max_rows BIGINT NOT NULL,
+        attempts_per_nonce INTEGER NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX budgets_expiry ON budgets (expires_at)",
+    """CREATE TABLE claims (
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        claimed_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (marque_id, nonce))""",
+    """CREATE TABLE attempts (
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        status_rank INTEGER NOT NULL,
+        rows_affected BIGINT,
+        error TEXT,
+        result TEXT,
+        owner_incarnation TEXT NOT NULL,
+        owner_run TEXT NOT NULL,
+        lease_expires_at DOUBLE PRECISION NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL,
+        settled_at DOUBLE PRECISION,
+        PRIMARY KEY (marque_id, nonce, attempt))""",
+    "CREATE INDEX attempts_unsettled ON attempts (status_rank) WHERE status_rank < 3",
+    """CREATE TABLE observations (
+        id TEXT PRIMARY KEY,
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        source TEXT NOT NULL,
+        detail TEXT,
+        observed_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX observations_nonce ON observations (marque_id, nonce, observed_at)",
+    """CREATE TABLE events (
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (marque_id, nonce, seq))""",
+    """CREATE TABLE outbox (
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        tries INTEGER NOT NULL DEFAULT 0,
+        queued_at DOUBLE PRECISION NOT NULL,
+        acked_at DOUBLE PRECISION,
+        PRIMARY KEY (marque_id, nonce, attempt))""",
+    "CREATE INDEX outbox_unacked ON outbox (queued_at) WHERE acked_at IS NULL",
+    """CREATE TABLE pop_jtis (
+        jti TEXT PRIMARY KEY,
+        forget_after DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX pop_jtis_forget ON pop_jtis (forget_after)",
+]
+V1_INCARNATION = "inc_" + "1" * 32
+
+
+def _v1_history(now: float) -> list[tuple[str, tuple[Any, ...]]]:
+    """What a version-1 Pilot left: identity, a marque with one applied nonce, reported."""
+    payload = ('{"attempt":1,"error":null,"marque_id":"mq_test","nonce":"old-1",'
+               '"rows_affected":1,"status":"applied"}')
+    return [
+        ("INSERT INTO meta (key, value) VALUES (?, ?)", ("schema_version", "1")),
+        ("INSERT INTO meta (key, value) VALUES (?, ?)", ("pilot_id", "pilot-v1")),
+        ("INSERT INTO meta (key, value) VALUES (?, ?)", ("incarnation", V1_INCARNATION)),
+        ("INSERT INTO meta (key, value) VALUES (?, ?)", ("created_at", repr(now - 60))),
+        ("INSERT INTO budgets VALUES (?, ?, ?, ?, ?, ?)", (MQ, "bank", 2, 10, 3, now + 600)),
+        ("INSERT INTO claims VALUES (?, ?, ?, ?)", (MQ, "old-1", 1, now - 30)),
+        ("INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         (MQ, "old-1", 1, "applied", Status.APPLIED.rank, 1, None,
+          '{"columns":["n"],"rows":[[1]]}', V1_INCARNATION, "run_old", now, now - 30,
+          now - 29)),
+        ("INSERT INTO observations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+         ("obs1", MQ, "old-1", 1, "applied", "execution",
+          '{"error":null,"rows_affected":1}', now - 29)),
+        ("INSERT INTO events VALUES (?, ?, ?, ?)",
+         (MQ, "old-1", 1, '[{"event":"claimed","attempt":1},{"event":"committed","attempt":1}]')),
+        ("INSERT INTO outbox VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+         (MQ, "old-1", 1, "applied", payload, 1, now - 29, now - 28)),
+        ("INSERT INTO pop_jtis VALUES (?, ?)", ("jti-old", now + 300)),
+    ]
+
+
+def _build_v1(engine: LedgerEngine, location: str, now: float) -> None:
+    """A version-1 ledger at ``location``, written with the engine's plain driver."""
+    statements = [(s, ()) for s in LEDGER_V1] + _v1_history(now)
+    if engine.name == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(location, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("BEGIN")
+            for sql, params in statements:
+                conn.execute(sql, params)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    from marque.ledger.postgres import SCHEMA
+
+    with psycopg.connect(location) as pg:
+        pg.execute(f"CREATE SCHEMA {SCHEMA}")
+        pg.execute(f"SET search_path TO {SCHEMA}")
+        for sql, params in statements:
+            pg.execute(sql.replace("?", "%s"), params or None)
+
+
+def _schema_of(engine: LedgerEngine, location: str) -> dict[str, Any]:
+    """Tables with their columns, and index names, as the engine's catalogue lists them."""
+    if engine.name == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(location)
+        try:
+            tables = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")]
+            columns = {t: sorted((c[1], c[2].upper(), c[3])
+                                 for c in conn.execute(f"PRAGMA table_info({t})"))
+                       for t in tables}
+            indexes = sorted(r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
+        finally:
+            conn.close()
+        return {"columns": columns, "indexes": indexes}
+    import psycopg
+
+    from marque.ledger.postgres import SCHEMA
+
+    with psycopg.connect(location) as pg:
+        rows = pg.execute(
+            "SELECT table_name, column_name, data_type, is_nullable FROM "
+            "information_schema.columns WHERE table_schema = %s", (SCHEMA,)).fetchall()
+        indexes = sorted(r[0] for r in pg.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s", (SCHEMA,)))
+    columns: dict[str, list[Any]] = {}
+    for table, column, data_type, nullable in rows:
+        columns.setdefault(table, []).append((column, data_type, nullable))
+    return {"columns": {t: sorted(c) for t, c in columns.items()}, "indexes": indexes}
+
+
+def test_a_version_1_ledger_is_upgraded_and_keeps_its_history(
+    engine: LedgerEngine, pool: LedgerPool
+):
+    """A ledger made by schema version 1 opens at the current version with its history intact."""
+    from marque.ledger.sql import MIGRATIONS
+
+    now = time.time()
+    location = pool.location()
+    _build_v1(engine, location, now)
+
+    upgraded = pool.open(location)
+
+    assert upgraded.schema_version == len(MIGRATIONS)
+    assert (upgraded.pilot_id, upgraded.incarnation) == ("pilot-v1", V1_INCARNATION)
+    old = upgraded.outcome(MQ, "old-1")
+    assert old is not None
+    assert (old.status, old.attempt, old.rows_affected) == (Status.APPLIED, 1, 1)
+    assert old.result == {"columns": ["n"], "rows": [[1]]}
+    assert [e["event"] for e in upgraded.events(MQ, "old-1")] == ["claimed", "committed"]
+    assert upgraded.outbox_pending() == []
+    # The old nonce replays; a new one spends the budget the version-1 ledger left (2 → 1).
+    again = upgraded.claim(make_ticket(nonce="old-1", now=now))
+    assert not again.fresh and again.record.status is Status.APPLIED
+    fresh = upgraded.claim(make_ticket(nonce="new-1", now=now))
+    assert fresh.fresh and fresh.record.attempt == 1
+    settle(upgraded, "new-1", Status.APPLIED, rows_affected=1, now=now)
+    stats = upgraded.stats(now)
+    assert (stats["schema_version"], stats["claims"], stats["pop_jtis"]) == (
+        len(MIGRATIONS), 2, 1)
+    assert upgraded.budget(MQ)["executions_left"] == 1
+    assert upgraded.remember_pop_jti("jti-old", now + 300) is False  # still remembered
+    upgraded.close()
+
+    # Upgraded in place, to exactly the schema a new ledger gets; reopening changes nothing.
+    assert pool.open(location).schema_version == len(MIGRATIONS)
+    new_location = pool.location()
+    pool.create(new_location)
+    assert _schema_of(engine, location) == _schema_of(engine, new_location)

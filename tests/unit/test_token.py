@@ -902,20 +902,35 @@ def test_refused_proof_has_its_code_and_burns_no_jti(
 
 
 def test_proof_iat_at_window_edge_is_accepted(world: World, marque: Marque) -> None:
-    """A proof exactly window_seconds old (or ahead) is still accepted."""
+    """A proof exactly window_seconds old (or ahead) is accepted; one second more is not."""
     for offset in (-120, 120):
+        jti = f"edge{offset}"
         proof = make_proof(
-            world.holder, marque.token, nonce=NONCE, pilot_id=PILOT, now=NOW + offset
+            world.holder, marque.token, nonce=NONCE, pilot_id=PILOT, now=NOW + offset, jti=jti
         )
-        verify_proof(
+        recorder = Recorder()
+        accepted = verify_proof(
             proof,
             marque,
             nonce=NONCE,
             pilot_id=PILOT,
-            remember_jti=Recorder(),
+            remember_jti=recorder,
             now=NOW,
             window_seconds=120,
         )
+        assert accepted == jti
+        # Remembered once, at least until the proof's own window (after its iat) has passed.
+        ((remembered, forget_after),) = recorder.calls
+        assert remembered == jti
+        assert forget_after >= NOW + offset + 120
+
+        beyond = make_proof(world.holder, marque.token, nonce=NONCE, pilot_id=PILOT,
+                            now=NOW + offset + (1 if offset > 0 else -1), jti=jti + "+1")
+        late = Recorder()
+        with pytest.raises(PopInvalid, match="window"):
+            verify_proof(beyond, marque, nonce=NONCE, pilot_id=PILOT, remember_jti=late,
+                         now=NOW, window_seconds=120)
+        assert late.calls == []
 
 
 def test_make_proof_refuses_public_key(world: World, marque: Marque) -> None:

@@ -24,17 +24,18 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
 
 from marque.errors import InvalidInput, MarqueError
+from marque.timefmt import iso_time
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_ALL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _MARKUP = re.compile(r"\[/?[a-z ]*\]")
 
 
@@ -116,15 +117,20 @@ def literal(value: object) -> str:
     return printable(value).replace("[", "\\[")
 
 
+def one_line(value: object) -> str:
+    """Like :func:`literal`, for a value that must stay on its line (an id, a nonce, an
+    event field): tabs and newlines are escaped too."""
+    text = _CONTROL_ALL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    return text.replace("[", "\\[")
+
+
 out = _Stream("stdout")
 err = _Stream("stderr")
 
 
 def when(epoch: float | None) -> str:
     """An epoch time as an operator reads it: ISO 8601 UTC to the second."""
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_time(epoch)
 
 
 # -- errors and exit statuses -----------------------------------------------------------
@@ -186,7 +192,7 @@ def parse_duration(text: str) -> int:
     """``90``, ``90s``, ``15m``, ``2h``, ``1d`` → seconds (positive)."""
     match = _DURATION.match(text)
     if not match or int(match.group(1)) <= 0:
-        raise InvalidInput(f"not a positive duration: {printable(text)!r} "
+        raise InvalidInput(f"not a positive duration: \"{printable(text)}\" "
                            "(use e.g. 90s, 15m, 2h, 1d)")
     return int(match.group(1)) * _UNIT[match.group(2)]
 

@@ -17,11 +17,12 @@ from marque.cli.common import (
     home_option,
     json_option,
     literal,
+    one_line,
     out,
     read_json_file,
     when,
 )
-from marque.errors import InvalidInput, MarqueError, NotFound, Refusal
+from marque.errors import InvalidInput, MarqueError, MarqueInvalid, NonceReaped, Refusal
 
 if TYPE_CHECKING:
     from marque.outcome import Outcome
@@ -44,19 +45,29 @@ _STATUS_STYLE = {"applied": "green", "aborted_not_applied": "yellow",
                  "indeterminate": "magenta", "in_progress": "cyan"}
 #: What an operator should know about each status, printed under it.
 _STATUS_MEANING = {
-    "aborted_not_applied": "provably not applied; the same nonce may run again as a new attempt",
+    "aborted_not_applied": "provably not applied; the same nonce may run again as a new attempt "
+                           "while the marque's attempts per nonce allow",
     "indeterminate": "may or may not have committed; nobody can say yet — run `marque "
                      "reconcile` (never retry with a new nonce)",
     "in_progress": "claimed and running; retry the same nonce to follow it",
 }
 
 
+#: Event fields that hold an epoch time without ending in ``_at``.
+_TIME_KEYS = frozenset({"marque_not_before"})
+
+
 def _human_value(key: str, value: Any) -> str:
-    if key.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
+    if ((key.endswith("_at") or key in _TIME_KEYS) and isinstance(value, int | float)
+            and not isinstance(value, bool)):
         return when(value)
+    if key == "error" and isinstance(value, dict) and "code" in value:
+        return f"{one_line(value['code'])} ({one_line(value.get('message', ''))})"
     if isinstance(value, dict):
         return " ".join(f"{k}={_human_value(k, v)}" for k, v in value.items() if v is not None)
-    return literal(value)
+    if isinstance(value, float):
+        return f"{value:g}"  # 60, not 60.0
+    return one_line(value)
 
 
 def print_event(event: dict[str, Any], as_json: bool) -> None:
@@ -67,41 +78,80 @@ def print_event(event: dict[str, Any], as_json: bool) -> None:
     kind = event["event"]
     details = " ".join(f"{k}={_human_value(k, v)}" for k, v in event.items()
                        if k not in ("event", "marque_id", "nonce", "at"))
-    err.say(f"[{_EVENT_STYLE.get(kind, 'white')}]● {literal(kind):<18}[/] [dim]{details}[/]")
+    err.say(f"[{_EVENT_STYLE.get(kind, 'white')}]● {one_line(kind):<18}[/] [dim]{details}[/]")
+    note = _skew_note(event)
+    if note:
+        err.say(f"  [yellow]{note}[/]")
 
 
-def print_outcome(outcome: Outcome, as_json: bool) -> None:
-    """The outcome object: JSON with --json, else what an operator needs to act on it."""
+def _skew_note(event: dict[str, Any]) -> str | None:
+    """Say so when a marque was accepted only thanks to the clock-skew allowance."""
+    if event["event"] != "claimed" or "skew_seconds" not in event:
+        return None
+    allowance = f"{event['skew_seconds']:g} s"
+    if "marque_expired_at" in event:
+        return (f"the marque expired at {when(event['marque_expired_at'])}; accepted within "
+                f"this Pilot's {allowance} clock-skew allowance (settings.skew_seconds)")
+    if "marque_not_before" in event:
+        return (f"the marque is valid from {when(event['marque_not_before'])}; accepted within "
+                f"this Pilot's {allowance} clock-skew allowance (settings.skew_seconds)")
+    return None
+
+
+def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None = None) -> None:
+    """The outcome object: JSON with --json, else what an operator needs to act on it.
+
+    ``stalled`` is why an ``in_progress`` nonce's owner can no longer finish it
+    (its process died, or its lease ran out): then "running" would be untrue.
+    """
     if as_json:
         emit_json(outcome.to_dict())
         return
     colour = _STATUS_STYLE.get(outcome.status, "white")
-    line = (f"[bold {colour}]{outcome.status}[/] marque {literal(outcome.marque_id)} "
-            f"nonce {literal(outcome.nonce)} attempt {outcome.attempt}")
+    line = (f"[bold {colour}]{outcome.status}[/] marque {one_line(outcome.marque_id)} "
+            f"nonce {one_line(outcome.nonce)} attempt {outcome.attempt}")
     if outcome.rows_affected is not None:
         line += f", rows_affected={outcome.rows_affected}"
     if outcome.replayed:
         line += " [dim](recorded outcome: nothing ran now)[/]"
     out.say(line)
-    if outcome.status in _STATUS_MEANING:
+    if stalled is not None:
+        out.say(f"  claimed, but nothing is running it ({stalled.code}): "
+                f"{literal(stalled.message)}. Run `marque reconcile` (or retry the same "
+                "nonce) to settle it by evidence")
+    elif outcome.status in _STATUS_MEANING:
         out.say(f"  {_STATUS_MEANING[outcome.status]}")
     if outcome.error:
-        out.say(f"  error {literal(outcome.error['code'])}: {literal(outcome.error['message'])}")
+        out.say(f"  error {one_line(outcome.error['code'])}: {literal(outcome.error['message'])}")
     if outcome.result:
-        out.say("  " + " | ".join(literal(c) for c in outcome.result["columns"]))
+        out.say("  " + " | ".join(one_line(c) for c in outcome.result["columns"]))
         for row in outcome.result["rows"]:
-            out.say("  " + " | ".join(literal(v) for v in row))
+            out.say("  " + " | ".join(one_line(v) for v in row))
 
 
 def _read_marque_file(path: Path) -> str:
+    """The marque in ``path``, stripped; a file that holds none is ``marque_invalid``.
+
+    A missing or unreadable file is a usage error (the command named the wrong
+    thing); a readable file that is empty, binary or otherwise not a marque is
+    one answer, ``marque_invalid``, whatever is wrong with it.
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise InvalidInput(f"marque file {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise InvalidInput(f"marque file {path} is a directory, not a file") from exc
     except OSError as exc:
         raise InvalidInput(f"cannot read marque file {path}: {exc.strerror}") from exc
-    # Whatever is in the file is the marque the caller means; the Pilot says if it is one.
-    return raw.decode("ascii", errors="replace").strip()
+    token = raw.strip()
+    if not token:
+        raise MarqueInvalid(f"marque file {path} is empty: it holds no marque")
+    if not token.isascii():
+        raise MarqueInvalid(f"marque file {path} does not hold a marque: a marque is ASCII "
+                            "text (header.payload.signature, as `marque issue` prints it)")
+    # Whatever else is in the file is the marque the caller means; the Pilot says if it is one.
+    return token.decode("ascii")
 
 
 @click.command("exec")
@@ -133,7 +183,7 @@ def exec_(home: Path, marque_file: Path, key: Path, nonce: str, pilot_url: str |
 
         marque_id = (unverified_claims(token) or {}).get("jti")
         if not as_json and isinstance(marque_id, str):
-            err.say(f"[dim]exec marque {literal(marque_id)} nonce {literal(nonce)}[/]")
+            err.say(f"[dim]exec marque {one_line(marque_id)} nonce {one_line(nonce)}[/]")
         pilot = open_pilot(home)
         pilot_info = {"id": pilot.pilot_id, "incarnation": pilot.incarnation}
         try:
@@ -167,14 +217,16 @@ def outcome_(home: Path, marque_id: str, nonce: str, as_json: bool) -> None:
         pilot = open_pilot(home, recover=False)
         try:
             outcome = pilot.outcome(marque_id, nonce)
+            stalled = (pilot.stalled(marque_id, nonce)
+                       if outcome.status == "in_progress" and not as_json else None)
         finally:
             pilot.close()
-        if outcome is None:
-            raise NotFound(f"nonce {nonce!r} of marque {marque_id} was never claimed by this "
-                           "Pilot's ledger")
+    except NonceReaped as exc:
+        # What the ledger kept of the nonce goes with the error, for scripts.
+        fail(exc, as_json, {"marque_id": marque_id, "nonce": nonce, "reaped": exc.detail})
     except MarqueError as exc:
         fail(exc, as_json)
-    print_outcome(outcome, as_json)
+    print_outcome(outcome, as_json, stalled)
     raise CommandExit(outcome.exit_status)
 
 
@@ -200,12 +252,12 @@ def reconcile(home: Path, as_json: bool) -> None:
         emit_json({"changed": changes, "still_unsettled": left})
         return
     for change in changes:
-        out.say(f"{literal(change['marque_id'])} nonce {literal(change['nonce'])} attempt "
+        out.say(f"{one_line(change['marque_id'])} nonce {one_line(change['nonce'])} attempt "
                 f"{change['attempt']}: {change['from']} → {change['to']}")
     if not changes:
         out.say("nothing settled")
     for record in left:
         error: dict[str, Any] = record["error"] or {}  # type: ignore[assignment]
         reason = error.get("message", "")
-        out.say(f"still {record['status']}: {literal(record['marque_id'])} nonce "
-                f"{literal(record['nonce'])} attempt {record['attempt']} {literal(reason)}")
+        out.say(f"still {record['status']}: {one_line(record['marque_id'])} nonce "
+                f"{one_line(record['nonce'])} attempt {record['attempt']} {literal(reason)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -14,7 +15,6 @@ from marque.cli.common import (
     literal,
     out,
     read_json_file,
-    redact,
 )
 
 
@@ -46,9 +46,13 @@ def pilot_init(home: Path, pilot_id: str, ledger: str | None, as_json: bool) -> 
     result = init_home(home, pilot_id, ledger)
     if as_json:
         emit_json(result)
-    else:
-        out.say(f"Pilot {literal(result['pilot_id'])} "
-                f"incarnation {literal(result['incarnation'])}")
+        return
+    out.say(f"Pilot {literal(result['pilot_id'])} "
+            f"incarnation {literal(result['incarnation'])}")
+    if result["adopted"]:
+        out.say("re-adopted the existing ledger (same incarnation, nothing spent is lost); "
+                "pilot.json was recreated without targets or trusted issuers: add them again "
+                "with `marque pilot target add` and `marque pilot trust`")
 
 
 @pilot.command("trust")
@@ -71,14 +75,122 @@ def pilot_trust(home: Path, issuer_jwk: Path, as_json: bool) -> None:
 @home_option
 @click.argument("name")
 @click.argument("dsn")
+@click.option("--no-check", is_flag=True,
+              help="Do not check that the target answers (for a target down on purpose).")
 @json_option
 @guarded
-def target_add(home: Path, name: str, dsn: str, as_json: bool) -> None:
-    """Add (or repoint) target NAME at DSN: sqlite:///path or postgresql://…"""
+def target_add(home: Path, name: str, dsn: str, no_check: bool, as_json: bool) -> None:
+    """Add (or repoint) target NAME at DSN: sqlite:///path or postgresql://…
+
+    The target must answer first (a SQLite file that exists and is a database,
+    or a PostgreSQL server that accepts the connection) unless --no-check. A
+    relative SQLite path is resolved against the current directory and stored
+    absolute.
+    """
     from marque.pilot.setup import add_target
 
-    add_target(home, name, dsn)
+    result = add_target(home, name, dsn, check=not no_check)
     if as_json:
-        emit_json({"target": name, "dsn": redact(dsn)})
+        emit_json(result)
+        return
+    out.say(f"target {literal(name)} → {literal(result['dsn'])}")
+    if result["resolved_from"] is not None:
+        out.say(f"  (the relative path {literal(result['resolved_from'])} was resolved against "
+                "the current directory)")
+    if not result["checked"]:
+        out.say("  (not checked: the target was not contacted)")
+
+
+@target.command("list")
+@home_option
+@json_option
+@guarded
+def target_list(home: Path, as_json: bool) -> None:
+    """The targets this Pilot serves (passwords redacted)."""
+    from marque.pilot.setup import list_targets
+
+    targets = list_targets(home)
+    if as_json:
+        emit_json({"targets": targets})
+        return
+    for name, dsn in targets.items():
+        out.say(f"{literal(name)} → {literal(dsn)}")
+    if not targets:
+        out.say("no targets; add one with `marque pilot target add`")
+
+
+@target.command("remove")
+@home_option
+@click.argument("name")
+@json_option
+@guarded
+def target_remove(home: Path, name: str, as_json: bool) -> None:
+    """Stop serving target NAME; marques for it are refused from now on."""
+    from marque.pilot.setup import remove_target
+
+    result = remove_target(home, name)
+    if as_json:
+        emit_json(result)
     else:
-        out.say(f"target {literal(name)} → {literal(redact(dsn))}")
+        out.say(f"removed target {literal(name)} ({literal(result['dsn'])})")
+
+
+@pilot.command("untrust")
+@home_option
+@click.argument("kid")
+@json_option
+@guarded
+def pilot_untrust(home: Path, kid: str, as_json: bool) -> None:
+    """Stop trusting issuer key KID; marques it signed are refused from now on."""
+    from marque.pilot.setup import untrust_issuer
+
+    result = untrust_issuer(home, kid)
+    if as_json:
+        emit_json(result)
+    else:
+        out.say(f"no longer trusting issuer key {literal(kid)}")
+
+
+@pilot.command("show")
+@home_option
+@json_option
+@guarded
+def pilot_show(home: Path, as_json: bool) -> None:
+    """This Pilot's id, incarnation, ledger, targets, trusted issuers and settings."""
+    from marque.pilot.setup import show_pilot
+
+    shown = show_pilot(home)
+    if as_json:
+        emit_json(shown)
+        return
+    for key in ("pilot_id", "incarnation", "home", "ledger"):
+        out.say(f"{key:<12} {literal(shown[key])}")
+    out.say("targets")
+    for name, dsn in shown["targets"].items():
+        out.say(f"  {literal(name)} → {literal(dsn)}")
+    out.say("issuers      " + (literal(", ".join(shown["issuers"])) or "none"))
+    out.say("settings")
+    for key, value in shown["settings"].items():
+        out.say(f"  {key:<24} {literal(json.dumps(value))}")
+
+
+@pilot.command("move")
+@home_option
+@json_option
+@guarded
+def pilot_move(home: Path, as_json: bool) -> None:
+    """Acknowledge that this home was moved to --home: its ledger follows it.
+
+    Refused while the old home still exists with this Pilot in it (a copy):
+    two homes never run on one ledger.
+    """
+    from marque.pilot.setup import move_home
+
+    result = move_home(home)
+    if as_json:
+        emit_json(result)
+    elif result["moved_from"] is None:
+        out.say(f"{literal(result['home'])} is already this Pilot's home; nothing to move")
+    else:
+        out.say(f"Pilot {literal(result['pilot_id'])} moved from "
+                f"{literal(result['moved_from'])} to {literal(result['home'])}")

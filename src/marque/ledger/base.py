@@ -63,6 +63,27 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ReapedRecord:
+    """What the ledger keeps of a nonce whose entries were reaped.
+
+    Reaping deletes a marque's entries once it expired (past the clock-skew
+    allowance) and every outcome under it was settled and reported to the
+    logbook; this small record is what stays, so a later question about the
+    nonce is answered "reaped", not "never claimed".
+    """
+
+    marque_id: str
+    nonce: str
+    target: str
+    #: The latest attempt and how it settled (``applied`` or ``aborted_not_applied``).
+    attempt: int
+    status: Status
+    rows_affected: int | None
+    expires_at: float
+    reaped_at: float
+
+
+@dataclass(frozen=True)
 class OutboxEntry:
     """An outcome report waiting for the Harbourmaster's acknowledgement."""
 
@@ -188,16 +209,44 @@ class Ledger(abc.ABC):
     # -- housekeeping --------------------------------------------------------
 
     @abc.abstractmethod
-    def reap(self, now: float) -> dict[str, int]:
-        """Delete settled, reported entries of expired marques; counts what went."""
+    def reap(self, now: float, *, skew_seconds: float = 0.0) -> dict[str, int]:
+        """Delete settled, reported entries of expired marques; counts what went.
+
+        A marque is expired once ``expires_at + skew_seconds < now``: until
+        then a Pilot allowing that clock skew could still accept it. Each
+        reaped nonce leaves a :class:`ReapedRecord` (see :meth:`reaped`).
+        """
 
     @abc.abstractmethod
-    def stats(self, now: float) -> dict[str, Any]:
-        """Size and health: live marques, entries, unsettled and unreported outcomes."""
+    def reaped(self, marque_id: str, nonce: str) -> ReapedRecord | None:
+        """What was kept of a reaped nonce, or None if no such nonce was reaped here."""
+
+    @abc.abstractmethod
+    def stats(self, now: float, *, skew_seconds: float = 0.0) -> dict[str, Any]:
+        """Size and health: live marques, entries, unsettled and unreported outcomes.
+
+        "Live" and "reapable" use the same rule as :meth:`reap` (expiry plus
+        ``skew_seconds``), so what stats calls reapable is what reap deletes.
+        """
 
     @abc.abstractmethod
     def rotate_incarnation(self, now: float) -> str:
         """Replace the incarnation (the ledger is known to have gone back in time)."""
+
+    @abc.abstractmethod
+    def home_binding(self) -> dict[str, str] | None:
+        """The home this ledger belongs to, ``{home_id, home_path}``; None if never bound."""
+
+    @abc.abstractmethod
+    def bind_home(self, home_id: str, home_path: str, *, now: float,
+                  moved_from: str | None = None) -> dict[str, str]:
+        """Bind the ledger to a home and return the binding as it now stands.
+
+        Without ``moved_from``, only an unbound ledger is bound (the first
+        binder wins). With it, the binding moves to ``home_path`` only if it
+        still names ``home_id`` at ``moved_from`` (compare-and-set), and the
+        move is recorded in the ledger's meta rows.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -7,6 +7,11 @@ through a second pool of autocommit connections and see the latest commit. Claim
 rely on ``INSERT … ON CONFLICT DO NOTHING`` waiting for a concurrent insert of
 the same key, and the budget on a conditional ``UPDATE`` re-checking its
 ``WHERE`` after a row lock — both READ COMMITTED guarantees.
+
+Every driver error leaves this module as :class:`~marque.errors.LedgerUnavailable`
+carrying its SQLSTATE and naming the server (never the password): a server
+that refuses connections is reported at once (``pgpool.checkout``), not after
+a pool timeout.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
+from marque.dsn import describe
+from marque.errors import LedgerUnavailable
 from marque.ledger.sql import SqlLedger, Tx
-from marque.pgpool import make_pool
+from marque.pgpool import CONNECT_TIMEOUT_SECONDS, connection, make_pool, reason
 
 SCHEMA = "marque_ledger"
 
@@ -38,12 +45,13 @@ class _PgTx(Tx):
 class _PgReadTx(Tx):
     """Reads, each one autocommit statement on a pooled connection."""
 
-    def __init__(self, pool: ConnectionPool[psycopg.Connection[TupleRow]]) -> None:
+    def __init__(self, pool: ConnectionPool[psycopg.Connection[TupleRow]], dsn: str) -> None:
         self._pool = pool
+        self._dsn = dsn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         for retry in (True, False):
-            with self._pool.connection() as conn:
+            with connection(self._pool, self._dsn) as conn:
                 try:
                     return _PgTx(conn).execute(sql, params)
                 except psycopg.OperationalError:
@@ -69,7 +77,8 @@ class PostgresLedger(SqlLedger):
             dsn, name="marque-ledger", min_size=1, max_size=pool_size, configure=_configure,
             check_always=True,
         )
-        self._pool.wait(timeout=30)
+        # No wait for the pool here: the first use (``_has_schema``) reports a server
+        # that refuses us at once, with its reason (pgpool.checkout).
         # Reads are one autocommit statement each (one round trip, no BEGIN or
         # COMMIT), on connections pinged only after sitting idle: a read that
         # fails can simply be asked again, unlike a write mid-transaction.
@@ -81,8 +90,12 @@ class PostgresLedger(SqlLedger):
     @classmethod
     def create(cls, dsn: str, pilot_id: str) -> PostgresLedger:
         """Create the ledger schema with a fresh incarnation; refuses an existing ledger."""
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        try:
+            with psycopg.connect(dsn, autocommit=True,
+                                 connect_timeout=CONNECT_TIMEOUT_SECONDS) as conn:
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        except psycopg.Error as exc:
+            raise unavailable(dsn, exc) from exc
         return cls(dsn)._created(pilot_id)
 
     @classmethod
@@ -92,26 +105,35 @@ class PostgresLedger(SqlLedger):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
-        with self._pool.connection() as conn, conn.transaction():
-            yield _PgTx(conn)
+        try:
+            with connection(self._pool, self.dsn) as conn, conn.transaction():
+                yield _PgTx(conn)
+        except psycopg.Error as exc:
+            raise unavailable(self.dsn, exc) from exc
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Tx]:
-        yield _PgReadTx(self._read_pool)
+        try:
+            yield _PgReadTx(self._read_pool, self.dsn)
+        except psycopg.Error as exc:
+            raise unavailable(self.dsn, exc) from exc
 
     def _has_schema(self) -> bool:
-        with self._pool.connection() as conn:
-            row = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.meta",)).fetchone()
+        try:
+            with connection(self._pool, self.dsn) as conn:
+                row = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.meta",)).fetchone()
+        except psycopg.Error as exc:
+            raise unavailable(self.dsn, exc) from exc
         return bool(row and row[0] is not None)
 
     def _size_bytes(self) -> int:
-        with self._pool.connection() as conn:
-            row = conn.execute(
+        with self.reading() as tx:
+            row = tx.one(
                 "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = %s AND c.relkind = 'r'",
+                "WHERE n.nspname = ? AND c.relkind = 'r'",
                 (SCHEMA,),
-            ).fetchone()
+            )
         return int(row[0]) if row else 0
 
     def _json_array_length(self, column: str) -> str:
@@ -121,3 +143,15 @@ class PostgresLedger(SqlLedger):
         self._jtis.close()
         self._read_pool.close()
         self._pool.close()
+
+
+def unavailable(dsn: str, exc: psycopg.Error) -> LedgerUnavailable:
+    """A driver error of the ledger, as the typed error an operator can act on."""
+    server = describe(dsn)
+    return LedgerUnavailable(
+        f"the ledger database at {server} is unavailable: {reason(exc)}. Check that "
+        "PostgreSQL is running there and accepts this Pilot's connections, then retry "
+        "(an exec may be retried with the same nonce)",
+        sqlstate=exc.sqlstate,
+        detail={"server": server},
+    )

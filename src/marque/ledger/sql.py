@@ -24,13 +24,16 @@ from marque.errors import (
     LedgerMissing,
     PopReplayed,
 )
-from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
+from marque.ledger.base import (
+    AttemptRecord,
+    Claim,
+    ClaimTicket,
+    Ledger,
+    OutboxEntry,
+)
+from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
 from marque.outcome import SETTLED_RANK, Status
-
-SCHEMA_VERSION = 1
-#: Marques (or proof jtis) reaped per transaction.
-REAP_BATCH = 500
 
 # Forward-only migrations: index i holds the statements that take the schema
 # from version i to i + 1. Types are spelled so both engines accept them.
@@ -103,6 +106,23 @@ MIGRATIONS: list[list[str]] = [
             forget_after DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX pop_jtis_forget ON pop_jtis (forget_after)",
     ],
+    # 2: what reaping keeps. One row per reaped marque and one per reaped nonce
+    # (its final attempt and status): a few dozen bytes where the entries held
+    # kilobytes, so `outcome` can say "reaped", not "never claimed".
+    [
+        """CREATE TABLE reaped_marques (
+            marque_id TEXT PRIMARY KEY,
+            target TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            reaped_at DOUBLE PRECISION NOT NULL)""",
+        """CREATE TABLE reaped_nonces (
+            marque_id TEXT NOT NULL,
+            nonce TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            rows_affected BIGINT,
+            PRIMARY KEY (marque_id, nonce))""",
+    ],
 ]
 
 _ATTEMPT_COLUMNS = (
@@ -155,8 +175,11 @@ def _record(row: tuple[Any, ...]) -> AttemptRecord:
     )
 
 
-class SqlLedger(Ledger):
-    """The ledger's behaviour over any engine that provides :meth:`transaction`."""
+class SqlLedger(Housekeeping, Ledger):
+    """The ledger's behaviour over any engine that provides :meth:`transaction`.
+
+    Reaping and stats come from :class:`~marque.ledger.housekeeping.Housekeeping`.
+    """
 
     def __init__(self) -> None:
         self._jtis = PendingJtis(self._write_jtis)
@@ -236,7 +259,20 @@ class SqlLedger(Ledger):
         self._load_identity()
 
     def _migrate(self) -> None:
+        """Bring an older ledger's schema up to date (forward only), once.
+
+        A read decides whether anything is due, so an up-to-date ledger costs
+        no write. Migrating starts by writing the version row: a second
+        process migrating at the same moment waits for that row lock
+        (PostgreSQL; SQLite's writer lock does the same) and then reads the
+        version the first one left, so each step runs exactly once.
+        """
+        with self.reading() as tx:
+            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
+        if row is not None and int(row[0]) >= len(MIGRATIONS):
+            return
         with self.transaction() as tx:
+            tx.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
             row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
             version = int(row[0]) if row else 0
             for index in range(version, len(MIGRATIONS)):
@@ -267,6 +303,36 @@ class SqlLedger(Ledger):
         self.incarnation = incarnation
         return incarnation
 
+    def home_binding(self) -> dict[str, str] | None:
+        with self.reading() as tx:
+            meta = dict(tx.execute(
+                "SELECT key, value FROM meta WHERE key IN ('home_id', 'home_path')"))
+        if "home_id" not in meta or "home_path" not in meta:
+            return None
+        return {"home_id": meta["home_id"], "home_path": meta["home_path"]}
+
+    def bind_home(self, home_id: str, home_path: str, *, now: float,
+                  moved_from: str | None = None) -> dict[str, str]:
+        with self.transaction() as tx:
+            if moved_from is None:
+                # First binding: whoever binds first wins; the others read the winner.
+                for key, value in (("home_id", home_id), ("home_path", home_path)):
+                    tx.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                               "ON CONFLICT (key) DO NOTHING", (key, value))
+            else:
+                # A move is a compare-and-set on the path the mover saw.
+                moved = tx.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'home_path' AND value = ? AND EXISTS "
+                    "(SELECT 1 FROM meta WHERE key = 'home_id' AND value = ?) RETURNING value",
+                    (home_path, moved_from, home_id))
+                if moved:
+                    tx.execute(
+                        "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+                        "SET value = excluded.value",
+                        (f"home_moved_from:{moved_from}", repr(now)),
+                    )
+        return self.home_binding() or {}
+
     # -- claims ---------------------------------------------------------------
 
     def claim(self, ticket: ClaimTicket) -> Claim:
@@ -287,10 +353,12 @@ class SqlLedger(Ledger):
                 if ticket.executions < 1:
                     raise BudgetExhausted(f"marque {ticket.marque_id} allows no executions")
                 # One statement: the budget row is born from the token already spent
-                # once, or an existing row is decremented only while above zero.
+                # once, or an existing row is decremented only while above zero. A
+                # reaped marque's budget is never born again (its record stays).
                 spent = tx.one(
                     "INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
-                    "attempts_per_nonce, expires_at) VALUES (?, ?, ?, ?, ?, ?) "
+                    "attempts_per_nonce, expires_at) SELECT ?, ?, ?, ?, ?, ? "
+                    "WHERE NOT EXISTS (SELECT 1 FROM reaped_marques WHERE marque_id = ?) "
                     "ON CONFLICT (marque_id) DO UPDATE "
                     "SET executions_left = budgets.executions_left - 1 "
                     "WHERE budgets.executions_left > 0 RETURNING executions_left",
@@ -301,10 +369,12 @@ class SqlLedger(Ledger):
                         ticket.max_rows,
                         ticket.attempts_per_nonce,
                         ticket.expires_at,
+                        ticket.marque_id,
                     ),
                 )
                 if spent is None:
                     # Raising rolls the claim back with it: no nonce is claimed.
+                    self._refuse_reaped_txn(tx, ticket.marque_id)
                     raise BudgetExhausted(
                         f"marque {ticket.marque_id} has no executions left in its budget"
                     )
@@ -322,8 +392,9 @@ class SqlLedger(Ledger):
             )
             if advanced is None:
                 raise AttemptsExhausted(
-                    f"nonce {ticket.nonce!r} used all {ticket.attempts_per_nonce} attempts; "
-                    "its last attempt was aborted_not_applied"
+                    f"nonce {ticket.nonce} used all {ticket.attempts_per_nonce} attempts the "
+                    "marque allows it, and its last one was aborted_not_applied (nothing "
+                    "applied); a new nonce is a new execution and spends budget"
                 )
             return Claim(True, self._start_attempt_txn(tx, ticket, advanced[0]))
 
@@ -450,7 +521,7 @@ class SqlLedger(Ledger):
                 key,
             )
             if row is None:
-                raise LedgerMissing(f"no attempt {attempt} of nonce {nonce!r} in this ledger")
+                raise LedgerMissing(f"no attempt {attempt} of nonce {nonce} in this ledger")
             record = _record(row)
             if changed is not None and record.status is not Status.IN_PROGRESS:
                 payload = {
@@ -588,75 +659,3 @@ class SqlLedger(Ledger):
                 "AND attempt = ?",
                 (entry.marque_id, entry.nonce, entry.attempt),
             )
-
-    # -- housekeeping -------------------------------------------------------------
-
-    _REAPABLE = (
-        "SELECT b.marque_id FROM budgets b WHERE b.expires_at < ? "
-        "AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.marque_id = b.marque_id "
-        "AND a.status_rank < 3) "
-        "AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.marque_id = b.marque_id "
-        "AND o.acked_at IS NULL)"
-    )
-
-    def reap(self, now: float) -> dict[str, int]:
-        # Many small transactions, not one big one: executions keep flowing while
-        # a large ledger is reaped, and no transaction grows without bound.
-        tables = ("events", "observations", "outbox", "attempts", "claims", "budgets")
-        counts = dict.fromkeys((*tables, "pop_jtis", "marques"), 0)
-        while True:
-            with self.transaction() as tx:
-                ids = [r[0] for r in tx.execute(self._REAPABLE + " LIMIT ?", (now, REAP_BATCH))]
-                marks = ", ".join("?" * len(ids))
-                for table in tables if ids else ():
-                    counts[table] += len(tx.execute(
-                        f"DELETE FROM {table} WHERE marque_id IN ({marks}) RETURNING 1", ids
-                    ))
-            counts["marques"] += len(ids)
-            if len(ids) < REAP_BATCH:
-                break
-        while True:
-            with self.transaction() as tx:
-                gone = len(tx.execute(
-                    "DELETE FROM pop_jtis WHERE jti IN (SELECT jti FROM pop_jtis "
-                    "WHERE forget_after < ? LIMIT ?) RETURNING 1",
-                    (now, REAP_BATCH),
-                ))
-            counts["pop_jtis"] += gone
-            if gone < REAP_BATCH:
-                break
-        if counts["marques"] or counts["pop_jtis"]:
-            self._compact()
-        return counts
-
-    def _compact(self) -> None:
-        """Give the space of reaped entries back (engines that need telling)."""
-
-    def stats(self, now: float) -> dict[str, Any]:
-        with self.reading() as tx:
-
-            def count(sql: str, params: Sequence[Any] = ()) -> int:
-                row = tx.one(sql, params)
-                return int(row[0]) if row else 0
-
-            by_status = dict(
-                tx.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status")
-            )
-            stats = {
-                "pilot_id": self.pilot_id,
-                "incarnation": self.incarnation,
-                "schema_version": self.schema_version,
-                "marques": count("SELECT COUNT(*) FROM budgets"),
-                "live_marques": count("SELECT COUNT(*) FROM budgets WHERE expires_at >= ?", (now,)),
-                "claims": count("SELECT COUNT(*) FROM claims"),
-                "attempts": count("SELECT COUNT(*) FROM attempts"),
-                "attempts_by_status": {s.value: int(by_status.get(s.value, 0)) for s in Status},
-                "events": count(
-                    f"SELECT COALESCE(SUM({self._json_array_length('body')}), 0) FROM events"
-                ),
-                "unreported_outcomes": count("SELECT COUNT(*) FROM outbox WHERE acked_at IS NULL"),
-                "pop_jtis": count("SELECT COUNT(*) FROM pop_jtis"),
-                "reapable_marques": len(tx.execute(self._REAPABLE, (now,))),
-            }
-        stats["size_bytes"] = self._size_bytes()
-        return stats

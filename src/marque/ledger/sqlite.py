@@ -9,6 +9,12 @@ returns. A caller whose statements fail rolls back to its savepoint and leaves
 the others' work alone. Reads go through a second connection and see only
 committed data. Between processes, ``BEGIN IMMEDIATE`` and a busy timeout
 take turns.
+
+Every driver error leaves this module typed, by its ``sqlite_errorname``: a
+file that is not a database (garbage, truncated, overwritten) is
+:class:`~marque.errors.LedgerCorrupt` naming the file; a file that cannot be
+opened, stays locked, is read-only or sits on a full disk is
+:class:`~marque.errors.LedgerUnavailable`.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from marque.errors import LedgerMissing
+from marque.errors import InvalidInput, LedgerCorrupt, LedgerMissing, LedgerUnavailable
 from marque.ledger.sql import SqlLedger, Tx
 
 BUSY_TIMEOUT_MS = 30_000
@@ -39,15 +45,29 @@ class _SqliteTx(Tx):
 class SqliteLedger(SqlLedger):
     """A ledger in one SQLite file."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, creating: bool = False) -> None:
         super().__init__()
         self.path = path
-        self._conn = self._connect(path)
-        # Takes effect only on a new, empty file (before WAL mode writes its header):
-        # lets reaping give pages back to the OS.
-        self._conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._reader = self._connect(path)
+        try:
+            self._conn = self._connect(path)
+        except sqlite3.Error as exc:
+            raise ledger_error(path, exc) from exc
+        try:
+            if not creating:
+                # Read before anything is written: a file that is not a ledger is
+                # reported as it is, never converted to WAL or given our tables.
+                self._check_is_ledger()
+            # Takes effect only on a new, empty file (before WAL mode writes its header):
+            # lets reaping give pages back to the OS.
+            self._conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._reader = self._connect(path)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise ledger_error(path, exc) from exc
+        except BaseException:
+            self._conn.close()
+            raise
         self._read_lock = threading.Lock()
         # Group commit state, all guarded by one condition's lock.
         self._cond = threading.Condition(threading.Lock())
@@ -68,23 +88,59 @@ class SqliteLedger(SqlLedger):
         conn.execute("PRAGMA synchronous = FULL")
         return conn
 
+    def _check_is_ledger(self) -> None:
+        """Raise ``LedgerCorrupt`` unless the file holds a ledger (reads only)."""
+        if os.path.getsize(self.path) == 0 and self._size_bytes() == 0:
+            raise LedgerCorrupt(
+                f"the ledger file {self.path} is empty: it was truncated, or a `pilot init` "
+                "was interrupted before it wrote anything. Nothing was claimed. "
+                + _CORRUPT_ADVICE,
+                detail={"path": self.path},
+            )
+        found = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+        if found is None:
+            raise LedgerCorrupt(
+                f"the file {self.path} is a SQLite database but not a Marque ledger (it has "
+                "no ledger tables): the Pilot's configuration points at the wrong file, or "
+                "the ledger was overwritten. Nothing was claimed. " + _CORRUPT_ADVICE,
+                detail={"path": self.path},
+            )
+
     @classmethod
     def create(cls, path: str, pilot_id: str) -> SqliteLedger:
         """Create a new ledger file with a fresh incarnation; refuses an existing ledger."""
-        return cls(path)._created(pilot_id)
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise InvalidInput(
+                f"cannot create the ledger {path}: its directory {directory} does not exist; "
+                "create the directory first, or choose another ledger path"
+            )
+        return cls(path, creating=True)._created(pilot_id)
 
     @classmethod
     def open(cls, path: str) -> SqliteLedger:
         """Open an existing ledger; a missing file is ``LedgerMissing``, never a silent reset."""
         if not os.path.exists(path):
+            directory = os.path.dirname(os.path.abspath(path))
+            where = "" if os.path.isdir(directory) else f" (nor does its directory {directory})"
             raise LedgerMissing(
-                f"ledger {path} does not exist; a lost ledger is a new incarnation and must be "
-                "created deliberately with `marque pilot init`"
+                f"ledger {path} does not exist{where}; a lost ledger is a new incarnation "
+                "and must be created deliberately with `marque pilot init`"
             )
         return cls(path)._opened()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
+        try:
+            with self._group_member() as tx:
+                yield tx
+        except sqlite3.Error as exc:
+            raise ledger_error(self.path, exc) from exc
+
+    @contextlib.contextmanager
+    def _group_member(self) -> Iterator[Tx]:
+        """One caller's part of a group-committed transaction (see the module docstring)."""
         with self._arriving_lock:
             self._arriving += 1
         with self._cond:
@@ -118,15 +174,14 @@ class SqliteLedger(SqlLedger):
         """Wait (holding the condition) until ``batch`` is durable; lead its COMMIT if free."""
         lingered = False
         while self._committed < batch:
-            if self._open_batch == batch:
-                if self._arriving and not lingered:
-                    # Others are about to join: let them, once, then commit for all.
-                    lingered = True
-                    self._cond.wait(0.0005)
-                    continue
-                self._end_batch(commit=True)
-            else:
-                self._cond.wait()
+            # Until it ends, our batch is the open one: a batch opens only once the
+            # previous one has ended, and ending one marks it committed (or failed).
+            if self._arriving and not lingered:
+                # Others are about to join: let them, once, then commit for all.
+                lingered = True
+                self._cond.wait(0.0005)
+                continue
+            self._end_batch(commit=True)
         failure = self._failures.get(batch)
         if failure is not None:
             raise failure
@@ -140,7 +195,8 @@ class SqliteLedger(SqlLedger):
             while len(self._failures) > 64:  # members read theirs at once; keep a few
                 self._failures.pop(next(iter(self._failures)))
             if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # closing the batch matters more
+                    self._conn.execute("ROLLBACK")
         self._open_batch = 0
         self._members = 0
         self._committed = batch
@@ -158,6 +214,12 @@ class SqliteLedger(SqlLedger):
         return int(self._conn.execute(f"PRAGMA {name}").fetchone()[0])
 
     def _compact(self) -> None:
+        try:
+            self._compact_pages()
+        except sqlite3.Error as exc:
+            raise ledger_error(self.path, exc) from exc
+
+    def _compact_pages(self) -> None:
         with self._between_batches():
             if self._pragma("freelist_count") * 2 >= self._pragma("page_count"):
                 # Mostly free: rebuilding the live part is far cheaper than moving it
@@ -181,8 +243,11 @@ class SqliteLedger(SqlLedger):
     @contextlib.contextmanager
     def reading(self) -> Iterator[Tx]:
         # Autocommit reads on their own connection: each sees the latest commit.
-        with self._read_lock:
-            yield _SqliteTx(self._reader)
+        try:
+            with self._read_lock:
+                yield _SqliteTx(self._reader)
+        except sqlite3.Error as exc:
+            raise ledger_error(self.path, exc) from exc
 
     def _has_schema(self) -> bool:
         with self.reading() as tx:
@@ -202,3 +267,43 @@ class SqliteLedger(SqlLedger):
             self._conn.close()
         with self._read_lock:
             self._reader.close()
+
+
+_CORRUPT_ADVICE = (
+    "Move the file aside and put back a copy of this Pilot's ledger if you have one (an "
+    "older copy is detected and rotated to a new incarnation), or create a new ledger with "
+    "`marque pilot init` (a new incarnation: marques issued for the old one are refused)."
+)
+
+
+def ledger_error(path: str, exc: sqlite3.Error) -> LedgerUnavailable:
+    """A driver error on the ledger file, as the most specific typed error (by error name)."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    detail = {"sqlite_errorname": name or None, "path": path}
+    if name == "SQLITE_NOTADB" or name.startswith("SQLITE_CORRUPT"):
+        what = "is not a database" if name == "SQLITE_NOTADB" else "is damaged"
+        return LedgerCorrupt(
+            f"the ledger file {path} {what} ({name}): it was truncated, overwritten or "
+            "corrupted. This Pilot wrote nothing to it. " + _CORRUPT_ADVICE,
+            detail=detail,
+        )
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        what = (f"the ledger {path} stayed locked by another process for more than "
+                f"{BUSY_TIMEOUT_MS // 1000} s; find what holds it (another Pilot process, a "
+                "backup tool, an open sqlite3 shell) and retry")
+    elif name.startswith("SQLITE_CANTOPEN"):
+        what = (f"the ledger file {path} cannot be opened: check that it and its directory "
+                "exist and that this user may read and write both")
+    elif name.startswith(("SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")):
+        what = (f"the ledger file {path} cannot be written by this user; check the "
+                "permissions of the file and its directory (SQLite also writes -wal and "
+                "-shm files next to it)")
+    elif name == "SQLITE_FULL":
+        what = f"the disk holding the ledger {path} is full; free space and retry"
+    elif name.startswith("SQLITE_IOERR"):
+        what = (f"the disk holding the ledger {path} reported an I/O error ({name}); check "
+                "the disk and the file system, then retry")
+    else:
+        what = (f"the ledger {path} could not be used ({name or 'no error name'}: "
+                f"{' '.join(str(exc).split())})")
+    return LedgerUnavailable(what, detail=detail)

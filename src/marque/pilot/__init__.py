@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 
 from marque.harbour.logbook import Logbook
-from marque.ledger import open_ledger
 from marque.pilot.background import Reconciler, Reporter
 from marque.pilot.config import PilotConfig, PilotHome, Settings
 from marque.pilot.core import Pilot, PilotOptions, check_nonce
+from marque.pilot.home import open_bound_ledger
 from marque.pilot.runs import RunRegistry
 from marque.target import open_target
 from marque.token import TrustedKeys
@@ -33,17 +33,22 @@ def open_pilot(
 ) -> Pilot:
     """A Pilot wired from its home directory; by default runs start-up recovery.
 
+    ``pilot.json`` is checked in full first, and the ledger must belong to this
+    home (:mod:`marque.pilot.home`): a bad configuration or a copied home is
+    refused before anything can be claimed.
+
     ``background=True`` is for long-running Pilots: outcome reports leave the
     execution path for a reporter thread, and a reconciler thread settles
     what it can with backoff. Both stop when the Pilot is closed.
     """
     pilot_home = PilotHome(home)
     config = pilot_home.load()
-    ledger = open_ledger(config.ledger)
+    ledger = open_bound_ledger(pilot_home, config)
     try:
         settings = config.settings
         targets = {
-            name: open_target(name, dsn, lock_timeout_ms=settings.lock_timeout_ms,
+            name: open_target(name, pilot_home.resolve(dsn),
+                              lock_timeout_ms=settings.lock_timeout_ms,
                               statement_timeout_ms=settings.statement_timeout_ms)
             for name, dsn in config.targets.items()
         }
@@ -51,13 +56,7 @@ def open_pilot(
             ledger,
             targets,
             TrustedKeys(config.issuers),
-            options=PilotOptions(
-                skew_seconds=settings.skew_seconds,
-                pop_window_seconds=settings.pop_window_seconds,
-                statement_timeout_ms=settings.statement_timeout_ms,
-                lease_grace_seconds=settings.lease_grace_seconds,
-                replay_jti_write_behind=settings.replay_jti_write_behind,
-            ),
+            options=PilotOptions(**settings.to_dict()),
             runs=RunRegistry(pilot_home.runs_dir),
             logbook=Logbook(str(pilot_home.logbook_path)),
         )

@@ -1,74 +1,286 @@
 """A Pilot's home directory: its configuration, ledger and local logbook.
 
 ``pilot.json`` holds what an operator sets (pilot id, ledger DSN, targets,
-trusted issuer keys, timeouts). Target credentials live here, on the Pilot's
+trusted issuer keys, settings). Target credentials live here, on the Pilot's
 side; they never travel in a marque.
+
+It is read strictly: a bad configuration is found when the Pilot loads it,
+never after a nonce was claimed. Every problem is a ``ConfigInvalid`` naming
+the key path, what is allowed and what was found.
+
+Paths in ``pilot.json`` are relative to the home: the default ledger is
+``sqlite:///ledger.sqlite3``, the file next to ``pilot.json``, so a home can
+be moved (DESIGN §5 and :mod:`marque.pilot.home` say how a move is
+acknowledged). Older homes that name their ledger by absolute path still load.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from marque.dsn import sqlite_dsn
-from marque.errors import InvalidInput, LedgerMissing
+from marque.dsn import (
+    check_shape,
+    is_sqlite,
+    resolve_sqlite,
+    sqlite_dsn,
+    sqlite_path,
+)
+from marque.errors import ConfigInvalid, InvalidInput, LedgerMissing, MarqueError
 
 CONFIG_FILE = "pilot.json"
 LEDGER_FILE = "ledger.sqlite3"
 LOGBOOK_FILE = "logbook.sqlite3"
+#: The embedded default, as ``pilot.json`` stores it: a SQLite ledger inside the home.
+DEFAULT_LEDGER_DSN = sqlite_dsn(LEDGER_FILE)
+
+#: Pilot ids and target names: what a marque may name, and what is safe in a path or a log.
+NAME_RULE = "1..64 of A-Z a-z 0-9 _ . -"
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: PostgreSQL's limit for its millisecond timeouts (a 32-bit integer).
+_MAX_MS = 2_147_483_647
+
+
+def check_name(value: object, what: str) -> str:
+    """``value`` if it is a valid Pilot id or target name; else ``InvalidInput``."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise InvalidInput(f"{what} must be {NAME_RULE}, got {_show(value)}")
+    return value
+
+
+def _show(value: object) -> str:
+    """A value as the operator wrote it in JSON, shortened; never a Python repr."""
+    try:
+        text = json.dumps(value, ensure_ascii=True, allow_nan=True)
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- settings -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What a setting accepts: its JSON type, bounds and unit, for checking and messages."""
+
+    kind: str  # "int", "number" or "bool"
+    unit: str = ""
+    minimum: float | None = None
+    exclusive: bool = False  # the minimum itself is not allowed
+    maximum: float | None = None
+
+    def describe(self) -> str:
+        if self.kind == "bool":
+            return "true or false"
+        text = "an integer number of" if self.kind == "int" else "a number of"
+        text += f" {self.unit}"
+        if self.minimum is not None:
+            text += f" {'>' if self.exclusive else '≥'} {_number(self.minimum)}"
+        if self.maximum is not None:
+            text += f" and ≤ {_number(self.maximum)}"
+        return text
+
+    def check(self, value: Any) -> bool:
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        # JSON true/false are not numbers here, whatever Python thinks of bool.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.kind == "int" and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.minimum is not None and (
+            value < self.minimum or (self.exclusive and value == self.minimum)
+        ):
+            return False
+        return self.maximum is None or value <= self.maximum
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _setting(default: Any, rule: _Rule) -> Any:
+    return field(default=default, metadata={"rule": rule})
+
+
+_SECONDS = _Rule("number", "seconds", minimum=0)
+_MILLISECONDS = _Rule("int", "milliseconds", minimum=1, maximum=_MAX_MS)
 
 
 @dataclass
 class Settings:
-    """Timeouts and windows; defaults an operator rarely needs to change."""
+    """Timeouts and windows; defaults an operator rarely needs to change.
 
-    skew_seconds: float = 60.0
-    pop_window_seconds: float = 120.0
-    statement_timeout_ms: int = 30_000
-    lock_timeout_ms: int = 5_000
-    # A lease outlives the statement timeout by this much before it expires.
-    lease_grace_seconds: float = 30.0
-    # Replays of applied nonces: proof jti written just behind the answer (see
-    # marque/ledger/jtis.py for the trade); false makes every replay wait for it.
-    replay_jti_write_behind: bool = True
+    The one definition of a Pilot's settings: ``pilot.json``'s ``settings``
+    object is checked against these fields (type and range from each field's
+    rule), and the Pilot's options are built from them. A new setting is one
+    field here.
+    """
+
+    #: Clock skew allowed around a marque's validity window.
+    skew_seconds: float = _setting(60.0, _SECONDS)
+    #: How old a proof of possession may be.
+    pop_window_seconds: float = _setting(120.0, _Rule("number", "seconds", 0, exclusive=True))
+    statement_timeout_ms: int = _setting(30_000, _MILLISECONDS)
+    lock_timeout_ms: int = _setting(5_000, _MILLISECONDS)
+    #: A lease outlives the statement timeout by this much before it expires.
+    lease_grace_seconds: float = _setting(30.0, _SECONDS)
+    #: Replays of applied nonces: proof jti written just behind the answer (see
+    #: marque/ledger/jtis.py for the trade); false makes every replay wait for it.
+    replay_jti_write_behind: bool = _setting(True, _Rule("bool"))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "settings") -> Settings:
+        """Checked settings from JSON; anything unknown, mistyped or out of range is
+        ``ConfigInvalid`` naming ``where.key``."""
+        if not isinstance(data, dict):
+            raise ConfigInvalid(f"{where} must be a JSON object of settings, got {_show(data)}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            names = ", ".join(f"{where}.{name}" for name in unknown)
+            raise ConfigInvalid(
+                f"{names} {'is not a setting' if len(unknown) == 1 else 'are not settings'} "
+                f"(known settings: {', '.join(known)})"
+            )
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            rule: _Rule = known[name].metadata["rule"]
+            if not rule.check(value):
+                raise ConfigInvalid(
+                    f"{where}.{name} must be {rule.describe()}, got {_show(value)}"
+                )
+            values[name] = float(value) if rule.kind == "number" else value
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, every setting included."""
+        return {f.name: getattr(self, f.name) for f in fields(Settings)}
+
+
+# -- pilot.json -------------------------------------------------------------------------
+
+_TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings")
 
 
 @dataclass
 class PilotConfig:
-    """The contents of ``pilot.json``."""
+    """The contents of ``pilot.json``, as written (paths not yet resolved)."""
 
     pilot_id: str
-    ledger: str
+    #: The ledger DSN; a relative SQLite path is relative to the home.
+    ledger: str = DEFAULT_LEDGER_DSN
+    #: Names this home in its ledger (see :mod:`marque.pilot.home`); None in old homes.
+    home_id: str | None = None
     targets: dict[str, str] = field(default_factory=dict)
     issuers: list[dict[str, Any]] = field(default_factory=list)
     settings: Settings = field(default_factory=Settings)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form written to ``pilot.json``."""
-        return asdict(self)
+        data: dict[str, Any] = {
+            "pilot_id": self.pilot_id,
+            "ledger": self.ledger,
+            "targets": dict(self.targets),
+            "issuers": [dict(jwk) for jwk in self.issuers],
+            "settings": self.settings.to_dict(),
+        }
+        if self.home_id is not None:
+            data["home_id"] = self.home_id
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PilotConfig:
-        """Parse ``pilot.json``; a malformed file is ``InvalidInput``."""
-        try:
-            config = cls(
-                pilot_id=str(data["pilot_id"]),
-                ledger=str(data["ledger"]),
-                targets={str(k): str(v) for k, v in data.get("targets", {}).items()},
-                issuers=list(data.get("issuers", [])),
-                settings=Settings(**data.get("settings", {})),
+    def from_dict(cls, data: Any) -> PilotConfig:
+        """Parse and check ``pilot.json``'s object; every problem is ``ConfigInvalid``."""
+        if not isinstance(data, dict):
+            raise ConfigInvalid(f"the file must hold one JSON object, got {_show(data)}")
+        unknown = sorted(set(data) - set(_TOP_LEVEL))
+        if unknown:
+            raise ConfigInvalid(
+                f"{', '.join(unknown)} {'is not a' if len(unknown) == 1 else 'are not'} "
+                f"pilot.json key{'' if len(unknown) == 1 else 's'} "
+                f"(known keys: {', '.join(_TOP_LEVEL)})"
             )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise InvalidInput(f"malformed {CONFIG_FILE}: {exc}") from exc
-        if not isinstance(config.settings.replay_jti_write_behind, bool):
-            # "false" as a string would read as true: refuse rather than guess.
-            raise InvalidInput(f"malformed {CONFIG_FILE}: settings.replay_jti_write_behind "
-                               "must be true or false")
-        return config
+        if "pilot_id" not in data:
+            raise ConfigInvalid("pilot_id is missing")
+        pilot_id = _config_name(data["pilot_id"], "pilot_id")
+        home_id = data.get("home_id")
+        if home_id is not None and (not isinstance(home_id, str) or not _NAME.fullmatch(home_id)):
+            raise ConfigInvalid(f"home_id must be {NAME_RULE}, got {_show(home_id)}")
+        ledger = data.get("ledger", DEFAULT_LEDGER_DSN)
+        _config_dsn(ledger, "ledger")
+        targets = data.get("targets", {})
+        if not isinstance(targets, dict):
+            raise ConfigInvalid(
+                f"targets must be a JSON object of name → DSN, got {_show(targets)}"
+            )
+        for name, dsn in targets.items():
+            if not _NAME.fullmatch(name):
+                raise ConfigInvalid(f"targets: {_show(name)} is not a target name ({NAME_RULE})")
+            _config_dsn(dsn, f"targets.{name}")
+        issuers = data.get("issuers", [])
+        _check_issuers(issuers)
+        return cls(
+            pilot_id=pilot_id,
+            ledger=ledger,
+            home_id=home_id,
+            targets=dict(targets),
+            issuers=[dict(jwk) for jwk in issuers],
+            settings=Settings.from_dict(data.get("settings", {})),
+        )
+
+
+def _config_name(value: Any, where: str) -> str:
+    try:
+        return check_name(value, where)
+    except InvalidInput as exc:
+        raise ConfigInvalid(exc.message) from exc
+
+
+def _config_dsn(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigInvalid(
+            f"{where} must be a DSN string (sqlite:///path or postgresql://…), got {_show(value)}"
+        )
+    try:
+        return check_shape(value, where)
+    except InvalidInput as exc:
+        raise ConfigInvalid(exc.message) from exc
+
+
+def _check_issuers(issuers: Any) -> None:
+    """Each trusted issuer key must be a public Ed25519 JWK, kids unique per key."""
+    if not isinstance(issuers, list):
+        raise ConfigInvalid(f"issuers must be a JSON array of public JWKs, got {_show(issuers)}")
+    from marque.token import TrustedKeys  # only a load pays for the JOSE library
+
+    trusted = TrustedKeys()
+    for index, jwk in enumerate(issuers):
+        where = f"issuers[{index}]"
+        if not isinstance(jwk, dict):
+            raise ConfigInvalid(f"{where} must be a JWK object, got {_show(jwk)}")
+        if "d" in jwk:
+            raise ConfigInvalid(
+                f"{where} holds a private key (member \"d\"); pilot.json keeps issuers' public "
+                "keys only: replace it with the output of `marque keys public`"
+            )
+        try:
+            trusted.add(jwk)
+        except MarqueError as exc:
+            raise ConfigInvalid(f"{where}: {exc.message}") from exc
+
+
+# -- the home ------------------------------------------------------------------------
 
 
 class PilotHome:
@@ -89,40 +301,153 @@ class PilotHome:
     def logbook_path(self) -> Path:
         return self.path / LOGBOOK_FILE
 
+    @property
+    def default_ledger_path(self) -> Path:
+        return self.path / LEDGER_FILE
+
+    def where(self) -> str:
+        """The home's absolute path (symlinks resolved): how its ledger knows it."""
+        return str(self.path.resolve())
+
+    def resolve(self, dsn: str) -> str:
+        """A DSN from ``pilot.json`` made usable: a relative SQLite path is the home's."""
+        return resolve_sqlite(dsn, self.path.resolve())
+
+    def ledger_dsn(self, config: PilotConfig) -> str:
+        """The ledger's DSN, resolved against the home."""
+        return self.resolve(config.ledger)
+
     def default_ledger_dsn(self) -> str:
-        """The embedded default: a SQLite ledger inside the home."""
-        return sqlite_dsn(str((self.path / LEDGER_FILE).resolve()))
+        """The embedded default, resolved: a SQLite ledger inside the home."""
+        return self.resolve(DEFAULT_LEDGER_DSN)
 
     def exists(self) -> bool:
         return self.config_path.exists()
 
     def load(self) -> PilotConfig:
-        """Read ``pilot.json``."""
+        """Read and check ``pilot.json`` (``ConfigInvalid`` names what is wrong)."""
         try:
             text = self.config_path.read_text(encoding="utf-8")
         except FileNotFoundError as exc:
-            raise LedgerMissing(
-                f"{self.path} is not a Pilot home; create it with `marque pilot init`"
+            raise self._not_a_home() from exc
+        except NotADirectoryError as exc:
+            raise InvalidInput(f"{self.path} is a file, not a Pilot home directory") from exc
+        except IsADirectoryError as exc:
+            raise ConfigInvalid(f"{self.config_path} is a directory, not a file") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigInvalid(f"{self.config_path} is not UTF-8 text") from exc
+        except OSError as exc:
+            raise ConfigInvalid(
+                f"cannot read {self.config_path}: {_os_reason(exc)}",
+                detail={"errno": _errno_name(exc)},
             ) from exc
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise InvalidInput(f"malformed {self.config_path}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise InvalidInput(f"malformed {self.config_path}: not a JSON object")
-        return PilotConfig.from_dict(data)
+            raise ConfigInvalid(
+                f"{self.config_path} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+                f"{exc.msg}); fix or restore the file"
+            ) from exc
+        try:
+            return PilotConfig.from_dict(data)
+        except ConfigInvalid as exc:
+            raise ConfigInvalid(f"{self.config_path}: {exc.message}") from exc
+
+    def _not_a_home(self) -> MarqueError:
+        """Why there is no ``pilot.json``, and what to do about it."""
+        if self.path.exists() and not self.path.is_dir():
+            return InvalidInput(f"{self.path} is a file, not a Pilot home directory")
+        if self.default_ledger_path.exists():
+            # The configuration was lost, the ledger (and its budgets) was not.
+            return ConfigInvalid(
+                f"{self.path} holds a ledger ({LEDGER_FILE}) but no {CONFIG_FILE}: the "
+                "configuration was lost or deleted, the ledger was not. Recreate it with "
+                f"`marque pilot init --home {self.path} --pilot-id ID` using this Pilot's id: "
+                "init re-adopts the existing ledger (same incarnation, nothing spent is lost); "
+                "then add its targets and trusted issuers again"
+            )
+        return LedgerMissing(
+            f"{self.path} is not a Pilot home (no {CONFIG_FILE}); create one with "
+            f"`marque pilot init --home {self.path} --pilot-id ID` (with --ledger DSN for a "
+            "PostgreSQL ledger; init re-adopts a PostgreSQL ledger this Pilot already has)"
+        )
 
     def save(self, config: PilotConfig) -> None:
-        """Write ``pilot.json`` atomically (write, fsync, rename)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pilot.", suffix=".json")
+        """Write ``pilot.json`` atomically (write, fsync, rename); refuses an invalid one."""
+        data = config.to_dict()
+        PilotConfig.from_dict(data)  # never write what load would refuse
+        self.make_dir()
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pilot.", suffix=".json")
+        except OSError as exc:
+            raise _cannot_write(self.path, exc) from exc
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(config.to_dict(), handle, indent=2, sort_keys=True)
+                json.dump(data, handle, indent=2, sort_keys=True)
                 handle.write("\n")
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, self.config_path)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise _cannot_write(self.config_path, exc) from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def make_dir(self) -> bool:
+        """Create the home directory if needed; True if this call created it."""
+        if self.path.is_dir():
+            return False
+        if self.path.exists() or _file_above(self.path):
+            raise InvalidInput(f"{self.path} is a file (or lies under one), not a directory: "
+                               "--home must name a directory")
+        try:
+            self.path.mkdir(parents=True)
+        except FileExistsError:
+            return False  # made concurrently by someone else: not ours to remove
+        except OSError as exc:
+            raise _cannot_write(self.path, exc) from exc
+        return True
+
+
+def _file_above(path: Path) -> bool:
+    """Whether some existing ancestor of ``path`` is a file rather than a directory."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return not parent.is_dir()
+    return False
+
+
+def _errno_name(exc: OSError) -> str | None:
+    return errno.errorcode.get(exc.errno) if exc.errno is not None else None
+
+
+def _os_reason(exc: OSError) -> str:
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+def _cannot_write(path: Path, exc: OSError) -> InvalidInput:
+    return InvalidInput(
+        f"cannot create or write {path}: {_os_reason(exc)}; choose a --home the Pilot can write",
+        detail={"errno": _errno_name(exc)},
+    )
+
+
+def sqlite_file(dsn: str) -> Path | None:
+    """The file of a resolved SQLite DSN, or None for another engine."""
+    return Path(sqlite_path(dsn)) if is_sqlite(dsn) else None
+
+
+__all__ = [
+    "CONFIG_FILE",
+    "DEFAULT_LEDGER_DSN",
+    "LEDGER_FILE",
+    "LOGBOOK_FILE",
+    "NAME_RULE",
+    "PilotConfig",
+    "PilotHome",
+    "Settings",
+    "check_name",
+    "sqlite_file",
+]

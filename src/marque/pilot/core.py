@@ -17,12 +17,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marque.crash import crash_point
-from marque.errors import Indeterminate, InvalidInput, MarqueError, NotApplied
+from marque.errors import (
+    Indeterminate,
+    InvalidInput,
+    LeaseExpired,
+    LedgerUnavailable,
+    MarqueError,
+    NonceReaped,
+    NotApplied,
+    NotFound,
+    OwnerGone,
+)
 from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
+from marque.pilot.config import Settings
 from marque.pilot.runs import RunRegistry
 from marque.target import Evidence, Run, StampConflict, Target, Verdict
+from marque.timefmt import iso_time
 from marque.token import (
     Marque,
     TrustedKeys,
@@ -40,6 +52,10 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 READ_CACHE_SIZE = 4096
 #: Outcome reports delivered to the logbook per transaction.
 REPORT_BATCH = 500
+#: Pauses between the tries of recording what the target said, when the ledger is
+#: unavailable right after it (DESIGN §9): three tries in about half a second, then the
+#: caller is told the truth with ``recorded: false``.
+SETTLE_BACKOFF_SECONDS = (0.1, 0.4)
 
 
 def check_nonce(nonce: str) -> str:
@@ -122,19 +138,13 @@ class _AttemptStream:
 
 
 @dataclass
-class PilotOptions:
-    """How strict and how patient a Pilot is."""
+class PilotOptions(Settings):
+    """How strict and how patient a Pilot is: its :class:`Settings` (the one definition,
+    read from ``pilot.json``), plus how this process runs it."""
 
-    skew_seconds: float = 60.0
-    pop_window_seconds: float = 120.0
-    statement_timeout_ms: int = 30_000
-    lease_grace_seconds: float = 30.0
     #: Report each outcome before ``execute`` returns (CLI); else a background
     #: reporter delivers the outbox off the execution path (long-running Pilots).
     report_inline: bool = True
-    #: Answer a replay of an applied nonce from a read and write its proof's jti
-    #: just behind the answer (``ledger/jtis.py``); False records it durably first.
-    replay_jti_write_behind: bool = True
 
 
 class Pilot:
@@ -164,6 +174,8 @@ class Pilot:
         self.report_wanted = threading.Event()
         self._workers: list[Any] = []
         self._inflight_lock = threading.Lock()
+        #: Observations the ledger could not record, by attempt, with their events.
+        self._unrecorded: dict[tuple[str, str, int], tuple[Observation, list[dict[str, Any]]]] = {}
 
     @property
     def pilot_id(self) -> str:
@@ -268,11 +280,15 @@ class Pilot:
         attempt = _AttemptStream(self, marque.marque_id, nonce, claim.record.attempt, mine,
                                  on_event)
         attempt.emit("claimed", owner_run=self.runs.run_id,
-                     lease_expires_at=claim.record.lease_expires_at)
+                     lease_expires_at=claim.record.lease_expires_at,
+                     **self._skew_used(marque, now))
         crash_point("after_claim")
         run = self._target_run(marque, nonce, claim.record.attempt)
         observation = self._observe_target(run, claim.record, attempt)
-        record = self._record_observation(observation, attempt)
+        recorded = self._record_observation(observation, attempt)
+        if recorded is None:  # the ledger is away: say what is known, recorded: false
+            return self._unrecorded_outcome(observation)
+        record = recorded
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
             record = self._reconcile(record, "commit_unknown",
@@ -283,6 +299,17 @@ class Pilot:
         else:
             self.report_wanted.set()
         return self._outcome(record, replayed=False)
+
+    def _skew_used(self, marque: Marque, now: float) -> dict[str, Any]:
+        """Fields for the ``claimed`` event when the marque was accepted only thanks to the
+        clock-skew allowance (after its ``exp`` or before its ``nbf``): the window is visible."""
+        if now > marque.expires_at:
+            return {"marque_expired_at": marque.expires_at,
+                    "skew_seconds": self.options.skew_seconds}
+        if now < marque.not_before:
+            return {"marque_not_before": marque.not_before,
+                    "skew_seconds": self.options.skew_seconds}
+        return {}
 
     def _claim(
         self, marque: Marque, nonce: str, jti: str, now: float, forget_after: float
@@ -334,7 +361,10 @@ class Pilot:
             attempt.emit("fence_checked", stamp="conflict")
             evidence = target.reconcile(run)
             self._log_reconciliation(record, evidence, "fence_conflict")
-            self._check_stamp_against_ledger(record, evidence)
+            try:
+                self._check_stamp_against_ledger(record, evidence)
+            except LedgerUnavailable:
+                pass  # the same evidence is looked at again when the attempt is reconciled
             return self._evidence_observation(run, evidence, "fence_conflict")
         except NotApplied as exc:
             attempt.emit("rolled_back", error=exc.to_dict())
@@ -344,7 +374,10 @@ class Pilot:
             return Observation(replace(run, txid=exc.detail.get("txid")), Status.INDETERMINATE,
                                error=exc.to_dict())
         except Exception as exc:  # a fault of ours mid-transaction: we cannot say
-            error = {"code": "commit_unknown", "message": f"{type(exc).__name__}: {exc}",
+            error = {"code": "commit_unknown",
+                     "message": f"the Pilot failed while the target transaction was open "
+                                f"({' '.join(str(exc).split()) or 'no detail'}); whether it "
+                                "committed is for reconciliation to find out",
                      "sqlstate": None}
             attempt.emit("outcome_unknown", error=error)
             return Observation(run, Status.INDETERMINATE, error=error)
@@ -353,40 +386,133 @@ class Pilot:
 
     def _record_observation(
         self, observation: Observation, attempt: _AttemptStream
-    ) -> AttemptRecord:
-        """Step 5's second half: the observation, durably, with the attempt's events."""
-        run = observation.run
+    ) -> AttemptRecord | None:
+        """Step 5's second half: the observation, durably, with the attempt's events.
+
+        The target has already spoken, so an unavailable ledger is tried again a
+        bounded number of times (:data:`SETTLE_BACKOFF_SECONDS`). If it still cannot
+        record the observation, returns None and publishes ``outcome_not_recorded``:
+        the attempt stays claimed (``in_progress``) in the ledger, this process keeps
+        the observation for its next :meth:`recover`, and any other process settles
+        the attempt from the target's stamp once its owner is gone.
+        """
         recorded_event = attempt.event("outcome_recorded", status=observation.status.value)
-        record = self.ledger.settle(
-            run.marque_id, run.nonce, run.attempt, observation.status, now=self.clock(),
-            source="execution", events=[*attempt.events, recorded_event],
-            rows_affected=observation.rows_affected, error=observation.error,
-            result=observation.result,
-        )
+        try:
+            record = self._settle_observation(observation, [*attempt.events, recorded_event])
+        except LedgerUnavailable as exc:
+            run = observation.run
+            missed = attempt.event("outcome_not_recorded", status=observation.status.value,
+                                   tries=len(SETTLE_BACKOFF_SECONDS) + 1, error=exc.to_dict())
+            attempt.publish(missed)
+            self._unrecorded[(run.marque_id, run.nonce, run.attempt)] = (
+                observation, [*attempt.events, missed])
+            return None
         attempt.publish(recorded_event)
+        if self._unrecorded:
+            self._record_unrecorded()  # the ledger is back: record what it missed
         return record
+
+    def _settle_observation(
+        self, observation: Observation, events: list[dict[str, Any]]
+    ) -> AttemptRecord:
+        """``ledger.settle`` of an execution's own observation, tried again while the ledger
+        is unavailable; raises the last ``LedgerUnavailable``."""
+        run = observation.run
+        for index in range(len(SETTLE_BACKOFF_SECONDS) + 1):
+            try:
+                if index:
+                    time.sleep(SETTLE_BACKOFF_SECONDS[index - 1])
+                    # A write whose answer was lost may have landed: never write it twice.
+                    for held in self.ledger.attempts(run.marque_id, run.nonce):
+                        if held.attempt == run.attempt and (
+                                held.status.rank >= observation.status.rank):
+                            return held
+                return self.ledger.settle(
+                    run.marque_id, run.nonce, run.attempt, observation.status,
+                    now=self.clock(), source="execution", events=events,
+                    rows_affected=observation.rows_affected, error=observation.error,
+                    result=observation.result,
+                )
+            except LedgerUnavailable:
+                if index == len(SETTLE_BACKOFF_SECONDS):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _record_unrecorded(self) -> list[dict[str, Any]]:
+        """Record the observations the ledger missed while it was away; what changed."""
+        changes: list[dict[str, Any]] = []
+        for key in list(self._unrecorded):
+            pending = self._unrecorded.pop(key, None)
+            if pending is None:
+                continue  # another thread is recording it
+            observation, events = pending
+            run = observation.run
+            recorded_event = {"event": "outcome_recorded", "marque_id": run.marque_id,
+                              "nonce": run.nonce, "attempt": run.attempt,
+                              "at": round(self.clock(), 6), "status": observation.status.value}
+            try:
+                record = self.ledger.settle(
+                    run.marque_id, run.nonce, run.attempt, observation.status,
+                    now=self.clock(), source="execution", events=[*events, recorded_event],
+                    rows_affected=observation.rows_affected, error=observation.error,
+                    result=observation.result,
+                )
+            except LedgerUnavailable:
+                self._unrecorded[key] = pending
+                break  # still away: the next recovery tries again
+            changes.append({"marque_id": run.marque_id, "nonce": run.nonce,
+                            "attempt": run.attempt, "from": Status.IN_PROGRESS.value,
+                            "to": record.status.value})
+        return changes
+
+    def _unrecorded_outcome(self, observation: Observation) -> Outcome:
+        """What the target said about an attempt the ledger could not record."""
+        run = observation.run
+        return Outcome(
+            marque_id=run.marque_id, nonce=run.nonce, status=observation.status.value,
+            attempt=run.attempt, rows_affected=observation.rows_affected,
+            pilot_id=self.pilot_id, incarnation=self.incarnation, replayed=False,
+            error=observation.error, result=observation.result, recorded=False,
+        )
 
     # -- recovery and reconciliation ----------------------------------------------
 
     def _owner_gone(self, record: AttemptRecord) -> bool:
+        return self._lost(record) is not None
+
+    def _lost(self, record: AttemptRecord) -> Indeterminate | None:
+        """Why an in-progress attempt's owner can no longer finish it; None while it may.
+
+        ``lease_expired`` when the lease really ran out; ``owner_gone`` when the
+        owner is provably dead (its run lock released) while its lease still
+        holds — what a crash looks like seconds later, not minutes.
+        """
         if record.owner_run == self.runs.run_id:
-            return False
+            return None
         if record.lease_expires_at < self.clock():
-            return True
-        return self.runs.is_dead(record.owner_run) is True
+            return LeaseExpired(
+                f"the lease on attempt {record.attempt} ran out at "
+                f"{iso_time(record.lease_expires_at)} before its Pilot process recorded an "
+                "outcome")
+        if self.runs.is_dead(record.owner_run) is True:
+            return OwnerGone(
+                f"the Pilot process that ran attempt {record.attempt} ({record.owner_run}) "
+                "died before recording an outcome")
+        return None
 
     def _settle_lost(self, record: AttemptRecord) -> AttemptRecord:
         """An owner died or its lease ran out: indeterminate, then evidence."""
+        error = self._lost(record) or LeaseExpired(
+            f"the owner of attempt {record.attempt} ({record.owner_run}) recorded no outcome")
         lost = self.ledger.settle(
             record.marque_id, record.nonce, record.attempt, Status.INDETERMINATE,
             now=self.clock(), source="lease",
-            error={"code": "lease_expired",
-                   "message": f"owner {record.owner_run} is gone or its lease expired",
-                   "sqlstate": None},
+            error={**error.to_dict(),
+                   "message": error.message + "; the target is asked whether it committed"},
         )
         if lost.status.settled:
             return lost  # another reconciler got there first
-        return self._reconcile(lost, "lease_expired")
+        return self._reconcile(lost, error.code)
 
     def _run_for(self, record: AttemptRecord) -> tuple[Run, Target] | None:
         budget = self.ledger.budget(record.marque_id)
@@ -450,7 +576,8 @@ class Pilot:
             return Observation(run, Status.APPLIED, rows_affected=evidence.rows_affected)
         if evidence.verdict is Verdict.NOT_APPLIED:
             # Keep the code of what made it uncertain; the message says what settled it.
-            code = cause if cause in ("lease_expired", "commit_unknown") else "commit_unknown"
+            code = (cause if cause in ("lease_expired", "owner_gone", "commit_unknown")
+                    else "commit_unknown")
             return Observation(run, Status.ABORTED_NOT_APPLIED,
                                error={"code": code, "message": f"reconciled: {evidence.reason}",
                                       "sqlstate": None})
@@ -519,9 +646,7 @@ class Pilot:
                 unchecked.append(name)
                 continue
             for stamp in stamps:
-                known = {a.attempt for a in self.ledger.attempts(stamp["marque_id"],
-                                                                  stamp["nonce"])}
-                if stamp["attempt"] not in known:
+                if not self._knows(stamp):
                     unknown.append({"target": name, **stamp})
         if not unknown:
             return None
@@ -534,13 +659,27 @@ class Pilot:
             self.logbook.append("finding.ledger_regressed", f"finding/rotate/{old}", finding)
         return finding
 
+    def _knows(self, stamp: dict[str, Any]) -> bool:
+        """Whether the ledger holds the attempt a stamp names — or held it and reaped it.
+
+        A reaped nonce keeps its final attempt number, so its stamps stay known
+        (a reap is not a regression, even once a wider skew allowance makes the
+        marque look live again); a ledger restored from before the reap has
+        neither the entries nor the record, and is still caught.
+        """
+        held = {a.attempt for a in self.ledger.attempts(stamp["marque_id"], stamp["nonce"])}
+        if held:
+            return stamp["attempt"] in held
+        reaped = self.ledger.reaped(stamp["marque_id"], stamp["nonce"])
+        return reaped is not None and stamp["attempt"] <= reaped.attempt
+
     def recover(self) -> list[dict[str, Any]]:
         """Settle what evidence can settle; returns what changed.
 
         In-progress attempts whose owner is dead or whose lease expired become
         ``indeterminate``; every indeterminate attempt is then reconciled.
         """
-        changes: list[dict[str, Any]] = []
+        changes = self._record_unrecorded()
         gone: set[str] = set()
         tried: set[tuple[str, str, int]] = set()
         for record in self.ledger.unsettled(Status.IN_PROGRESS):
@@ -564,13 +703,19 @@ class Pilot:
         """Deliver queued outcome reports to the logbook; True if all were acknowledged."""
         if self.logbook is None:
             return False
+        try:
+            return self._report_batches(self.logbook)
+        except LedgerUnavailable:
+            return False  # the outbox keeps every report for the next try
+
+    def _report_batches(self, logbook: Logbook) -> bool:
         while True:
             pending = self.ledger.outbox_pending(limit=REPORT_BATCH)
             if not pending:
                 return True
             try:
                 # One logbook transaction and one ledger transaction per batch.
-                self.logbook.append_all([
+                logbook.append_all([
                     (f"execution.{entry.status}",
                      f"outcome/{entry.marque_id}/{entry.nonce}/{entry.attempt}/{entry.status}",
                      entry.payload)
@@ -592,23 +737,61 @@ class Pilot:
                 for record in self.ledger.unsettled(status)]
 
     def stats(self) -> dict[str, Any]:
-        """The ledger's size and health (what ``marque ledger stats`` prints)."""
-        return self.ledger.stats(self.clock())
+        """The ledger's size and health (what ``marque ledger stats`` prints).
+
+        Live and reapable marques are counted with the clock-skew allowance,
+        exactly as :meth:`reap` decides, so "reapable now" is what reap deletes.
+        """
+        return self.ledger.stats(self.clock(), skew_seconds=self.options.skew_seconds)
 
     def reap(self) -> dict[str, int]:
         """Report what is unreported, then reap settled entries of expired marques.
 
         A marque counts as expired only once its expiry plus the clock-skew
         allowance has passed: until then this Pilot could still accept it.
+        Each reaped nonce leaves a small record, so :meth:`outcome` can say so.
         """
         self.report()
-        return self.ledger.reap(self.clock() - self.options.skew_seconds)
+        return self.ledger.reap(self.clock(), skew_seconds=self.options.skew_seconds)
 
+    def outcome(self, marque_id: str, nonce: str) -> Outcome:
+        """The recorded outcome of a nonce (read-only).
 
-    def outcome(self, marque_id: str, nonce: str) -> Outcome | None:
-        """The recorded outcome of a nonce (read-only), or None if never claimed."""
+        Raises :class:`NonceReaped` for a nonce whose entries were reaped (with
+        what was kept of it in ``detail``) and :class:`NotFound` for a nonce
+        this ledger never claimed.
+        """
         record = self.ledger.outcome(marque_id, nonce)
-        return None if record is None else self._outcome(record, replayed=True)
+        if record is not None:
+            return self._outcome(record, replayed=True)
+        reaped = self.ledger.reaped(marque_id, nonce)
+        if reaped is not None:
+            rows = ("" if reaped.rows_affected is None
+                    else f", {reaped.rows_affected} row{'s' * (reaped.rows_affected != 1)}")
+            raise NonceReaped(
+                f"nonce {nonce} of marque {marque_id} ended {reaped.status.value} (attempt "
+                f"{reaped.attempt}{rows}); its entries were reaped from this ledger at "
+                f"{iso_time(reaped.reaped_at)}, after the marque expired at "
+                f"{iso_time(reaped.expires_at)}. Its outcome was settled and reported to the "
+                "logbook before reaping: the logbook holds the full record",
+                detail={"marque_id": marque_id, "nonce": nonce, "status": reaped.status.value,
+                        "attempt": reaped.attempt, "rows_affected": reaped.rows_affected,
+                        "target": reaped.target, "expires_at": reaped.expires_at,
+                        "reaped_at": reaped.reaped_at},
+            )
+        raise NotFound(
+            f"this Pilot's ledger never claimed nonce {nonce} of marque {marque_id}; check both "
+            "(`marque exec` prints them). A nonce is claimed only once a marque passes its "
+            "checks, so a refused exec leaves nothing to find")
+
+    def stalled(self, marque_id: str, nonce: str) -> Indeterminate | None:
+        """For a nonce recorded ``in_progress``: why its owner can no longer finish it
+        (``owner_gone`` or ``lease_expired``), or None while it may. Read-only: settling
+        it is ``recover`` (``marque reconcile``) or a retry of the same nonce."""
+        record = self.ledger.outcome(marque_id, nonce)
+        if record is None or record.status is not Status.IN_PROGRESS:
+            return None
+        return self._lost(record)
 
     def _outcome(self, record: AttemptRecord, *, replayed: bool) -> Outcome:
         return Outcome(
@@ -633,12 +816,16 @@ class Pilot:
         for worker in reversed(self._workers):
             worker.stop()
         self._workers.clear()
+        if self._unrecorded:
+            self._record_unrecorded()  # a last try: the ledger may be back
         for target in self.targets.values():
             target.close()
         self.ledger.close()
         if self.logbook is not None:
             self.logbook.close()
-        self.runs.close()
+        # Attempts this run leaves claimed but unrecorded: leave it findable as dead, so
+        # another process reconciles them from their stamps now, not after their lease.
+        self.runs.close(leave_trace=bool(self._unrecorded))
 
 
 def _send(sink: EventSink | None, event: dict[str, Any]) -> None:

@@ -53,10 +53,15 @@ class RunRegistry:
             with contextlib.suppress(FileNotFoundError):
                 (self._dir / f"{run_id}.lock").unlink()
 
-    def close(self) -> None:
-        """End this run: release and remove its lock file."""
+    def close(self, *, leave_trace: bool = False) -> None:
+        """End this run: release and remove its lock file.
+
+        ``leave_trace`` keeps the (released) file, as a crash would: others then see
+        this run as provably dead, for attempts it leaves claimed without an outcome.
+        """
         if self._fd is not None and self._dir is not None:
-            with contextlib.suppress(FileNotFoundError):
-                (self._dir / f"{self.run_id}.lock").unlink()
+            if not leave_trace:
+                with contextlib.suppress(FileNotFoundError):
+                    (self._dir / f"{self.run_id}.lock").unlink()
             os.close(self._fd)
             self._fd = None

@@ -1,51 +1,210 @@
-"""Setting up a Pilot's home: init, trust, targets. The CLI and the demo share these."""
+"""Setting up and inspecting a Pilot's home: init, trust, targets, show, move.
+
+The CLI (``marque pilot …``) and the demo share these. Each one either does
+all of its work or leaves the home as it found it: a failed ``init`` removes
+what it created (never what was there before).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
+import time
+from pathlib import Path
 from typing import Any
 
-from marque.errors import InvalidInput, LedgerExists
-from marque.ledger import create_ledger
-from marque.pilot.config import PilotConfig, PilotHome
-from marque.target import check_dsn
-from marque.token import TrustedKeys
+from marque.dsn import (
+    check_shape,
+    redact,
+    relative_to,
+    resolve_sqlite,
+)
+from marque.errors import HomeMismatch, InvalidInput, LedgerExists, NotFound
+from marque.ledger import Ledger, create_ledger, open_ledger
+from marque.pilot.config import (
+    DEFAULT_LEDGER_DSN,
+    PilotConfig,
+    PilotHome,
+    check_name,
+    sqlite_file,
+)
+from marque.pilot.home import (
+    holds,
+    move_home,
+    new_home_id,
+    open_bound_ledger,
+    refuse_unacknowledged_legacy_move,
+)
+from marque.pilot.reach import check_reachable
 
-_TARGET_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+__all__ = [
+    "add_target",
+    "init_home",
+    "list_targets",
+    "move_home",
+    "remove_target",
+    "show_pilot",
+    "trust_issuer",
+    "untrust_issuer",
+]
+
+#: Files SQLite may leave next to a database it created.
+_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
 
 
 def init_home(
     home: str | os.PathLike[str], pilot_id: str, ledger_dsn: str | None = None
-) -> dict[str, str]:
-    """Create a Pilot's ledger (a fresh incarnation); returns ``{pilot_id, incarnation}``.
+) -> dict[str, Any]:
+    """Create a Pilot's ledger (a fresh incarnation); returns ``{pilot_id, incarnation, adopted}``.
 
     Refuses a ledger that already exists, and a home that belongs to another
     Pilot id. A home whose ledger was lost keeps its targets and trust and gets
     a new incarnation — which every marque pinned to the old one will notice.
+    A home whose ``pilot.json`` was lost while its ledger was not is re-adopted
+    (``adopted: true``: same incarnation, nothing spent is forgotten) once the
+    pilot id matches the ledger's; its targets and issuers must be added again.
+
+    A relative ``--ledger`` SQLite path is the caller's working directory's;
+    one inside the home is stored relative to it, so the home can move.
     """
-    if not pilot_id.strip() or len(pilot_id) > 128:
-        raise InvalidInput("pilot id must be 1..128 characters")
+    check_name(pilot_id, "pilot id")
+    if ledger_dsn is not None:
+        check_shape(ledger_dsn, "the ledger DSN")
+        ledger_dsn = resolve_sqlite(ledger_dsn, Path.cwd())
     pilot_home = PilotHome(home)
     config = pilot_home.load() if pilot_home.exists() else None
     if config is not None and config.pilot_id != pilot_id:
         raise LedgerExists(
-            f"{home} belongs to Pilot {config.pilot_id!r}; refusing to re-initialise it as "
-            f"{pilot_id!r}"
+            f"{home} belongs to Pilot {config.pilot_id}; refusing to re-initialise it as "
+            f"{pilot_id}"
         )
-    pilot_home.path.mkdir(parents=True, exist_ok=True)
-    dsn = ledger_dsn or (config.ledger if config else pilot_home.default_ledger_dsn())
-    ledger = create_ledger(dsn, pilot_id)
-    result = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation}
-    ledger.close()
-    config = config or PilotConfig(pilot_id=pilot_id, ledger=dsn)
-    config.ledger = dsn
-    pilot_home.save(config)
+    if config is not None and ledger_dsn is None:
+        # Its old ledger is in the home under a new path: a move to acknowledge, not to init.
+        refuse_unacknowledged_legacy_move(pilot_home, config)
+    here = pilot_home.where()
+    if ledger_dsn is not None:
+        stored = relative_to(ledger_dsn, here)
+    else:
+        stored = config.ledger if config is not None else DEFAULT_LEDGER_DSN
+    dsn = pilot_home.resolve(stored)
+    ledger_file = sqlite_file(dsn)
+    if (ledger_file is not None and not ledger_file.parent.is_dir()
+            and ledger_file.parent != Path(here)):
+        raise InvalidInput(
+            f"the ledger's directory {ledger_file.parent} does not exist; create it first, or "
+            "leave out --ledger for a ledger inside the home"
+        )
+    made = _Made(pilot_home, ledger_file)
+    try:
+        made.home_dir()
+        ledger, adopted = _create_or_adopt(dsn, pilot_id, config, pilot_home)
+        try:
+            home_id = _bind(ledger, pilot_home, adopted)
+            result = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation,
+                      "adopted": adopted}
+        finally:
+            ledger.close()
+        config = config or PilotConfig(pilot_id=pilot_id)
+        config.ledger = stored
+        config.home_id = home_id
+        pilot_home.save(config)
+    except BaseException:
+        made.undo()
+        raise
     return result
+
+
+def _create_or_adopt(
+    dsn: str, pilot_id: str, config: PilotConfig | None, pilot_home: PilotHome
+) -> tuple[Ledger, bool]:
+    """A new ledger at ``dsn``, or the existing one when only pilot.json was lost."""
+    try:
+        return create_ledger(dsn, pilot_id), False
+    except LedgerExists as exc:
+        if config is not None:
+            raise LedgerExists(
+                f"{pilot_home.path} already has a ledger ({redact(dsn)}); `pilot init` never "
+                "overwrites one. Its identity is in `marque pilot show`"
+            ) from exc
+        found = exc
+    ledger = open_ledger(dsn)
+    if ledger.pilot_id != pilot_id:
+        ledger.close()
+        raise LedgerExists(
+            f"the ledger {redact(dsn)} belongs to Pilot {ledger.pilot_id}, not {pilot_id}; to "
+            f"re-adopt it, run `marque pilot init --home {pilot_home.path} --pilot-id "
+            f"{ledger.pilot_id}`"
+        ) from found
+    return ledger, True
+
+
+def _bind(ledger: Ledger, pilot_home: PilotHome, adopted: bool) -> str:
+    """Bind the ledger to this home; returns the home id for pilot.json."""
+    here = pilot_home.where()
+    now = time.time()
+    if not adopted:
+        return ledger.bind_home(new_home_id(), here, now=now)["home_id"]
+    binding = ledger.home_binding()
+    if binding is None:
+        binding = ledger.bind_home(new_home_id(), here, now=now)
+    if binding["home_path"] != here:
+        if holds(binding["home_path"], binding["home_id"]):
+            raise HomeMismatch(
+                f"this ledger belongs to the Pilot home at {binding['home_path']}, which still "
+                f"uses it; two homes must never run on one ledger. Run the Pilot from "
+                f"{binding['home_path']}, or give {pilot_home.path} a ledger of its own",
+                detail={"bound_home": binding["home_path"]},
+            )
+        binding = ledger.bind_home(binding["home_id"], here, now=now,
+                                   moved_from=binding["home_path"])
+    return binding["home_id"]
+
+
+class _Made:
+    """What ``init`` created, so that a failed init removes exactly that."""
+
+    def __init__(self, pilot_home: PilotHome, ledger_file: Path | None) -> None:
+        self._home = pilot_home
+        self._ledger_file = ledger_file
+        self._ledger_existed = ledger_file is not None and any(
+            Path(f"{ledger_file}{suffix}").exists() for suffix in _SQLITE_SIDE_FILES)
+        self._top_dir: Path | None = None
+
+    def home_dir(self) -> None:
+        """Create the home directory (and missing parents), remembering the topmost one."""
+        path = self._home.path.absolute()
+        top = None
+        for candidate in (path, *path.parents):
+            if candidate.exists():
+                break
+            top = candidate
+        if self._home.make_dir():
+            self._top_dir = top
+
+    def undo(self) -> None:
+        """Remove the ledger file and directories this init created, nothing else."""
+        if self._ledger_file is not None and not self._ledger_existed:
+            for suffix in _SQLITE_SIDE_FILES:
+                # Cleaning up must never hide why init failed.
+                with contextlib.suppress(OSError):
+                    Path(f"{self._ledger_file}{suffix}").unlink(missing_ok=True)
+        if self._top_dir is None:
+            return
+        # Only directories made by this init, and only if nothing else landed in them.
+        path = self._home.path.absolute()
+        for directory in (path, *path.parents):
+            try:
+                directory.rmdir()
+            except OSError:
+                return
+            if directory == self._top_dir:
+                return
 
 
 def trust_issuer(home: str | os.PathLike[str], jwk: dict[str, Any]) -> str:
     """Trust an issuer key (its public part only); returns its kid."""
+    from marque.token import TrustedKeys
+
     pilot_home = PilotHome(home)
     config = pilot_home.load()
     trusted = TrustedKeys(config.issuers)
@@ -55,12 +214,91 @@ def trust_issuer(home: str | os.PathLike[str], jwk: dict[str, Any]) -> str:
     return kid
 
 
-def add_target(home: str | os.PathLike[str], name: str, dsn: str) -> None:
-    """Add or repoint a target this Pilot serves."""
-    if not _TARGET_NAME.fullmatch(name):
-        raise InvalidInput("target names are 1..64 of A-Z a-z 0-9 _ . -")
-    check_dsn(dsn)
+def untrust_issuer(home: str | os.PathLike[str], kid: str) -> dict[str, Any]:
+    """Stop trusting the issuer key ``kid``; returns ``{kid, trusted: [kids left]}``.
+
+    Marques that key signed are refused from now on (``marque_invalid``); what
+    already ran stays recorded. An unknown kid is ``not_found``.
+    """
     pilot_home = PilotHome(home)
     config = pilot_home.load()
-    config.targets[name] = dsn
+    kept = [jwk for jwk in config.issuers if jwk.get("kid") != kid]
+    if len(kept) == len(config.issuers):
+        known = ", ".join(str(jwk.get("kid")) for jwk in config.issuers) or "none"
+        raise NotFound(f"no trusted issuer key {kid} in {pilot_home.path} (trusted: {known})")
+    config.issuers = kept
     pilot_home.save(config)
+    return {"kid": kid, "trusted": [jwk.get("kid") for jwk in kept]}
+
+
+def add_target(
+    home: str | os.PathLike[str], name: str, dsn: str, *, check: bool = True
+) -> dict[str, Any]:
+    """Add or repoint a target this Pilot serves; returns what was stored.
+
+    A relative SQLite path is resolved against the caller's working directory
+    and stored absolute (``resolved_from`` then holds what was given). With
+    ``check`` (the default) the target must answer first — the file exists and
+    is a database, or PostgreSQL accepts a connection — else
+    ``TargetUnavailable``; ``check=False`` is for a target down on purpose.
+    Returns ``{target, dsn, checked, resolved_from}`` with passwords redacted.
+    """
+    check_name(name, "a target name")
+    check_shape(dsn, f"target {name}'s DSN")
+    stored = resolve_sqlite(dsn, Path.cwd())
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    if check:
+        check_reachable(name, stored)
+    config.targets[name] = stored
+    pilot_home.save(config)
+    return {"target": name, "dsn": redact(stored), "checked": check,
+            "resolved_from": redact(dsn) if stored != dsn else None}
+
+
+def remove_target(home: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """Stop serving target ``name``; returns ``{target, dsn}``. Unknown name → ``not_found``.
+
+    Marques for it are refused from then on (``unknown_target``); its stamp
+    table and data stay where they are.
+    """
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    if name not in config.targets:
+        known = ", ".join(sorted(config.targets)) or "none"
+        raise NotFound(f"{pilot_home.path} has no target {name} (targets: {known})")
+    dsn = config.targets.pop(name)
+    pilot_home.save(config)
+    return {"target": name, "dsn": redact(dsn)}
+
+
+def list_targets(home: str | os.PathLike[str]) -> dict[str, str]:
+    """The targets this Pilot serves: ``{name: DSN}``, resolved, passwords redacted."""
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    return {name: redact(pilot_home.resolve(dsn)) for name, dsn in sorted(config.targets.items())}
+
+
+def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
+    """Everything an operator needs to issue for and run this Pilot, secrets redacted.
+
+    ``{pilot_id, incarnation, home, ledger, targets: {name: dsn}, issuers: [kid…],
+    settings: {…}}``. The ledger is opened (its identity is the incarnation),
+    so a home that is not its ledger's is ``home_mismatch`` here too.
+    """
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    ledger = open_bound_ledger(pilot_home, config)
+    try:
+        identity = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation}
+    finally:
+        ledger.close()
+    return {
+        **identity,
+        "home": pilot_home.where(),
+        "ledger": redact(pilot_home.ledger_dsn(config)),
+        "targets": {name: redact(pilot_home.resolve(dsn))
+                    for name, dsn in sorted(config.targets.items())},
+        "issuers": [str(jwk.get("kid")) for jwk in config.issuers],
+        "settings": config.settings.to_dict(),
+    }

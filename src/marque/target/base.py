@@ -175,6 +175,11 @@ class SqlTarget(Target):
     def _translate(self, exc: Exception) -> MarqueError:
         """A driver error received before COMMIT, as the most specific NotApplied."""
 
+    def _translate_begin(self, exc: Exception) -> MarqueError:
+        """A driver error while connecting or beginning, before anything of the attempt was
+        sent: engines say ``TargetUnavailable`` where the target could not be used at all."""
+        return self._translate(exc)
+
     @abc.abstractmethod
     def _in_transaction(self, conn: Any) -> bool:
         """Whether the transaction the Pilot opened is still open."""
@@ -258,7 +263,7 @@ class SqlTarget(Target):
         except MarqueError:
             raise
         except Exception as exc:  # nothing was sent: provably not applied
-            raise self._translate(exc) from exc
+            raise self._translate_begin(exc) from exc
         committing = False
         txid: int | None = None
         try:

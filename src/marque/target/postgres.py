@@ -3,7 +3,11 @@
 Same fenced flow as every target (see ``target/base.py``); what is particular
 to PostgreSQL lives here:
 
-* the stamp table is ``marque.stamps`` in a schema of its own;
+* the stamp table is ``marque.stamps`` in a schema of its own, defined and
+  migrated in ``target/stamps.py``;
+* a server that cannot be reached or refuses the Pilot is reported at once as
+  :class:`~marque.errors.TargetUnavailable` naming ``host:port/dbname`` (never
+  the password), with libpq's reason — not after a pool timeout;
 * ``statement_timeout`` and ``lock_timeout`` are the Pilot's, set on each
   pooled connection; a marque asking for another statement timeout gets it
   with ``SET LOCAL``, so it dies with the transaction;
@@ -35,14 +39,17 @@ from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
+from marque.dsn import describe
 from marque.errors import (
     CommitUnknown,
     MarqueError,
     SerializationFailure,
     StatementError,
     StatementTimeout,
+    TargetUnavailable,
 )
-from marque.pgpool import make_pool
+from marque.pgpool import checkout, make_pool, reason
+from marque.target import stamps as stamp_schema
 from marque.target.base import (
     APPLIED,
     STAMP_COLUMNS,
@@ -58,23 +65,6 @@ _ISOLATION = {
     "repeatable_read": "REPEATABLE READ",
     "serializable": "SERIALIZABLE",
 }
-_STAMP_DDL = (
-    "CREATE SCHEMA IF NOT EXISTS marque",
-    "CREATE TABLE IF NOT EXISTS marque.stamps ("
-    " marque_id TEXT NOT NULL,"
-    " nonce TEXT NOT NULL,"
-    " attempt INTEGER NOT NULL,"
-    " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
-    " pilot_id TEXT NOT NULL,"
-    " incarnation TEXT NOT NULL,"
-    " rows_affected BIGINT,"
-    " created_at DOUBLE PRECISION NOT NULL,"
-    " expires_at DOUBLE PRECISION,"
-    " PRIMARY KEY (marque_id, nonce))",
-    # Tables made before stamps carried the marque's expiry.
-    "ALTER TABLE marque.stamps ADD COLUMN IF NOT EXISTS expires_at DOUBLE PRECISION",
-    "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
-)
 _SERIALIZATION = {"40001", "40P01"}
 _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
 
@@ -86,6 +76,8 @@ class _Open:
     conn: psycopg.Connection[TupleRow]
     begin: str
     begin_params: tuple[Any, ...]
+    #: ``conn`` went back to the pool already (it broke, and no fresh one could be had).
+    returned: bool = False
 
     @property
     def preamble(self) -> int:
@@ -139,33 +131,40 @@ class PostgresTarget(SqlTarget):
     def _ensure_schema(self, conn: psycopg.Connection[TupleRow]) -> None:
         if self._schema_ready:
             return
-        for attempt in range(3):
-            try:
-                with conn.transaction():
-                    ready = conn.execute(
-                        "SELECT 1 FROM pg_indexes WHERE schemaname = 'marque' "
-                        "AND indexname = 'stamps_live'"
-                    ).fetchone()
-                    if ready is None:
-                        for statement in _STAMP_DDL:
-                            conn.execute(statement)
-                break
-            except (pgerrors.UniqueViolation, pgerrors.DuplicateObject):
-                # Two Pilots creating the schema at once: the other one won.
-                if attempt == 2:
-                    raise
+        stamp_schema.migrate_postgres(conn, f"{self.name} ({describe(self.dsn)})")
         self._schema_ready = True
 
     def _checkout(self) -> psycopg.Connection[TupleRow]:
-        conn = self._connections().getconn()
+        """A pooled connection, rolled back if needed, on a target whose stamp table is ready.
+
+        Raises ``TargetUnavailable`` when no connection can be had, or the stamp table
+        cannot be made ready: nothing of an attempt has been sent at that point.
+        """
+        pool = self._connections()
+        try:
+            conn = checkout(pool, self.dsn)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "cannot be reached") from exc
         try:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
             self._ensure_schema(conn)
+        except psycopg.Error as exc:
+            pool.putconn(conn)
+            raise self._unavailable(exc, "cannot hold Marque's stamps") from exc
         except BaseException:
-            self._connections().putconn(conn)
+            pool.putconn(conn)
             raise
         return conn
+
+    def _unavailable(self, exc: psycopg.Error, what: str) -> TargetUnavailable:
+        server = describe(self.dsn)
+        return TargetUnavailable(
+            f"target {self.name} at {server} {what}: {reason(exc)}. Nothing was sent; the "
+            "same nonce may run again once the target is back",
+            sqlstate=exc.sqlstate,
+            detail={"target": self.name, "server": server},
+        )
 
     # -- the hooks of the fenced flow ----------------------------------------------
 
@@ -193,7 +192,9 @@ class PostgresTarget(SqlTarget):
                 # A pooled connection that died idle. COMMIT was never sent, so
                 # nothing of this attempt can have committed: resend once, fresh.
                 self._connections().putconn(conn.conn)
+                conn.returned = True
                 conn.conn = self._checkout()
+                conn.returned = False
                 continue
             for _ in range(conn.preamble):
                 cur.nextset()
@@ -241,6 +242,8 @@ class PostgresTarget(SqlTarget):
             raise CommitUnknown(f"connection lost during COMMIT: {exc}") from exc
 
     def _abandon(self, conn: Any) -> None:
+        if isinstance(conn, _Open) and conn.returned:
+            return
         raw = conn.conn if isinstance(conn, _Open) else conn
         try:
             if not raw.broken and not raw.closed and (
@@ -254,15 +257,19 @@ class PostgresTarget(SqlTarget):
 
     def _translate(self, exc: Exception) -> MarqueError:
         sqlstate = getattr(exc, "sqlstate", None)
-        message = f"{type(exc).__name__}: {exc}".strip()
+        said = reason(exc)
         if sqlstate in _SERIALIZATION:
-            return SerializationFailure(message, sqlstate=sqlstate)
+            return SerializationFailure(
+                f"the target rolled the transaction back to keep it serializable: {said}",
+                sqlstate=sqlstate)
         if sqlstate in _TIMEOUTS:
-            return StatementTimeout(message, sqlstate=sqlstate)
+            return StatementTimeout(f"the target cancelled the transaction: {said}",
+                                    sqlstate=sqlstate)
         if sqlstate is None and isinstance(exc, psycopg.OperationalError):
             # No answer, but COMMIT was never sent: the server rolls it back.
-            message = f"connection lost before COMMIT was sent: {exc}"
-        return StatementError(message, sqlstate=sqlstate)
+            return StatementError(f"connection to the target lost before COMMIT was sent: "
+                                  f"{said}", sqlstate=sqlstate)
+        return StatementError(f"the target refused the transaction: {said}", sqlstate=sqlstate)
 
     def _in_transaction(self, conn: Any) -> bool:
         status = conn.conn.info.transaction_status

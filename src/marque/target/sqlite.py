@@ -4,33 +4,25 @@ SQLite serialises writers, so every target transaction starts with
 ``BEGIN IMMEDIATE`` (it takes the write lock up front, bounded by the busy
 timeout) and the isolation level a marque asks for is always met. The
 statement timeout is a progress handler that interrupts the statement.
+
+A target that cannot be opened or used before anything of the attempt was
+sent (the file or its directory is missing, it is not a database, it is
+read-only) is :class:`~marque.errors.TargetUnavailable`: provably not applied,
+and the same nonce may run again once the target is back. A write lock held
+by someone else past ``lock_timeout_ms`` is a :class:`~marque.errors.StatementTimeout`.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from typing import Any
 
-from marque.errors import MarqueError, StatementError, StatementTimeout
+from marque.errors import MarqueError, StatementError, StatementTimeout, TargetUnavailable
+from marque.target import stamps as stamp_schema
 from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
 
-STAMP_DDL = (
-    "CREATE TABLE IF NOT EXISTS marque_stamps ("
-    " marque_id TEXT NOT NULL,"
-    " nonce TEXT NOT NULL,"
-    " attempt INTEGER NOT NULL,"
-    " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
-    " pilot_id TEXT NOT NULL,"
-    " incarnation TEXT NOT NULL,"
-    " rows_affected INTEGER,"
-    " created_at REAL NOT NULL,"
-    " expires_at REAL,"
-    " PRIMARY KEY (marque_id, nonce))"
-)
-STAMP_INDEX = (
-    "CREATE INDEX IF NOT EXISTS marque_stamps_live ON marque_stamps (incarnation, expires_at)"
-)
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
 
@@ -71,15 +63,14 @@ class SqliteTarget(SqlTarget):
         """Create or upgrade the stamp table, inside the caller's transaction (once per run)."""
         if self._stamps_ready:
             return
-        conn.execute(STAMP_DDL)
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(marque_stamps)")}
-        if "expires_at" not in columns:  # a table made before stamps carried the expiry
-            conn.execute("ALTER TABLE marque_stamps ADD COLUMN expires_at REAL")
-        conn.execute(STAMP_INDEX)
+        stamp_schema.migrate_sqlite(conn, f"{self.name} ({self.path})")
         self._stamps_ready = True
 
     def _begin(self, run: Run) -> sqlite3.Connection:
-        conn = self._connect()
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._ensure_stamps(conn)
@@ -125,13 +116,47 @@ class SqliteTarget(SqlTarget):
         finally:
             conn.close()
 
+    def _translate_begin(self, exc: Exception) -> MarqueError:
+        name = getattr(exc, "sqlite_errorname", None) or ""
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            return StatementTimeout(
+                f"target {self.name} ({self.path}) stayed locked by another writer for longer "
+                f"than the lock timeout ({self.lock_timeout_ms} ms); nothing was sent, the "
+                "same nonce may run again",
+                detail={"sqlite_errorname": name})
+        if isinstance(exc, sqlite3.Error):
+            return self._unavailable(exc)
+        return self._translate(exc)
+
+    def _unavailable(self, exc: sqlite3.Error) -> TargetUnavailable:
+        """The target file could not be opened or prepared: nothing of the attempt was sent."""
+        name = getattr(exc, "sqlite_errorname", None) or ""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            what = f"its directory {directory} does not exist"
+        elif not os.path.exists(self.path):
+            what = "the file does not exist (a target is never created by the Pilot)"
+        elif name == "SQLITE_NOTADB" or name.startswith("SQLITE_CORRUPT"):
+            what = "the file is not a SQLite database, or is damaged"
+        elif name.startswith(("SQLITE_READONLY", "SQLITE_PERM", "SQLITE_CANTOPEN")):
+            what = ("this user may not read and write it (check the file's and its "
+                    "directory's permissions)")
+        else:
+            what = f"SQLite reports {name or 'an error'}: {' '.join(str(exc).split())}"
+        return TargetUnavailable(
+            f"target {self.name} at {self.path} cannot be used: {what}. Nothing was sent; the "
+            "same nonce may run again once the target is back",
+            detail={"sqlite_errorname": name or None, "path": self.path},
+        )
+
     def _translate(self, exc: Exception) -> MarqueError:
         name = getattr(exc, "sqlite_errorname", None)
         # Only our progress handler interrupts a target connection.
         if name == "SQLITE_INTERRUPT":
-            return StatementTimeout(f"statement timeout reached: {exc}", detail={
-                "sqlite_errorname": name})
-        return StatementError(f"{type(exc).__name__}: {exc}",
+            return StatementTimeout("the statement timeout was reached; the statement was "
+                                    "interrupted and rolled back",
+                                    detail={"sqlite_errorname": name})
+        return StatementError(f"the target refused the transaction: {' '.join(str(exc).split())}",
                               detail={"sqlite_errorname": name} if name else None)
 
     def _is_unique_violation(self, exc: Exception) -> bool:
@@ -161,18 +186,28 @@ class SqliteTarget(SqlTarget):
         return self._verdict(run, stamp, bool(inserted))
 
     def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
-        conn = self._connect()
         try:
-            exists = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'marque_stamps'"
-            ).fetchone()
-            if not exists:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            version = stamp_schema.sqlite_version(conn)
+            if version == 0:
                 return []
+            if version != stamp_schema.VERSION:
+                # An older table is brought up to date (a newer one refused) before reading.
+                conn.execute("BEGIN IMMEDIATE")
+                self._stamps_ready = False
+                self._ensure_stamps(conn)
+                conn.execute("COMMIT")
+            self._stamps_ready = True
             rows = conn.execute(
                 f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
                 "WHERE incarnation = ? AND expires_at > ?",
                 (incarnation, live_after),
             ).fetchall()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
         finally:
             conn.close()
         return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]

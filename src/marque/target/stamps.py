@@ -1,0 +1,178 @@
+"""The stamp table: its one definition per engine, and its forward migrations.
+
+The stamp table lives in the *target* database, which Marque does not own, so
+its version is kept in a table of its own (``marque_versions`` on SQLite,
+``marque.versions`` on PostgreSQL: one row per Marque component, here
+``stamps``), never in ``PRAGMA user_version`` or anything else the database's
+owner may use. Index ``i`` of a ``*_MIGRATIONS`` tuple takes the table from
+version ``i`` to ``i + 1``; they only ever move forward.
+
+Stamp tables made before they carried a version row (by older Pilots, or by
+hand from DESIGN §3) are adopted: their version is read off their columns
+(no ``expires_at``: version 1; with it: version 2), then they move forward
+like any other.
+
+Migrations run inside the caller's transaction, which on SQLite holds the
+write lock (``BEGIN IMMEDIATE``) and on PostgreSQL takes an advisory lock
+first, so two Pilots upgrading one target take turns.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+from marque.errors import TargetUnavailable
+
+if TYPE_CHECKING:  # a SQLite-only Pilot never imports the PostgreSQL driver
+    import psycopg
+    from psycopg.rows import TupleRow
+
+    PgConn = psycopg.Connection[TupleRow]
+
+#: The stamp table's current version.
+VERSION = 2
+#: This component's row in the version table.
+COMPONENT = "stamps"
+
+SQLITE_TABLE = "marque_stamps"
+SQLITE_VERSIONS_DDL = (
+    "CREATE TABLE IF NOT EXISTS marque_versions ("
+    " component TEXT PRIMARY KEY,"
+    " version INTEGER NOT NULL)"
+)
+SQLITE_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the stamp row of DESIGN §3.
+    (
+        "CREATE TABLE marque_stamps ("
+        " marque_id TEXT NOT NULL, nonce TEXT NOT NULL, attempt INTEGER NOT NULL,"
+        " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
+        " pilot_id TEXT NOT NULL, incarnation TEXT NOT NULL, rows_affected INTEGER,"
+        " created_at REAL NOT NULL, PRIMARY KEY (marque_id, nonce))",
+    ),
+    # 2: stamps carry their marque's expiry, so the start-up continuity check
+    #    (DESIGN §5) reads only the stamps of marques still live.
+    (
+        "ALTER TABLE marque_stamps ADD COLUMN expires_at REAL",
+        "CREATE INDEX IF NOT EXISTS marque_stamps_live ON marque_stamps (incarnation, expires_at)",
+    ),
+)
+
+POSTGRES_TABLE = "marque.stamps"
+POSTGRES_VERSIONS_DDL = (
+    "CREATE TABLE IF NOT EXISTS marque.versions ("
+    " component TEXT PRIMARY KEY,"
+    " version INTEGER NOT NULL)"
+)
+POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the stamp row of DESIGN §3, in a schema of Marque's own.
+    (
+        "CREATE SCHEMA IF NOT EXISTS marque",
+        "CREATE TABLE marque.stamps ("
+        " marque_id TEXT NOT NULL, nonce TEXT NOT NULL, attempt INTEGER NOT NULL,"
+        " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
+        " pilot_id TEXT NOT NULL, incarnation TEXT NOT NULL, rows_affected BIGINT,"
+        " created_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (marque_id, nonce))",
+    ),
+    # 2: as SQLite's migration 2.
+    (
+        "ALTER TABLE marque.stamps ADD COLUMN expires_at DOUBLE PRECISION",
+        "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
+    ),
+)
+#: pg_advisory_xact_lock key serialising stamp migrations on one PostgreSQL database.
+POSTGRES_LOCK_KEY = 0x6D61_7271_7565_0001
+
+
+# -- SQLite --------------------------------------------------------------------------------
+
+
+def sqlite_version(conn: sqlite3.Connection) -> int:
+    """The stamp table's version in a SQLite target; 0 if it has no stamp table."""
+    tables = {row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name IN ('marque_stamps', 'marque_versions')")}
+    if "marque_versions" in tables:
+        row = conn.execute(
+            "SELECT version FROM marque_versions WHERE component = ?", (COMPONENT,)).fetchone()
+        if row is not None:
+            return int(row[0])
+    if "marque_stamps" not in tables:
+        return 0
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(marque_stamps)")}
+    return 2 if "expires_at" in columns else 1
+
+
+def migrate_sqlite(conn: sqlite3.Connection, where: str) -> int:
+    """Bring a SQLite target's stamp table to :data:`VERSION`, inside the caller's write
+    transaction; returns the version it found. ``where`` names the target in errors."""
+    found = sqlite_version(conn)
+    _check_known(found, where)
+    if found < VERSION:
+        for statements in SQLITE_MIGRATIONS[found:]:
+            for statement in statements:
+                conn.execute(statement)
+        conn.execute(SQLITE_VERSIONS_DDL)
+        conn.execute(
+            "INSERT INTO marque_versions (component, version) VALUES (?, ?) "
+            "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+            (COMPONENT, VERSION),
+        )
+    return found
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+
+
+def postgres_version(conn: PgConn) -> int:
+    """The stamp table's version in a PostgreSQL target; 0 if it has no stamp table."""
+    row = conn.execute(
+        "SELECT to_regclass('marque.versions') IS NOT NULL, "
+        "to_regclass('marque.stamps') IS NOT NULL").fetchone()
+    has_versions, has_stamps = (bool(row[0]), bool(row[1])) if row else (False, False)
+    if has_versions:
+        found = conn.execute(
+            "SELECT version FROM marque.versions WHERE component = %s", (COMPONENT,)).fetchone()
+        if found is not None:
+            return int(found[0])
+    if not has_stamps:
+        return 0
+    column = conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = 'marque' "
+        "AND table_name = 'stamps' AND column_name = 'expires_at'").fetchone()
+    return 2 if column else 1
+
+
+def migrate_postgres(conn: PgConn, where: str) -> int:
+    """Bring a PostgreSQL target's stamp table to :data:`VERSION` in one transaction of
+    its own (``conn`` is in autocommit); returns the version it found."""
+    found = postgres_version(conn)  # the common case, without taking any lock
+    _check_known(found, where)
+    if found == VERSION:
+        return found
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (POSTGRES_LOCK_KEY,))
+        found = postgres_version(conn)  # another Pilot may have migrated it meanwhile
+        _check_known(found, where)
+        for statements in POSTGRES_MIGRATIONS[found:]:
+            for statement in statements:
+                conn.execute(statement)
+        if found < VERSION:
+            conn.execute(POSTGRES_VERSIONS_DDL)
+            conn.execute(
+                "INSERT INTO marque.versions (component, version) VALUES (%s, %s) "
+                "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+                (COMPONENT, VERSION),
+            )
+    return found
+
+
+def _check_known(found: int, where: str) -> None:
+    if found > VERSION:
+        raise TargetUnavailable(
+            f"the stamp table of target {where} is at version {found}, newer than this Pilot "
+            f"understands (up to {VERSION}): another, newer Marque upgraded it. Upgrade Marque "
+            "on this Pilot; nothing was sent to the target",
+            detail={"stamps_version": found, "supported": VERSION},
+        )
+
