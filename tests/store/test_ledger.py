@@ -482,25 +482,24 @@ def test_stored_result_is_never_cleared(ledger: Ledger):
 
 
 def test_events_append_in_order(ledger: Ledger):
-    """settle(events=...) and append_events() append to the nonce's log in call order."""
+    """settle(events=...) appends to the nonce's log in call order, rejected observations too."""
     ledger.claim(make_ticket(nonce="n1"))
     ledger.claim(make_ticket(nonce="n2"))
-    ledger.append_events(MQ, "n1", [{"event": "claimed"}, {"event": "fence_checked"}])
-    ledger.append_events(MQ, "n2", [{"event": "claimed", "nonce": "n2"}])
+    settle(ledger, "n2", Status.INDETERMINATE, events=[{"event": "claimed", "nonce": "n2"}])
+    settle(ledger, "n1", Status.INDETERMINATE,
+           events=[{"event": "claimed"}, {"event": "fence_checked"}])
     settle(ledger, "n1", Status.APPLIED, rows_affected=1, events=[{"event": "committed"}])
-    ledger.append_events(MQ, "n1", [{"event": "reported", "n": 1}])
     # A rejected (weaker) observation still logs what happened.
     settle(ledger, "n1", Status.INDETERMINATE, events=[{"event": "late_timeout"}])
     assert ledger.events(MQ, "n1") == [
         {"event": "claimed"},
         {"event": "fence_checked"},
         {"event": "committed"},
-        {"event": "reported", "n": 1},
         {"event": "late_timeout"},
     ]
     assert ledger.events(MQ, "n2") == [{"event": "claimed", "nonce": "n2"}]
     assert ledger.events(MQ, "never") == []
-    assert ledger.stats(time.time())["events"] == 6
+    assert ledger.stats(time.time())["events"] == 5
 
 
 # -- outbox ------------------------------------------------------------------------------

@@ -167,10 +167,6 @@ class Ledger(abc.ABC):
         """Every observation ever merged into the nonce's attempts, oldest first."""
 
     @abc.abstractmethod
-    def append_events(self, marque_id: str, nonce: str, events: list[dict[str, Any]]) -> None:
-        """Append events to a nonce's stored event log."""
-
-    @abc.abstractmethod
     def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         """The nonce's stored event log, in order."""
 

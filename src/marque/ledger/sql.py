@@ -20,6 +20,7 @@ from typing import Any, Self
 from marque.errors import (
     AttemptsExhausted,
     BudgetExhausted,
+    LedgerCorrupt,
     LedgerExists,
     LedgerMissing,
     PopReplayed,
@@ -287,6 +288,12 @@ class SqlLedger(Housekeeping, Ledger):
     def _load_identity(self) -> None:
         with self.transaction() as tx:
             meta = dict(tx.execute("SELECT key, value FROM meta"))
+        missing = [k for k in ("pilot_id", "incarnation", "schema_version") if k not in meta]
+        if missing:
+            raise LedgerCorrupt(
+                f"this ledger has lost its identity ({', '.join(missing)} missing from its meta "
+                "table): it cannot vouch for any marque; restore it from a backup or start a "
+                "new incarnation with `marque pilot init` in a new home")
         self.pilot_id = meta["pilot_id"]
         self.incarnation = meta["incarnation"]
         self.schema_version = int(meta["schema_version"])
@@ -577,10 +584,6 @@ class SqlLedger(Housekeeping, Ledger):
             "COALESCE(MAX(seq), 0) + 1, ? FROM events WHERE marque_id = ? AND nonce = ?",
             (marque_id, nonce, _COMPACT.encode(events), marque_id, nonce),
         )
-
-    def append_events(self, marque_id: str, nonce: str, events: list[dict[str, Any]]) -> None:
-        with self.transaction() as tx:
-            self._append_events_txn(tx, marque_id, nonce, events)
 
     def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         with self.reading() as tx:

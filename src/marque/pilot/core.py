@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from marque.crash import crash_point
@@ -33,6 +33,7 @@ from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
 from marque.pilot.runs import RunRegistry
+from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation
 from marque.target import Evidence, Run, StampConflict, Target, Verdict
 from marque.timefmt import iso_time
 from marque.token import (
@@ -43,8 +44,6 @@ from marque.token import (
     read_marque,
     verify_proof,
 )
-
-EventSink = Callable[[dict[str, Any]], None]
 
 MAX_NONCE_BYTES = 256
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -67,74 +66,6 @@ def check_nonce(nonce: str) -> str:
     if _CONTROL.search(nonce):
         raise InvalidInput("nonce contains control characters")
     return nonce
-
-
-@dataclass
-class _Inflight:
-    """An execution running in this process, for callers of the same nonce."""
-
-    done: threading.Event = field(default_factory=threading.Event)
-    outcome: Outcome | None = None
-    refusal: MarqueError | None = None
-    followers: list[EventSink] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def publish(self, event: dict[str, Any]) -> None:
-        """Record an event and pass it to every caller following this execution."""
-        with self.lock:
-            self.events.append(event)
-            followers = list(self.followers)
-        for sink in followers:
-            sink(event)
-
-    def follow(self, sink: EventSink | None) -> None:
-        """Replay the events so far to ``sink``, then pass it the ones still to come."""
-        if sink is None:
-            return
-        # Under the lock, so no live event can overtake the replayed ones.
-        with self.lock:
-            for event in self.events:
-                sink(event)
-            self.followers.append(sink)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one look at an attempt established: its status and what goes with it."""
-
-    run: Run
-    status: Status
-    rows_affected: int | None = None
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-
-
-class _AttemptStream:
-    """The events of one attempt: kept for the ledger, passed to every follower."""
-
-    def __init__(self, pilot: Pilot, marque_id: str, nonce: str, attempt: int,
-                 inflight: _Inflight, sink: EventSink | None) -> None:
-        self._pilot = pilot
-        self._base = {"marque_id": marque_id, "nonce": nonce, "attempt": attempt}
-        self._inflight = inflight
-        self._sink = sink
-        self.events: list[dict[str, Any]] = []
-
-    def event(self, kind: str, **data: Any) -> dict[str, Any]:
-        """A new event of this attempt (not yet sent anywhere)."""
-        return {"event": kind, **self._base, "at": round(self._pilot.clock(), 6), **data}
-
-    def emit(self, kind: str, **data: Any) -> None:
-        """An event that goes to the ledger with the outcome, and to every follower now."""
-        event = self.event(kind, **data)
-        self.events.append(event)
-        self.publish(event)
-
-    def publish(self, event: dict[str, Any]) -> None:
-        """Send an event to the followers and the caller, without keeping it."""
-        self._inflight.publish(event)
-        _send(self._sink, event)
 
 
 @dataclass
@@ -168,7 +99,7 @@ class Pilot:
         self.runs = runs or RunRegistry(None)
         self.logbook = logbook
         self.clock = clock
-        self._inflight: dict[tuple[str, str], _Inflight] = {}
+        self._inflight: dict[tuple[str, str], Inflight] = {}
         self._read_cache: dict[str, Marque] = {}
         #: Set when the outbox has something new (for a background reporter).
         self.report_wanted = threading.Event()
@@ -238,7 +169,7 @@ class Pilot:
         with self._inflight_lock:
             running = self._inflight.get(key)
             if running is None:
-                mine = self._inflight[key] = _Inflight()
+                mine = self._inflight[key] = Inflight()
         if running is not None:
             # Same nonce, same process: follow the one execution, never start another.
             running.follow(on_event)
@@ -261,7 +192,7 @@ class Pilot:
                 del self._inflight[key]
 
     def _execute_claimed(
-        self, marque: Marque, nonce: str, jti: str, mine: _Inflight, on_event: EventSink | None
+        self, marque: Marque, nonce: str, jti: str, mine: Inflight, on_event: EventSink | None
     ) -> Outcome:
         now = self.clock()
         forget_after = jti_forget_after(now, self.options.pop_window_seconds)
@@ -277,7 +208,7 @@ class Pilot:
                 record = self._settle_lost(record)
             return self._outcome(record, replayed=True)
 
-        attempt = _AttemptStream(self, marque.marque_id, nonce, claim.record.attempt, mine,
+        attempt = AttemptStream(self, marque.marque_id, nonce, claim.record.attempt, mine,
                                  on_event)
         attempt.emit("claimed", owner_run=self.runs.run_id,
                      lease_expires_at=claim.record.lease_expires_at,
@@ -351,7 +282,7 @@ class Pilot:
         )
 
     def _observe_target(
-        self, run: Run, record: AttemptRecord, attempt: _AttemptStream
+        self, run: Run, record: AttemptRecord, attempt: AttemptStream
     ) -> Observation:
         """Steps 3–5 on the target: what this attempt did, as one observation."""
         target = self.targets[run.target]
@@ -385,7 +316,7 @@ class Pilot:
                            result=applied.result)
 
     def _record_observation(
-        self, observation: Observation, attempt: _AttemptStream
+        self, observation: Observation, attempt: AttemptStream
     ) -> AttemptRecord | None:
         """Step 5's second half: the observation, durably, with the attempt's events.
 
@@ -543,11 +474,9 @@ class Pilot:
         if found is None:
             evidence = Evidence(Verdict.UNKNOWN, reason="target of this marque is not configured")
         else:
-            target = found[1]
-            if target.recovery_contract != "stamps":
-                evidence = Evidence(Verdict.UNKNOWN, reason="target cannot hold stamps")
-            else:
-                evidence = target.reconcile(found[0])
+            # Every target Marque supports holds stamps; one that cannot would need a
+            # human to record evidence (DESIGN §4) and must not reach this line.
+            evidence = found[1].reconcile(found[0])
         self._log_reconciliation(record, evidence, why)
         self._check_stamp_against_ledger(record, evidence)
         run = found[0] if found else Run(record.marque_id, record.nonce, record.attempt,
@@ -826,11 +755,6 @@ class Pilot:
         # Attempts this run leaves claimed but unrecorded: leave it findable as dead, so
         # another process reconciles them from their stamps now, not after their lease.
         self.runs.close(leave_trace=bool(self._unrecorded))
-
-
-def _send(sink: EventSink | None, event: dict[str, Any]) -> None:
-    if sink is not None:
-        sink(event)
 
 
 def _replayed(outcome: Outcome) -> Outcome:

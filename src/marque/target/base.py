@@ -91,8 +91,6 @@ class Target(abc.ABC):
     """A database the Pilot executes approved changes on."""
 
     name: str
-    #: ``stamps`` when lost responses can be settled by tombstones, else ``unavailable``.
-    recovery_contract: str = "stamps"
 
     @abc.abstractmethod
     def execute(self, run: Run, emit: Emit) -> Applied:

@@ -1,0 +1,96 @@
+"""The events of an execution, as they happen: for the caller and for everyone following.
+
+An execution streams one event per step of DESIGN §3. Callers of the same
+nonce in the same process follow the one execution (:class:`Inflight`), never
+start another; the events of an attempt also go to the ledger with its outcome
+(:class:`AttemptStream`), so a caller in another process can read them later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from marque.outcome import Outcome, Status
+from marque.target import Run
+
+if TYPE_CHECKING:
+    from marque.errors import MarqueError
+    from marque.pilot.core import Pilot
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Inflight:
+    """An execution running in this process, for callers of the same nonce."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: Outcome | None = None
+    refusal: MarqueError | None = None
+    followers: list[EventSink] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Record an event and pass it to every caller following this execution."""
+        with self.lock:
+            self.events.append(event)
+            followers = list(self.followers)
+        for sink in followers:
+            sink(event)
+
+    def follow(self, sink: EventSink | None) -> None:
+        """Replay the events so far to ``sink``, then pass it the ones still to come."""
+        if sink is None:
+            return
+        # Under the lock, so no live event can overtake the replayed ones.
+        with self.lock:
+            for event in self.events:
+                sink(event)
+            self.followers.append(sink)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one look at an attempt established: its status and what goes with it."""
+
+    run: Run
+    status: Status
+    rows_affected: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class AttemptStream:
+    """The events of one attempt: kept for the ledger, passed to every follower."""
+
+    def __init__(self, pilot: Pilot, marque_id: str, nonce: str, attempt: int,
+                 inflight: Inflight, sink: EventSink | None) -> None:
+        self._pilot = pilot
+        self._base = {"marque_id": marque_id, "nonce": nonce, "attempt": attempt}
+        self._inflight = inflight
+        self._sink = sink
+        self.events: list[dict[str, Any]] = []
+
+    def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        """A new event of this attempt (not yet sent anywhere)."""
+        return {"event": kind, **self._base, "at": round(self._pilot.clock(), 6), **data}
+
+    def emit(self, kind: str, **data: Any) -> None:
+        """An event that goes to the ledger with the outcome, and to every follower now."""
+        event = self.event(kind, **data)
+        self.events.append(event)
+        self.publish(event)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Send an event to the followers and the caller, without keeping it."""
+        self._inflight.publish(event)
+        _send(self._sink, event)
+
+
+def _send(sink: EventSink | None, event: dict[str, Any]) -> None:
+    if sink is not None:
+        sink(event)
