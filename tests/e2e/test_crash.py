@@ -127,7 +127,7 @@ def test_kill_9_mid_statement(world: World) -> None:
     stamp = stamp_of(world, marque_id, "slow-1")
     assert (stamp["kind"], stamp["attempt"]) == ("tombstone", 1)
     [log] = reconciliations(world, marque_id, "slow-1")
-    assert log["verdict"] == "not_applied"
+    assert log["status"] == "aborted_not_applied"
 
     assert world.balances() == {1: 100, 2: 100}  # not re-run
     stats = world.stats()
@@ -157,7 +157,7 @@ def test_crash_after_commit(world: World) -> None:
     stamp = stamp_of(world, marque_id, "n-1")
     assert (stamp["kind"], stamp["attempt"], stamp["rows_affected"]) == ("applied", 1, 1)
     [log] = reconciliations(world, marque_id, "n-1")
-    assert log["verdict"] == "applied"
+    assert log["status"] == "applied"
 
     settled = world.outcome(marque_id, "n-1")
     assert settled.returncode == 0, settled

@@ -252,7 +252,7 @@ def test_a_dead_owner_is_owner_gone(world: World) -> None:
     assert res.json["error"]["code"] == "owner_gone"
     assert _first_observation_code(world, mid, "n-1") == "owner_gone"
     [entry] = world.logbook("execution.reconciliation")
-    assert entry["body"]["why"] == "owner_gone"
+    assert entry["body"]["cause"] == "owner_gone"
 
 
 def test_a_lease_that_ran_out_is_lease_expired(world: World) -> None:

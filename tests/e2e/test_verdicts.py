@@ -91,7 +91,7 @@ def test_paused_reconciler_cannot_overturn_a_settled_abort(world: World) -> None
     late = [e["body"] for e in world.logbook("execution.reconciliation")
             if e["body"]["attempt"] == 1 and e["body"]["stamp"]
             and e["body"]["stamp"]["attempt"] == 2]
-    assert late and all(body["verdict"] == "not_applied" for body in late), late
+    assert late and all(body["status"] == "aborted_not_applied" for body in late), late
 
 
 def test_two_reconcilers_settle_one_attempt_once(world: World) -> None:

@@ -24,7 +24,7 @@ def _orphan(env: Env, token: str, nonce: str) -> str:
     now = time.time()
     claim = env.pilot.ledger.claim(ClaimTicket(
         marque_id=mid, nonce=nonce, target="bank", executions=1, max_rows=1,
-        attempts_per_nonce=3, expires_at=now + 600, owner_run="run_gone", lease_seconds=0.0,
+        attempts_per_nonce=3, expires_at=now + 600, owner_process="proc_gone", lease_seconds=0.0,
         now=now - 1,
     ))
     assert claim.fresh

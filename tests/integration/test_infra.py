@@ -16,7 +16,7 @@ import pytest
 from marque.errors import InvalidInput, LedgerCorrupt, StatementTimeout, TargetUnavailable
 from marque.ledger import create_ledger
 from marque.ledger.sqlite import SqliteLedger
-from marque.target.base import Run
+from marque.target.base import TargetAttempt
 from marque.target.sqlite import SqliteTarget
 from marque.target.stamps import SQLITE_MIGRATIONS, VERSION
 from marque.token import Change, Statement
@@ -34,8 +34,9 @@ def _bank_rows(env: Env, sql: str) -> list[tuple[object, ...]]:
         conn.close()
 
 
-def _run(change: Change) -> Run:
-    return Run("mq_x", "n-1", 1, "p1", "inc_1", change, max_rows=1, statement_timeout_ms=5_000)
+def _attempt(change: Change) -> TargetAttempt:
+    return TargetAttempt("mq_x", "n-1", 1, "p1", "inc_1", change, max_rows=1,
+                         statement_timeout_ms=5_000)
 
 
 # -- the stamp table: one definition, versioned ----------------------------------------------
@@ -129,7 +130,7 @@ def test_a_target_in_a_missing_directory_is_target_unavailable(tmp_path: Path) -
     target = SqliteTarget("bank", str(missing / "bank.db"))
 
     with pytest.raises(TargetUnavailable) as raised:
-        target.execute(_run(Change((Statement(DEBIT_1),))), lambda *a, **k: None)
+        target.execute(_attempt(Change((Statement(DEBIT_1),))), lambda *a, **k: None)
 
     assert f"its directory {missing} does not exist" in raised.value.message
     assert raised.value.detail["sqlite_errorname"] == "SQLITE_CANTOPEN"
@@ -146,7 +147,7 @@ def test_a_target_locked_by_another_writer_is_a_lock_timeout(tmp_path: Path) -> 
     try:
         target = SqliteTarget("bank", str(path), lock_timeout_ms=100)
         with pytest.raises(StatementTimeout) as raised:
-            target.execute(_run(Change((Statement(DEBIT_1),))), lambda *a, **k: None)
+            target.execute(_attempt(Change((Statement(DEBIT_1),))), lambda *a, **k: None)
     finally:
         holder.execute("ROLLBACK")
         holder.close()

@@ -804,8 +804,8 @@ def test_existing_applied_stamp_blocks_the_statement_and_settles_applied(env: En
     assert stamp["kind"] == "applied"
     assert env.pilot.logbook is not None
     reconciliations = env.pilot.logbook.entries("execution.reconciliation")
-    assert [e["body"]["why"] for e in reconciliations] == ["fence_conflict"]
-    assert reconciliations[0]["body"]["verdict"] == "applied"
+    assert [e["body"]["cause"] for e in reconciliations] == ["fence_conflict"]
+    assert reconciliations[0]["body"]["status"] == "applied"
     # the nonce is settled; a retry is a replay and still does not run
     assert env.run(token, "n-1").replayed is True
     assert env.balances() == START
@@ -838,7 +838,7 @@ def _stale_claim(env: Env, token: str, nonce: str) -> None:
         ClaimTicket(
             marque_id=marque_id_of(token), nonce=nonce, target="bank", executions=1,
             max_rows=1, attempts_per_nonce=3, expires_at=now + 600,
-            owner_run="run_" + "f" * 32, lease_seconds=0.01, now=now - 10,
+            owner_process="proc_" + "f" * 32, lease_seconds=0.01, now=now - 10,
         )
     )
     assert claim.fresh and claim.record.status.value == "in_progress"
@@ -856,7 +856,7 @@ def test_expired_lease_becomes_indeterminate_then_reconciled_by_tombstone(env: E
                         "from": "in_progress", "to": "aborted_not_applied"}]
     record = env.pilot.ledger.outcome(mid, "n-1")
     assert record is not None and record.status.value == "aborted_not_applied"
-    seen = [(o["status"], o["source"]) for o in env.pilot.ledger.observations(mid, "n-1")]
+    seen = [(o["status"], o["cause"]) for o in env.pilot.ledger.observations(mid, "n-1")]
     assert seen == [("indeterminate", "lease"), ("aborted_not_applied", "reconciliation")]
     assert env.balances() == START
     [stamp] = env.stamps()
@@ -866,8 +866,8 @@ def test_expired_lease_becomes_indeterminate_then_reconciled_by_tombstone(env: E
     entries = env.pilot.logbook.entries("execution.")
     reconciliation = [e for e in entries if e["kind"] == "execution.reconciliation"]
     assert len(reconciliation) == 1
-    assert reconciliation[0]["body"]["why"] == "lease_expired"
-    assert reconciliation[0]["body"]["verdict"] == "not_applied"
+    assert reconciliation[0]["body"]["cause"] == "lease_expired"
+    assert reconciliation[0]["body"]["status"] == "aborted_not_applied"
     outcomes = [e for e in entries if e["kind"] == "execution.aborted_not_applied"]
     assert len(outcomes) == 1 and outcomes[0]["body"]["nonce"] == "n-1"
     assert env.pilot.logbook.verify()
@@ -1009,7 +1009,7 @@ def test_applied_outcome_is_reported_to_the_logbook(env: Env) -> None:
         "rows_affected": 1,
         "error": None,
         "pilot": {"id": PILOT_ID, "incarnation": env.pilot.incarnation},
-        "settled_by": "execution",
+        "cause": "execution",
     }
     assert entry["body"]["status"] == outcome.status
     assert env.pilot.logbook.verify()
@@ -1075,7 +1075,7 @@ def test_commit_blocked_by_a_reader_is_indeterminate_then_reconciled(env: Env) -
     [stamp] = env.stamps()
     assert (stamp["kind"], stamp["attempt"]) == ("tombstone", 1)
     assert env.pilot.logbook is not None
-    whys = [e["body"]["why"] for e in env.pilot.logbook.entries("execution.reconciliation")]
+    whys = [e["body"]["cause"] for e in env.pilot.logbook.entries("execution.reconciliation")]
     assert whys == ["commit_unknown", "recovery"]
     again = env.run(token, "n-1")
     assert (again.status, again.attempt) == ("applied", 2)

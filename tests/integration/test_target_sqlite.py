@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from marque.errors import StatementError, TargetUnavailable
-from marque.target.base import Run
+from marque.target.base import TargetAttempt
 from marque.target.sqlite import SqliteTarget
 from marque.token import Change, Statement
 
@@ -35,7 +35,7 @@ def test_authorizer_stops_transaction_control(tmp_path: Path, sql: str) -> None:
     """Even unvalidated transaction control is denied before it runs: nothing applies, no stamp."""
     path = _bank(tmp_path)
     target = SqliteTarget("bank", str(path))
-    run = Run("mq_x", "n-1", 1, "p1", "inc_1", _smuggled(sql), max_rows=1,
+    run = TargetAttempt("mq_x", "n-1", 1, "p1", "inc_1", _smuggled(sql), max_rows=1,
               statement_timeout_ms=5_000)
 
     with pytest.raises(StatementError):
@@ -54,8 +54,8 @@ def test_authorizer_stops_transaction_control(tmp_path: Path, sql: str) -> None:
 def test_missing_target_file_is_not_created(tmp_path: Path) -> None:
     """A target path that does not exist is target_unavailable, never a new empty database."""
     target = SqliteTarget("bank", str(tmp_path / "nope.db"))
-    run = Run("mq_x", "n-1", 1, "p1", "inc_1", Change((Statement("SELECT 1"),)), max_rows=1,
-              statement_timeout_ms=5_000)
+    run = TargetAttempt("mq_x", "n-1", 1, "p1", "inc_1", Change((Statement("SELECT 1"),)),
+                        max_rows=1, statement_timeout_ms=5_000)
     with pytest.raises(TargetUnavailable) as raised:
         target.execute(run, lambda *a, **k: None)
     assert raised.value.detail["sqlite_errorname"] == "SQLITE_CANTOPEN"

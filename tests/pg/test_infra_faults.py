@@ -162,7 +162,7 @@ def test_ledger_lost_after_commit_answers_applied_not_recorded_then_recover_reco
             "to": "applied"} in changes
     [attempt] = ledger.attempts(mid, "n-1")
     assert (attempt.status.value, attempt.rows_affected) == ("applied", 1)
-    assert [(o["status"], o["source"]) for o in ledger.observations(mid, "n-1")] == [
+    assert [(o["status"], o["cause"]) for o in ledger.observations(mid, "n-1")] == [
         ("applied", "execution")]
     kinds = [e["event"] for e in ledger.events(mid, "n-1")]
     assert kinds[-2:] == ["outcome_not_recorded", "outcome_recorded"], kinds
@@ -287,7 +287,7 @@ def test_a_deferred_constraint_failing_at_commit_is_aborted_not_applied(
     with psycopg.connect(world.target_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM entries").fetchone() == (1,)
     assert stamp_view(world, mid) == []
-    assert [(o["status"], o["source"]) for o in world.pilot.ledger.observations(mid, "n-1")] == [
+    assert [(o["status"], o["cause"]) for o in world.pilot.ledger.observations(mid, "n-1")] == [
         ("aborted_not_applied", "execution")]
 
 

@@ -102,14 +102,14 @@ def test_lost_commit_reply_is_reconciled_to_applied_once(
         "applied", 1, 1, False)
     assert outcome.error is None
     observations = world.pilot.ledger.observations(mid, "lost-reply")
-    assert [(o["status"], o["source"]) for o in observations] == [
+    assert [(o["status"], o["cause"]) for o in observations] == [
         ("indeterminate", "execution"), ("applied", "reconciliation")]
     assert observations[0]["detail"]["error"]["code"] == "commit_unknown"
     assert world.balances() == {**START, 1: 90}
     assert stamp_view(world.stamps(mid)) == [("lost-reply", "applied", 1, 1)]
 
     [entry] = reconciliations(world, mid)
-    assert (entry["why"], entry["verdict"]) == ("commit_unknown", "applied")
+    assert (entry["cause"], entry["status"]) == ("commit_unknown", "applied")
     fence = next(e for e in world.events if e["event"] == "fence_checked")
     assert entry["corroboration"] == {"txid": fence["txid"], "txid_status": "committed"}
 
@@ -137,13 +137,13 @@ def test_commit_lost_before_server_is_reconciled_to_not_applied(
     assert (outcome.status, outcome.attempt) == ("aborted_not_applied", 1)
     assert outcome.error is not None and outcome.error["code"] == "commit_unknown"
     observations = world.pilot.ledger.observations(mid, "lost-commit")
-    assert [(o["status"], o["source"]) for o in observations] == [
+    assert [(o["status"], o["cause"]) for o in observations] == [
         ("indeterminate", "execution"), ("aborted_not_applied", "reconciliation")]
     assert world.balances() == START
     assert stamp_view(world.stamps(mid)) == [("lost-commit", "tombstone", 1, None)]
 
     [entry] = reconciliations(world, mid)
-    assert (entry["why"], entry["verdict"]) == ("commit_unknown", "not_applied")
+    assert (entry["cause"], entry["status"]) == ("commit_unknown", "aborted_not_applied")
     fence = next(e for e in world.events if e["event"] == "fence_checked")
     assert entry["corroboration"] == {"txid": fence["txid"], "txid_status": "aborted"}
     assert_never_failed(world, mid, "lost-commit")
@@ -227,7 +227,7 @@ def test_sigkill_mid_statement_keeps_nonce_claimed_and_reconciles_not_applied(
     # Killed seconds ago, lease still valid: a dead owner, not an expired lease.
     assert observations[0]["detail"]["error"]["code"] == "owner_gone"
     assert observations[-1]["status"] == "aborted_not_applied"
-    assert observations[-1]["source"] == "reconciliation"
+    assert observations[-1]["cause"] == "reconciliation"
     assert all(o["status"] != "applied" for o in observations)
 
 
@@ -445,7 +445,7 @@ def test_unreachable_target_keeps_attempt_indeterminate_until_it_returns(
     assert record.error is not None and record.error["code"] == "owner_gone"  # killed, lease valid
     assert [(c["from"], c["to"]) for c in changes] == [("in_progress", "indeterminate")]
     entries = reconciliations(world, mid)
-    assert entries and all(e["verdict"] == "unknown" for e in entries)
+    assert entries and all(e["status"] == "indeterminate" for e in entries)
     assert [o["status"] for o in pilot.ledger.observations(mid, "orphan")] == ["indeterminate"]
     world.close_pilot()
 

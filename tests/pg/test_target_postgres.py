@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from marque.errors import MaxRowsExceeded, StatementError
-from marque.target.base import TOMBSTONE, Run, StampConflict
+from marque.target.base import STAMP_TOMBSTONE, StampConflict, TargetAttempt
 from marque.target.postgres import PostgresTarget
 from marque.token import Change, Guard, Statement
 
@@ -41,9 +41,11 @@ def target(pg_dsn: str) -> Iterator[PostgresTarget]:
         target.close()
 
 
-def _run(change: Change, nonce: str = "n-1", *, attempt: int = 1, max_rows: int = 5) -> Run:
-    return Run("mq_pg", nonce, attempt, "pilot-pg", "inc_pg", change, max_rows, 30_000,
-               expires_at=time.time() + 600)
+def _run(
+    change: Change, nonce: str = "n-1", *, attempt: int = 1, max_rows: int = 5
+) -> TargetAttempt:
+    return TargetAttempt("mq_pg", nonce, attempt, "pilot-pg", "inc_pg", change, max_rows, 30_000,
+                         expires_at=time.time() + 600)
 
 
 def _query(target: PostgresTarget, sql: str) -> list[tuple[Any, ...]]:
@@ -61,7 +63,7 @@ def _stamps(target: PostgresTarget) -> list[tuple[Any, ...]]:
                           "ORDER BY nonce")
 
 
-def _execute(target: PostgresTarget, run: Run) -> tuple[Any, list[str]]:
+def _execute(target: PostgresTarget, run: TargetAttempt) -> tuple[Any, list[str]]:
     events: list[str] = []
     applied = target.execute(run, lambda kind, **_: events.append(kind))
     return applied, events
@@ -78,11 +80,11 @@ def test_first_attempt_applies_with_its_statement_behind_the_stamp(target: Postg
                       "committed"]
 
 
-@pytest.mark.parametrize("kind", ["applied", TOMBSTONE])
+@pytest.mark.parametrize("kind", ["applied", STAMP_TOMBSTONE])
 def test_a_stamp_conflict_stops_the_statement_before_it_runs(target: PostgresTarget, kind: str):
     # Another attempt 1 of this nonce already left its stamp (committed, or tombstoned).
     target.execute(_run(Change((Statement("SELECT 1"),))), lambda *a, **k: None)
-    if kind == TOMBSTONE:
+    if kind == STAMP_TOMBSTONE:
         _query(target, "UPDATE marque.stamps SET kind = 'tombstone' RETURNING 1")
     before = _probe_calls(target)
 

@@ -139,7 +139,7 @@ def make_ticket(
     max_rows: int = 10,
     attempts_per_nonce: int = 3,
     expires_at: float | None = None,
-    owner_run: str = "run_test",
+    owner_process: str = "proc_test",
     lease_seconds: float = 60,
     now: float | None = None,
 ) -> ClaimTicket:
@@ -153,7 +153,7 @@ def make_ticket(
         max_rows=max_rows,
         attempts_per_nonce=attempts_per_nonce,
         expires_at=now + 600 if expires_at is None else expires_at,
-        owner_run=owner_run,
+        owner_process=owner_process,
         lease_seconds=lease_seconds,
         now=now,
     )

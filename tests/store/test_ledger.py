@@ -37,43 +37,43 @@ T0 = 1_900_000_000.0  # a fixed clock for tests that reason about expiry
 MQ = "mq_test"
 
 
-def settle(
+def observe(
     ledger: Ledger,
     nonce: str,
     status: Status,
     *,
     attempt: int = 1,
     marque_id: str = MQ,
-    source: str = "test",
+    cause: str = "test",
     now: float | None = None,
     **kwargs: Any,
 ) -> Any:
-    """``ledger.settle`` with a default marque, attempt, clock and source."""
-    return ledger.settle(
+    """``ledger.observe`` with a default marque, attempt, clock and cause."""
+    return ledger.observe(
         marque_id,
         nonce,
         attempt,
         status,
         now=time.time() if now is None else now,
-        source=source,
+        cause=cause,
         **kwargs,
     )
 
 
-def claim_and_settle(
+def claim_and_observe(
     ledger: Ledger, ticket: ClaimTicket, status: Status | None, **kwargs: Any
 ) -> Claim:
     """Claim a fresh nonce and, unless ``status`` is None, settle its attempt to ``status``."""
     claimed = ledger.claim(ticket)
     assert claimed.fresh
     if status is not None:
-        ledger.settle(
+        ledger.observe(
             ticket.marque_id,
             ticket.nonce,
             claimed.record.attempt,
             status,
             now=ticket.now,
-            source="test",
+            cause="test",
             **kwargs,
         )
     return claimed
@@ -184,13 +184,14 @@ def test_concurrent_create_loser_sees_ledger_exists(
 def test_fresh_claim_starts_attempt_one_and_spends_budget(ledger: Ledger):
     """A fresh claim starts attempt 1 in_progress with owner and lease, and spends one execution."""
     now = time.time()
-    ticket = make_ticket(nonce="n1", executions=3, owner_run="run_A", lease_seconds=45, now=now)
+    ticket = make_ticket(nonce="n1", executions=3, owner_process="proc_A", lease_seconds=45,
+                         now=now)
     claimed = ledger.claim(ticket)
     assert claimed.fresh is True
     rec = claimed.record
     assert (rec.marque_id, rec.nonce, rec.attempt) == (MQ, "n1", 1)
     assert rec.status is Status.IN_PROGRESS
-    assert rec.owner_run == "run_A"
+    assert rec.owner_process == "proc_A"
     assert rec.owner_incarnation == ledger.incarnation
     assert rec.lease_expires_at == pytest.approx(now + 45)
     assert rec.started_at == pytest.approx(now)
@@ -208,7 +209,7 @@ def test_fresh_claim_starts_attempt_one_and_spends_budget(ledger: Ledger):
 def test_same_nonce_replays_without_spending(ledger: Ledger):
     """Claiming a claimed nonce returns the same record (fresh=False) and spends nothing."""
     first = ledger.claim(make_ticket(nonce="n1", executions=3))
-    again = ledger.claim(make_ticket(nonce="n1", executions=3, owner_run="run_other"))
+    again = ledger.claim(make_ticket(nonce="n1", executions=3, owner_process="proc_other"))
     assert again.fresh is False
     assert again.record == first.record
     assert ledger.budget(MQ)["executions_left"] == 2
@@ -262,7 +263,7 @@ def test_zero_budget_refusal_records_nothing(ledger: Ledger):
 def test_claimed_nonce_replays_even_when_budget_is_spent(ledger: Ledger):
     """A retry of a claimed nonce returns its record even after the budget reached zero."""
     first = ledger.claim(make_ticket(nonce="n1", executions=1))
-    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=1)
     again = ledger.claim(make_ticket(nonce="n1", executions=1))
     assert again.fresh is False
     assert again.record.attempt == first.record.attempt
@@ -274,7 +275,7 @@ def test_claimed_nonce_replays_even_when_budget_is_spent(ledger: Ledger):
 @pytest.mark.parametrize("status", [Status.IN_PROGRESS, Status.INDETERMINATE, Status.APPLIED])
 def test_nonce_not_aborted_is_returned_not_rerun(ledger: Ledger, status: Status):
     """A nonce in_progress, indeterminate or applied is returned as is, never re-attempted."""
-    claim_and_settle(
+    claim_and_observe(
         ledger, make_ticket(nonce="n1"), None if status is Status.IN_PROGRESS else status
     )
     again = ledger.claim(make_ticket(nonce="n1"))
@@ -292,14 +293,14 @@ def test_aborted_nonce_retries_without_budget_until_attempts_exhausted(ledger: L
     assert first.record.attempt == 1
     assert ledger.budget(MQ)["executions_left"] == 0
     for expected_attempt in (2, 3):
-        settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, attempt=expected_attempt - 1)
+        observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, attempt=expected_attempt - 1)
         retry = ledger.claim(make_ticket(nonce="n1", executions=1, attempts_per_nonce=3))
         assert retry.fresh is True
         assert retry.record.attempt == expected_attempt
         assert retry.record.status is Status.IN_PROGRESS
         assert ledger.outcome(MQ, "n1") == retry.record
         assert ledger.budget(MQ)["executions_left"] == 0
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, attempt=3)
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, attempt=3)
     with pytest.raises(AttemptsExhausted):
         ledger.claim(make_ticket(nonce="n1", executions=1, attempts_per_nonce=3))
     attempts = ledger.attempts(MQ, "n1")
@@ -313,20 +314,20 @@ def test_aborted_nonce_retries_without_budget_until_attempts_exhausted(ledger: L
 def test_retry_attempt_keeps_earlier_attempts_intact(ledger: Ledger):
     """Starting attempt 2 leaves attempt 1's aborted record and error untouched."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
-    ledger.claim(make_ticket(nonce="n1", owner_run="run_B"))
-    settle(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=4)
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
+    ledger.claim(make_ticket(nonce="n1", owner_process="proc_B"))
+    observe(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=4)
     one, two = ledger.attempts(MQ, "n1")
     assert (one.attempt, one.status, one.error) == (
         1,
         Status.ABORTED_NOT_APPLIED,
         {"code": "guard_failed"},
     )
-    assert (two.attempt, two.status, two.rows_affected, two.owner_run) == (
+    assert (two.attempt, two.status, two.rows_affected, two.owner_process) == (
         2,
         Status.APPLIED,
         4,
-        "run_B",
+        "proc_B",
     )
     assert ledger.outcome(MQ, "n1") == two
 
@@ -337,8 +338,8 @@ def test_retry_attempt_keeps_earlier_attempts_intact(ledger: Ledger):
 def test_applied_then_indeterminate_stays_applied(ledger: Ledger):
     """A late indeterminate observation does not overwrite applied, its rows or its result."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.APPLIED, rows_affected=3, result={"rows": [[1]]})
-    after = settle(
+    observe(ledger, "n1", Status.APPLIED, rows_affected=3, result={"rows": [[1]]})
+    after = observe(
         ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"}, rows_affected=99
     )
     assert after.status is Status.APPLIED
@@ -351,9 +352,9 @@ def test_applied_then_indeterminate_stays_applied(ledger: Ledger):
 def test_indeterminate_then_applied_upgrades(ledger: Ledger):
     """Evidence of commit upgrades indeterminate to applied, storing rows and result."""
     ledger.claim(make_ticket(nonce="n1"))
-    mid = settle(ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"})
+    mid = observe(ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"})
     assert mid.status is Status.INDETERMINATE and mid.settled_at is None
-    after = settle(ledger, "n1", Status.APPLIED, rows_affected=2, result={"ok": True}, now=T0)
+    after = observe(ledger, "n1", Status.APPLIED, rows_affected=2, result={"ok": True}, now=T0)
     assert after.status is Status.APPLIED
     assert (after.rows_affected, after.result) == (2, {"ok": True})
     assert after.settled_at == pytest.approx(T0)
@@ -363,7 +364,8 @@ def test_indeterminate_then_applied_upgrades(ledger: Ledger):
 def test_in_progress_then_aborted(ledger: Ledger):
     """An in_progress attempt settles to aborted_not_applied with its error."""
     ledger.claim(make_ticket(nonce="n1"))
-    after = settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"}, now=T0)
+    after = observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"},
+                    now=T0)
     assert after.status is Status.ABORTED_NOT_APPLIED
     assert after.error == {"code": "guard_failed"}
     assert after.settled_at == pytest.approx(T0)
@@ -373,9 +375,9 @@ def test_in_progress_then_aborted(ledger: Ledger):
 def test_aborted_attempt_never_becomes_applied(ledger: Ledger):
     """An attempt settles once: a late applied observation leaves aborted_not_applied alone."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "commit_unknown"})
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "commit_unknown"})
     ledger.outbox_ack_all(pending_for(ledger, "n1"), T0)
-    after = settle(ledger, "n1", Status.APPLIED, rows_affected=1, source="reconciliation")
+    after = observe(ledger, "n1", Status.APPLIED, rows_affected=1, cause="reconciliation")
     assert after.status is Status.ABORTED_NOT_APPLIED
     assert after.rows_affected is None
     assert pending_for(ledger, "n1") == []  # nothing new to report: nothing changed
@@ -386,17 +388,17 @@ def test_aborted_attempt_never_becomes_applied(ledger: Ledger):
 def test_applied_attempt_never_becomes_aborted(ledger: Ledger):
     """The mirror image: applied is final too."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"})
-    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
-    after = settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "late"})
+    observe(ledger, "n1", Status.INDETERMINATE, error={"code": "commit_unknown"})
+    observe(ledger, "n1", Status.APPLIED, rows_affected=1)
+    after = observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "late"})
     assert after.status is Status.APPLIED and after.rows_affected == 1
 
 
 def test_aborted_then_indeterminate_stays_aborted(ledger: Ledger):
     """A weaker indeterminate observation does not overwrite aborted_not_applied."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
-    after = settle(ledger, "n1", Status.INDETERMINATE, error={"code": "lease_expired"})
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
+    after = observe(ledger, "n1", Status.INDETERMINATE, error={"code": "lease_expired"})
     assert after.status is Status.ABORTED_NOT_APPLIED
     assert after.error == {"code": "guard_failed"}
 
@@ -404,7 +406,7 @@ def test_aborted_then_indeterminate_stays_aborted(ledger: Ledger):
 def test_in_progress_observation_changes_nothing(ledger: Ledger):
     """An in_progress observation never moves an attempt (not even an in_progress one)."""
     claimed = ledger.claim(make_ticket(nonce="n1"))
-    after = settle(ledger, "n1", Status.IN_PROGRESS, error={"code": "x"})
+    after = observe(ledger, "n1", Status.IN_PROGRESS, error={"code": "x"})
     assert after == claimed.record
     assert ledger.outbox_pending() == []
 
@@ -412,10 +414,10 @@ def test_in_progress_observation_changes_nothing(ledger: Ledger):
 def test_equal_rank_observation_does_not_overwrite(ledger: Ledger):
     """A second observation of the same status keeps the first one's error and rows."""
     ledger.claim(make_ticket(nonce="n1"))
-    first = settle(
+    first = observe(
         ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "first"}, rows_affected=0, now=T0
     )
-    second = settle(
+    second = observe(
         ledger,
         "n1",
         Status.ABORTED_NOT_APPLIED,
@@ -438,9 +440,9 @@ def test_observations_log_every_observation(ledger: Ledger):
         (Status.APPLIED, "duplicate", T0 + 4),
     ]
     for status, source, now in steps:
-        settle(ledger, "n1", status, source=source, now=now)
+        observe(ledger, "n1", status, cause=source, now=now)
     observed = ledger.observations(MQ, "n1")
-    assert [(o["attempt"], o["status"], o["source"]) for o in observed] == [
+    assert [(o["attempt"], o["status"], o["cause"]) for o in observed] == [
         (1, s.value, src) for s, src, _ in steps
     ]
     assert [o["at"] for o in observed] == pytest.approx([now for _, _, now in steps])
@@ -451,9 +453,9 @@ def test_settle_unknown_attempt_fails_and_logs_nothing(ledger: Ledger):
     """Settling an attempt that was never claimed raises and leaves no observation behind."""
     ledger.claim(make_ticket(nonce="n1"))
     with pytest.raises(LedgerMissing):
-        settle(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=1)
+        observe(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=1)
     with pytest.raises(LedgerMissing):
-        settle(ledger, "ghost", Status.APPLIED, rows_affected=1)
+        observe(ledger, "ghost", Status.APPLIED, rows_affected=1)
     assert ledger.observations(MQ, "n1") == []
     assert ledger.observations(MQ, "ghost") == []
     assert ledger.outcome(MQ, "n1").status is Status.IN_PROGRESS
@@ -464,11 +466,11 @@ def test_stored_result_is_never_cleared(ledger: Ledger):
     """Once applied with rows and result, later observations (any status, None values) keep them."""
     ledger.claim(make_ticket(nonce="n1"))
     result = {"columns": ["id"], "rows": [[1], [2], [3]]}
-    settle(ledger, "n1", Status.APPLIED, rows_affected=3, result=result)
-    settle(ledger, "n1", Status.APPLIED, rows_affected=None, result=None)
-    settle(ledger, "n1", Status.APPLIED, rows_affected=8, result={"other": 1})
-    settle(ledger, "n1", Status.INDETERMINATE, rows_affected=None, result=None)
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "x"}, rows_affected=0)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=3, result=result)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=None, result=None)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=8, result={"other": 1})
+    observe(ledger, "n1", Status.INDETERMINATE, rows_affected=None, result=None)
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "x"}, rows_affected=0)
     final = ledger.outcome(MQ, "n1")
     assert final.status is Status.APPLIED
     assert final.rows_affected == 3
@@ -482,15 +484,15 @@ def test_stored_result_is_never_cleared(ledger: Ledger):
 
 
 def test_events_append_in_order(ledger: Ledger):
-    """settle(events=...) appends to the nonce's log in call order, rejected observations too."""
+    """observe(events=...) appends to the nonce's log in call order, rejected observations too."""
     ledger.claim(make_ticket(nonce="n1"))
     ledger.claim(make_ticket(nonce="n2"))
-    settle(ledger, "n2", Status.INDETERMINATE, events=[{"event": "claimed", "nonce": "n2"}])
-    settle(ledger, "n1", Status.INDETERMINATE,
+    observe(ledger, "n2", Status.INDETERMINATE, events=[{"event": "claimed", "nonce": "n2"}])
+    observe(ledger, "n1", Status.INDETERMINATE,
            events=[{"event": "claimed"}, {"event": "fence_checked"}])
-    settle(ledger, "n1", Status.APPLIED, rows_affected=1, events=[{"event": "committed"}])
+    observe(ledger, "n1", Status.APPLIED, rows_affected=1, events=[{"event": "committed"}])
     # A rejected (weaker) observation still logs what happened.
-    settle(ledger, "n1", Status.INDETERMINATE, events=[{"event": "late_timeout"}])
+    observe(ledger, "n1", Status.INDETERMINATE, events=[{"event": "late_timeout"}])
     assert ledger.events(MQ, "n1") == [
         {"event": "claimed"},
         {"event": "fence_checked"},
@@ -515,7 +517,7 @@ def test_claim_alone_queues_no_report(ledger: Ledger):
 def test_status_change_queues_report_and_ack_clears_it(ledger: Ledger):
     """A settled status queues a report carrying it; outbox_ack removes it from pending."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.APPLIED, rows_affected=3, source="pilot")
+    observe(ledger, "n1", Status.APPLIED, rows_affected=3, cause="pilot")
     (entry,) = ledger.outbox_pending()
     assert (entry.marque_id, entry.nonce, entry.attempt, entry.status) == (MQ, "n1", 1, "applied")
     assert entry.payload["status"] == "applied"
@@ -532,12 +534,12 @@ def test_status_change_queues_report_and_ack_clears_it(ledger: Ledger):
 def test_upgrade_requeues_report_with_new_status(ledger: Ledger):
     """indeterminate (acked) then applied re-queues the attempt's report with status applied."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.INDETERMINATE)
+    observe(ledger, "n1", Status.INDETERMINATE)
     (first,) = ledger.outbox_pending()
     assert first.status == "indeterminate"
     ledger.outbox_ack(first, T0)
     assert ledger.outbox_pending() == []
-    settle(ledger, "n1", Status.APPLIED, rows_affected=5)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=5)
     (second,) = ledger.outbox_pending()
     assert (second.attempt, second.status) == (1, "applied")
     assert second.payload["status"] == "applied"
@@ -548,10 +550,10 @@ def test_upgrade_requeues_report_with_new_status(ledger: Ledger):
 def test_rejected_observation_queues_nothing(ledger: Ledger):
     """An observation that does not change the status does not re-queue a report."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=1)
     ack_all(ledger)
-    settle(ledger, "n1", Status.INDETERMINATE)
-    settle(ledger, "n1", Status.APPLIED, rows_affected=1)
+    observe(ledger, "n1", Status.INDETERMINATE)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=1)
     assert ledger.outbox_pending() == []
     assert ledger.stats(time.time())["unreported_outcomes"] == 0
 
@@ -559,9 +561,9 @@ def test_rejected_observation_queues_nothing(ledger: Ledger):
 def test_stale_ack_does_not_ack_newer_status(ledger: Ledger):
     """Acking a report for an old status leaves the newer status's report pending."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.INDETERMINATE)
+    observe(ledger, "n1", Status.INDETERMINATE)
     (stale,) = ledger.outbox_pending()
-    settle(ledger, "n1", Status.APPLIED, rows_affected=2)
+    observe(ledger, "n1", Status.APPLIED, rows_affected=2)
     ledger.outbox_ack(stale, T0)
     (current,) = ledger.outbox_pending()
     assert current.status == "applied"
@@ -573,7 +575,7 @@ def test_stale_ack_does_not_ack_newer_status(ledger: Ledger):
 def test_outbox_failed_counts_tries(ledger: Ledger):
     """outbox_failed increments the entry's tries and leaves it pending."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED, error={"code": "guard_failed"})
     (entry,) = ledger.outbox_pending()
     ledger.outbox_failed(entry)
     ledger.outbox_failed(entry)
@@ -586,9 +588,9 @@ def test_outbox_failed_counts_tries(ledger: Ledger):
 def test_each_attempt_has_its_own_report(ledger: Ledger):
     """Aborted attempt 1 and applied attempt 2 of one nonce are reported separately."""
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.ABORTED_NOT_APPLIED)
+    observe(ledger, "n1", Status.ABORTED_NOT_APPLIED)
     ledger.claim(make_ticket(nonce="n1"))
-    settle(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=1)
+    observe(ledger, "n1", Status.APPLIED, attempt=2, rows_affected=1)
     assert sorted((e.attempt, e.status) for e in pending_for(ledger, "n1")) == [
         (1, "aborted_not_applied"),
         (2, "applied"),
@@ -599,7 +601,7 @@ def test_each_attempt_has_its_own_report(ledger: Ledger):
 def test_outbox_pending_respects_limit(ledger: Ledger):
     """outbox_pending(limit) returns at most ``limit`` entries."""
     for i in range(3):
-        claim_and_settle(ledger, make_ticket(nonce=f"n{i}"), Status.APPLIED, rows_affected=1)
+        claim_and_observe(ledger, make_ticket(nonce=f"n{i}"), Status.APPLIED, rows_affected=1)
     assert len(ledger.outbox_pending(limit=2)) == 2
     assert len(ledger.outbox_pending()) == 3
 
@@ -620,10 +622,10 @@ def test_remember_pop_jti_detects_replay(ledger: Ledger):
 
 def test_unsettled_lists_exactly_matching_attempts(ledger: Ledger):
     """unsettled(IN_PROGRESS / INDETERMINATE) lists exactly the attempts in that status."""
-    claim_and_settle(ledger, make_ticket(nonce="running"), None)
-    claim_and_settle(ledger, make_ticket(nonce="lost"), Status.INDETERMINATE)
-    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
-    claim_and_settle(ledger, make_ticket("mq_other", nonce="failed"), Status.ABORTED_NOT_APPLIED)
+    claim_and_observe(ledger, make_ticket(nonce="running"), None)
+    claim_and_observe(ledger, make_ticket(nonce="lost"), Status.INDETERMINATE)
+    claim_and_observe(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, make_ticket("mq_other", nonce="failed"), Status.ABORTED_NOT_APPLIED)
     ledger.claim(make_ticket("mq_other", nonce="failed"))  # attempt 2, in_progress
 
     def keys(status: Status) -> set[tuple[str, str, int]]:
@@ -633,7 +635,7 @@ def test_unsettled_lists_exactly_matching_attempts(ledger: Ledger):
 
     assert keys(Status.IN_PROGRESS) == {(MQ, "running", 1), ("mq_other", "failed", 2)}
     assert keys(Status.INDETERMINATE) == {(MQ, "lost", 1)}
-    settle(ledger, "lost", Status.APPLIED, rows_affected=1)
+    observe(ledger, "lost", Status.APPLIED, rows_affected=1)
     assert keys(Status.INDETERMINATE) == set()
 
 
@@ -651,14 +653,14 @@ def _live_ticket(marque_id: str, nonce: str, **kwargs: Any) -> ClaimTicket:
 def test_reap_deletes_settled_acked_entries_of_expired_marques(ledger: Ledger):
     """Reap deletes an expired marque's settled, acked entries and keeps a live marque's."""
     for nonce, status in (("a", Status.APPLIED), ("b", Status.ABORTED_NOT_APPLIED)):
-        claim_and_settle(
+        claim_and_observe(
             ledger,
             _expired_ticket("mq_old", nonce),
             status,
             rows_affected=1,
             events=[{"event": "committed"}],
         )
-    claim_and_settle(
+    claim_and_observe(
         ledger,
         _live_ticket("mq_live", "c"),
         Status.APPLIED,
@@ -696,7 +698,7 @@ def test_reap_deletes_settled_acked_entries_of_expired_marques(ledger: Ledger):
 
 def test_reap_keeps_marque_before_expiry(ledger: Ledger):
     """A settled, acked marque is not reaped while ``now`` is before its expiry."""
-    claim_and_settle(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
     ack_all(ledger)
     assert ledger.reap(T0 + 50)["marques"] == 0
     assert ledger.outcome("mq_old", "a") is not None
@@ -707,8 +709,8 @@ def test_reap_keeps_marque_before_expiry(ledger: Ledger):
 @pytest.mark.parametrize("status", [None, Status.INDETERMINATE])
 def test_reap_keeps_expired_marque_with_unsettled_attempt(ledger: Ledger, status: Status | None):
     """An expired marque with an in_progress or indeterminate attempt is not reaped."""
-    claim_and_settle(ledger, _expired_ticket("mq_old", "done"), Status.APPLIED, rows_affected=1)
-    claim_and_settle(ledger, _expired_ticket("mq_old", "open"), status)
+    claim_and_observe(ledger, _expired_ticket("mq_old", "done"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, _expired_ticket("mq_old", "open"), status)
     ack_all(ledger)
     now = T0 + 1000
     counts = ledger.reap(now)
@@ -722,8 +724,8 @@ def test_reap_keeps_expired_marque_with_unsettled_attempt(ledger: Ledger, status
 
 def test_reap_keeps_expired_marque_with_unacked_report(ledger: Ledger):
     """An expired, settled marque whose report is not acknowledged is not reaped until acked."""
-    claim_and_settle(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
-    claim_and_settle(ledger, _expired_ticket("mq_old", "b"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, _expired_ticket("mq_old", "b"), Status.APPLIED, rows_affected=1)
     (entry_a,) = pending_for(ledger, "a", "mq_old")
     ledger.outbox_ack(entry_a, T0)
     now = T0 + 1000
@@ -752,12 +754,14 @@ def test_reap_forgets_old_pop_jtis(ledger: Ledger):
 
 def test_stats_counts(ledger: Ledger):
     """stats() counts marques, live marques, claims, attempts by status, events, reports, size."""
-    claim_and_settle(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
-    claim_and_settle(ledger, _live_ticket("mq_live", "b"), Status.INDETERMINATE)
-    claim_and_settle(ledger, _live_ticket("mq_live", "c"), Status.ABORTED_NOT_APPLIED)
+    claim_and_observe(ledger, _expired_ticket("mq_old", "a"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, _live_ticket("mq_live", "b"), Status.INDETERMINATE)
+    claim_and_observe(ledger, _live_ticket("mq_live", "c"), Status.ABORTED_NOT_APPLIED)
     ledger.claim(_live_ticket("mq_live", "c"))  # attempt 2, in_progress
     ledger.claim(_live_ticket("mq_live", "d"))
-    ledger.append_events("mq_live", "d", [{"event": "claimed"}, {"event": "fence_checked"}])
+    # An in_progress observation changes nothing but still logs its events.
+    ledger.observe("mq_live", "d", 1, Status.IN_PROGRESS, now=T0, cause="test",
+                   events=[{"event": "claimed"}, {"event": "fence_checked"}])
     ledger.remember_pop_jti("j", T0 + 10)
     (old_report,) = pending_for(ledger, "a", "mq_old")
     ledger.outbox_ack(old_report, T0)
@@ -863,7 +867,8 @@ def test_threads_claiming_distinct_nonces_spend_budget_exactly(ledger: Ledger):
 
 def test_threads_claiming_same_nonce_get_one_fresh(ledger: Ledger):
     """16 threads claiming the same nonce: exactly one fresh claim, one attempt, one spend."""
-    tickets = [make_ticket(nonce="same", executions=5, owner_run=f"run{i}") for i in range(THREADS)]
+    tickets = [make_ticket(nonce="same", executions=5, owner_process=f"proc_{i}")
+               for i in range(THREADS)]
     claims, errors = _race([ledger], tickets)
     _assert_same_nonce_race([ledger], claims, errors)
 
@@ -884,7 +889,8 @@ def test_two_handles_claiming_same_nonce_get_one_fresh(
 ):
     """Two independent handles (two processes) racing on one nonce: exactly one fresh claim."""
     second = pool.open_second(ledger_location)
-    tickets = [make_ticket(nonce="same", executions=5, owner_run=f"run{i}") for i in range(THREADS)]
+    tickets = [make_ticket(nonce="same", executions=5, owner_process=f"proc_{i}")
+               for i in range(THREADS)]
     claims, errors = _race([ledger, second], tickets)
     _assert_same_nonce_race([ledger, second], claims, errors)
 
@@ -902,12 +908,12 @@ def _apply(ledger: Ledger, nonce: str, sequence: list[tuple[Status, int | None]]
     ledger.claim(make_ticket(nonce=nonce, executions=1_000_000, now=T0))
     record = None
     for index, (status, rows) in enumerate(sequence):
-        record = settle(
+        record = observe(
             ledger,
             nonce,
             status,
             now=T0 + index,
-            source=f"obs{index}",
+            cause=f"obs{index}",
             rows_affected=rows,
             result={"obs": index} if status is Status.APPLIED else None,
             error=None if status is Status.APPLIED else {"obs": index},
@@ -978,7 +984,7 @@ def test_reap_returns_the_space_to_the_live_set(
         expires_at = T0 + 1 if i < expired else T0 + 10**6
         ticket = make_ticket(f"mq_{i}", nonce="n", executions=1, expires_at=expires_at, now=T0)
         ledger.claim(ticket)
-        settle(ledger, "n", Status.APPLIED, now=T0, source="t", rows_affected=1,
+        observe(ledger, "n", Status.APPLIED, now=T0, cause="t", rows_affected=1,
                marque_id=f"mq_{i}", events=[{"event": "x", "pad": "p" * 200}] * 5)
     while pending := ledger.outbox_pending(limit=1000):
         ledger.outbox_ack_all(pending, T0)
@@ -1006,11 +1012,11 @@ def _with_jti(ticket: ClaimTicket, jti: str) -> ClaimTicket:
 def test_replay_answers_only_an_applied_nonce(ledger: Ledger):
     """``replay`` returns the applied attempt; unknown, in-progress or aborted nonces are None."""
     assert ledger.replay(MQ, "unknown", "j0", T0 + 600) is None
-    claim_and_settle(ledger, make_ticket(nonce="running"), None)
+    claim_and_observe(ledger, make_ticket(nonce="running"), None)
     assert ledger.replay(MQ, "running", "j1", T0 + 600) is None
-    claim_and_settle(ledger, make_ticket(nonce="aborted"), Status.ABORTED_NOT_APPLIED)
+    claim_and_observe(ledger, make_ticket(nonce="aborted"), Status.ABORTED_NOT_APPLIED)
     assert ledger.replay(MQ, "aborted", "j2", T0 + 600) is None
-    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
     record = ledger.replay(MQ, "done", "j3", T0 + 600)
     assert record is not None
     assert (record.status, record.rows_affected, record.attempt) == (Status.APPLIED, 1, 1)
@@ -1020,7 +1026,7 @@ def test_replay_answers_only_an_applied_nonce(ledger: Ledger):
 
 def test_replay_refuses_its_jti_at_once_and_after_the_write(ledger: Ledger):
     """The same proof twice is PopReplayed, before and after its jti reaches the table."""
-    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
     assert ledger.replay(MQ, "done", "jr", T0 + 600) is not None
     with pytest.raises(PopReplayed):
         ledger.replay(MQ, "done", "jr", T0 + 600)
@@ -1039,7 +1045,7 @@ def test_replay_refuses_its_jti_at_once_and_after_the_write(ledger: Ledger):
 def test_replay_refuses_a_jti_the_claim_recorded(ledger: Ledger):
     """A proof that claimed the nonce cannot be replayed once the nonce is applied."""
     ticket = _with_jti(make_ticket(nonce="done"), "jc")
-    claim_and_settle(ledger, ticket, Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, ticket, Status.APPLIED, rows_affected=1)
     with pytest.raises(PopReplayed):
         ledger.replay(MQ, "done", "jc", T0 + 600)
 
@@ -1048,7 +1054,7 @@ def test_replay_jtis_survive_close_and_reopen(
     pool: LedgerPool, ledger: Ledger, ledger_location: str
 ):
     """Closing the ledger writes every held jti: a restart does not reopen those proofs."""
-    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
     for index in range(50):
         assert ledger.replay(MQ, "done", f"jz{index}", T0 + 600) is not None
     ledger.close()
@@ -1061,7 +1067,7 @@ def test_replay_jtis_survive_close_and_reopen(
 
 def test_concurrent_replays_of_one_proof_admit_one(ledger: Ledger):
     """Eight threads replaying one proof at once: exactly one answer, seven PopReplayed."""
-    claim_and_settle(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    claim_and_observe(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
     barrier = threading.Barrier(8)
     results: list[str] = []
 
@@ -1265,7 +1271,7 @@ def test_a_version_1_ledger_is_upgraded_and_keeps_its_history(
     assert not again.fresh and again.record.status is Status.APPLIED
     fresh = upgraded.claim(make_ticket(nonce="new-1", now=now))
     assert fresh.fresh and fresh.record.attempt == 1
-    settle(upgraded, "new-1", Status.APPLIED, rows_affected=1, now=now)
+    observe(upgraded, "new-1", Status.APPLIED, rows_affected=1, now=now)
     stats = upgraded.stats(now)
     assert (stats["schema_version"], stats["claims"], stats["pop_jtis"]) == (
         len(MIGRATIONS), 2, 1)

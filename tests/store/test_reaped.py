@@ -30,7 +30,7 @@ def _settled(ledger: Ledger, marque_id: str, nonce: str, status: Status, *,
     claim = ledger.claim(make_ticket(marque_id, nonce, expires_at=expires_at, now=T0,
                                      executions=executions))
     assert claim.fresh
-    ledger.settle(marque_id, nonce, claim.record.attempt, status, now=T0, source="test",
+    ledger.observe(marque_id, nonce, claim.record.attempt, status, now=T0, cause="test",
                   rows_affected=rows, events=[{"event": "committed"}])
 
 
@@ -44,7 +44,7 @@ def test_reap_keeps_a_record_of_each_reaped_nonce(ledger: Ledger) -> None:
     _settled(ledger, "mq_old", "a", Status.APPLIED, rows=2)
     _settled(ledger, "mq_old", "b", Status.ABORTED_NOT_APPLIED)
     ledger.claim(make_ticket("mq_old", "b", expires_at=EXPIRES, now=T0))  # attempt 2
-    ledger.settle("mq_old", "b", 2, Status.APPLIED, now=T0, source="test", rows_affected=1)
+    ledger.observe("mq_old", "b", 2, Status.APPLIED, now=T0, cause="test", rows_affected=1)
     _ack_all(ledger)
     now = EXPIRES + 10
 
@@ -117,8 +117,9 @@ def test_stats_of_a_ledger_with_no_live_marque_has_no_next_reap(ledger: Ledger) 
 def _schema_1_ledger(pool: LedgerPool) -> str:
     """A ledger as schema 1 left it, holding one settled, reported, expired nonce.
 
-    Schema 2 only adds tables, so a schema-2 ledger without them and with its
-    version row set back to 1 is exactly what schema-1 code wrote.
+    Schema 2 only adds tables and schema 3 only renames columns, so a current
+    ledger with those undone and its version row set back to 1 is exactly what
+    schema-1 code wrote.
     """
     location = pool.location()
     ledger = pool.create(location)
@@ -126,6 +127,8 @@ def _schema_1_ledger(pool: LedgerPool) -> str:
     _ack_all(ledger)
     assert isinstance(ledger, ledger_sql.SqlLedger)
     with ledger.transaction() as tx:
+        tx.execute("ALTER TABLE attempts RENAME COLUMN owner_process TO owner_run")
+        tx.execute("ALTER TABLE observations RENAME COLUMN cause TO source")
         for statement in ledger_sql.MIGRATIONS[1]:
             table = statement.split()[2]
             tx.execute(f"DROP TABLE {table}")
@@ -140,7 +143,7 @@ def test_a_schema_1_ledger_is_migrated_on_open(pool: LedgerPool) -> None:
 
     ledger = pool.open(location)
 
-    assert ledger.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS) == 2
+    assert ledger.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS) == 3
     record = ledger.outcome("mq_old", "a")
     assert record is not None and record.status is Status.APPLIED
     assert ledger.reap(EXPIRES + 10)["marques"] == 1
@@ -148,7 +151,7 @@ def test_a_schema_1_ledger_is_migrated_on_open(pool: LedgerPool) -> None:
     assert reaped is not None and reaped.status is Status.APPLIED
     # Opening it again finds nothing more to migrate.
     again = pool.open(location)
-    assert again.stats(T0)["schema_version"] == 2
+    assert again.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS)
 
 
 def test_concurrent_opens_migrate_a_schema_1_ledger_once(pool: LedgerPool) -> None:
@@ -172,4 +175,4 @@ def test_concurrent_opens_migrate_a_schema_1_ledger_once(pool: LedgerPool) -> No
         thread.join(timeout=60)
     assert failed == []
     assert len(opened) == 4
-    assert {handle.stats(T0)["schema_version"] for handle in opened} == {2}
+    assert {handle.stats(T0)["schema_version"] for handle in opened} == {len(ledger_sql.MIGRATIONS)}

@@ -28,7 +28,7 @@ class ClaimTicket:
     max_rows: int
     attempts_per_nonce: int
     expires_at: float
-    owner_run: str
+    owner_process: str
     lease_seconds: float
     now: float
     #: The proof's jti, recorded in the claim transaction (a replay raises PopReplayed).
@@ -48,7 +48,7 @@ class AttemptRecord:
     error: dict[str, Any] | None
     result: dict[str, Any] | None
     owner_incarnation: str
-    owner_run: str
+    owner_process: str
     lease_expires_at: float
     started_at: float
     settled_at: float | None
@@ -130,7 +130,7 @@ class Ledger(abc.ABC):
         """
 
     @abc.abstractmethod
-    def settle(
+    def observe(
         self,
         marque_id: str,
         nonce: str,
@@ -138,7 +138,7 @@ class Ledger(abc.ABC):
         status: Status,
         *,
         now: float,
-        source: str,
+        cause: str,
         rows_affected: int | None = None,
         error: dict[str, Any] | None = None,
         result: dict[str, Any] | None = None,

@@ -124,11 +124,18 @@ MIGRATIONS: list[list[str]] = [
             rows_affected BIGINT,
             PRIMARY KEY (marque_id, nonce))""",
     ],
+    # 3: one name per concept (issue 8). The process that owns a claim is a
+    # "process", not a "run" (DESIGN §7's Run is a different thing), and what made an
+    # observation is its "cause". Renames only: no row's content changes.
+    [
+        "ALTER TABLE attempts RENAME COLUMN owner_run TO owner_process",
+        "ALTER TABLE observations RENAME COLUMN source TO cause",
+    ],
 ]
 
 _ATTEMPT_COLUMNS = (
     "a.marque_id, a.nonce, a.attempt, a.status, a.rows_affected, a.error, a.result, "
-    "a.owner_incarnation, a.owner_run, a.lease_expires_at, a.started_at, a.settled_at"
+    "a.owner_incarnation, a.owner_process, a.lease_expires_at, a.started_at, a.settled_at"
 )
 _ATTEMPT_COLUMNS_BARE = _ATTEMPT_COLUMNS.replace("a.", "")
 
@@ -169,7 +176,7 @@ def _record(row: tuple[Any, ...]) -> AttemptRecord:
         error=_loads(row[5]),
         result=_loads(row[6]),
         owner_incarnation=row[7],
-        owner_run=row[8],
+        owner_process=row[8],
         lease_expires_at=row[9],
         started_at=row[10],
         settled_at=row[11],
@@ -409,7 +416,7 @@ class SqlLedger(Housekeeping, Ledger):
         lease = ticket.now + ticket.lease_seconds
         tx.execute(
             "INSERT INTO attempts (marque_id, nonce, attempt, status, status_rank, "
-            "owner_incarnation, owner_run, lease_expires_at, started_at) "
+            "owner_incarnation, owner_process, lease_expires_at, started_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 ticket.marque_id,
@@ -418,7 +425,7 @@ class SqlLedger(Housekeeping, Ledger):
                 Status.IN_PROGRESS.value,
                 Status.IN_PROGRESS.rank,
                 self.incarnation,
-                ticket.owner_run,
+                ticket.owner_process,
                 lease,
                 ticket.now,
             ),
@@ -432,7 +439,7 @@ class SqlLedger(Housekeeping, Ledger):
             error=None,
             result=None,
             owner_incarnation=self.incarnation,
-            owner_run=ticket.owner_run,
+            owner_process=ticket.owner_process,
             lease_expires_at=lease,
             started_at=ticket.now,
             settled_at=None,
@@ -470,7 +477,7 @@ class SqlLedger(Housekeeping, Ledger):
 
     # -- settlement -------------------------------------------------------------
 
-    def settle(
+    def observe(
         self,
         marque_id: str,
         nonce: str,
@@ -478,7 +485,7 @@ class SqlLedger(Housekeeping, Ledger):
         status: Status,
         *,
         now: float,
-        source: str,
+        cause: str,
         rows_affected: int | None = None,
         error: dict[str, Any] | None = None,
         result: dict[str, Any] | None = None,
@@ -507,7 +514,7 @@ class SqlLedger(Housekeeping, Ledger):
                 ),
             )
             tx.execute(
-                "INSERT INTO observations (id, marque_id, nonce, attempt, status, source, "
+                "INSERT INTO observations (id, marque_id, nonce, attempt, status, cause, "
                 "detail, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     uuid.uuid4().hex,
@@ -515,7 +522,7 @@ class SqlLedger(Housekeeping, Ledger):
                     nonce,
                     attempt,
                     status.value,
-                    source,
+                    cause,
                     _dumps({"error": error, "rows_affected": rows_affected}),
                     now,
                 ),
@@ -539,7 +546,7 @@ class SqlLedger(Housekeeping, Ledger):
                     "rows_affected": record.rows_affected,
                     "error": record.error,
                     "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
-                    "settled_by": source,
+                    "cause": cause,
                 }
                 tx.execute(
                     "INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
@@ -566,12 +573,12 @@ class SqlLedger(Housekeeping, Ledger):
     def observations(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         with self.reading() as tx:
             rows = tx.execute(
-                "SELECT attempt, status, source, detail, observed_at FROM observations "
+                "SELECT attempt, status, cause, detail, observed_at FROM observations "
                 "WHERE marque_id = ? AND nonce = ? ORDER BY observed_at, id",
                 (marque_id, nonce),
             )
         return [
-            {"attempt": r[0], "status": r[1], "source": r[2], "detail": _loads(r[3]), "at": r[4]}
+            {"attempt": r[0], "status": r[1], "cause": r[2], "detail": _loads(r[3]), "at": r[4]}
             for r in rows
         ]
 

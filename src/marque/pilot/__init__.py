@@ -13,7 +13,7 @@ from marque.pilot.background import Reconciler, Reporter
 from marque.pilot.config import PilotConfig, PilotHome, Settings
 from marque.pilot.core import Pilot, PilotOptions, check_nonce
 from marque.pilot.home import open_bound_ledger
-from marque.pilot.runs import RunRegistry
+from marque.pilot.processes import ProcessRegistry
 from marque.target import open_target
 from marque.token import TrustedKeys
 
@@ -57,7 +57,7 @@ def open_pilot(
             targets,
             TrustedKeys(config.issuers),
             options=PilotOptions(**settings.to_dict()),
-            runs=RunRegistry(pilot_home.runs_dir),
+            processes=ProcessRegistry(pilot_home.processes_dir),
             logbook=Logbook(str(pilot_home.logbook_path)),
         )
     except BaseException:

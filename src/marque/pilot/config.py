@@ -294,8 +294,8 @@ class PilotHome:
         return self.path / CONFIG_FILE
 
     @property
-    def runs_dir(self) -> Path:
-        return self.path / "runs"
+    def processes_dir(self) -> Path:
+        return self.path / "processes"
 
     @property
     def logbook_path(self) -> Path:

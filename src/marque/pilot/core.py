@@ -2,7 +2,7 @@
 
 Nonce first, statement second (seed 000): the claim is durable in the ledger
 before the target is touched, so a crash anywhere after it leaves the nonce
-claimed and the budget spent, never a second run. Whatever cannot be known is
+claimed and the budget spent, never a second target_attempt. Whatever cannot be known is
 recorded as ``indeterminate`` and settled later by evidence (reconciliation),
 never by a guess.
 """
@@ -32,9 +32,9 @@ from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
-from marque.pilot.runs import RunRegistry
+from marque.pilot.processes import ProcessRegistry
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation
-from marque.target import Evidence, Run, StampConflict, Target, Verdict
+from marque.target import Evidence, StampConflict, Target, TargetAttempt
 from marque.timefmt import iso_time
 from marque.token import (
     Marque,
@@ -88,7 +88,7 @@ class Pilot:
         trusted: TrustedKeys,
         *,
         options: PilotOptions | None = None,
-        runs: RunRegistry | None = None,
+        processes: ProcessRegistry | None = None,
         logbook: Logbook | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -96,7 +96,7 @@ class Pilot:
         self.targets = targets
         self.trusted = trusted
         self.options = options or PilotOptions()
-        self.runs = runs or RunRegistry(None)
+        self.processes = processes or ProcessRegistry(None)
         self.logbook = logbook
         self.clock = clock
         self._inflight: dict[tuple[str, str], Inflight] = {}
@@ -210,12 +210,12 @@ class Pilot:
 
         attempt = AttemptStream(self, marque.marque_id, nonce, claim.record.attempt, mine,
                                  on_event)
-        attempt.emit("claimed", owner_run=self.runs.run_id,
+        attempt.emit("claimed", owner_process=self.processes.process_id,
                      lease_expires_at=claim.record.lease_expires_at,
                      **self._skew_used(marque, now))
         crash_point("after_claim")
-        run = self._target_run(marque, nonce, claim.record.attempt)
-        observation = self._observe_target(run, claim.record, attempt)
+        target_attempt = self._target_attempt(marque, nonce, claim.record.attempt)
+        observation = self._observe_target(target_attempt, claim.record, attempt)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)
@@ -223,7 +223,7 @@ class Pilot:
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
             record = self._reconcile(record, "commit_unknown",
-                                     (observation.run, self.targets[marque.target]))
+                                     (observation.target_attempt, self.targets[marque.target]))
         if self.options.report_inline:
             if self.report():
                 attempt.emit("reported")
@@ -258,7 +258,7 @@ class Pilot:
                 max_rows=marque.budget.max_rows,
                 attempts_per_nonce=marque.budget.attempts_per_nonce,
                 expires_at=float(marque.expires_at),
-                owner_run=self.runs.run_id,
+                owner_process=self.processes.process_id,
                 lease_seconds=lease,
                 now=now,
                 pop_jti=jti,
@@ -266,11 +266,11 @@ class Pilot:
             )
         )
 
-    def _target_run(self, marque: Marque, nonce: str, attempt: int) -> Run:
-        return Run(
+    def _target_attempt(self, marque: Marque, nonce: str, attempt: int) -> TargetAttempt:
+        return TargetAttempt(
             marque_id=marque.marque_id,
             nonce=nonce,
-            attempt=attempt,
+            number=attempt,
             pilot_id=self.pilot_id,
             incarnation=self.incarnation,
             change=marque.change,
@@ -282,28 +282,28 @@ class Pilot:
         )
 
     def _observe_target(
-        self, run: Run, record: AttemptRecord, attempt: AttemptStream
+        self, target_attempt: TargetAttempt, record: AttemptRecord, attempt: AttemptStream
     ) -> Observation:
         """Steps 3–5 on the target: what this attempt did, as one observation."""
-        target = self.targets[run.target]
+        target = self.targets[target_attempt.target]
         try:
-            applied = target.execute(run, attempt.emit)
+            applied = target.execute(target_attempt, attempt.emit)
         except StampConflict:
             attempt.emit("fence_checked", stamp="conflict")
-            evidence = target.reconcile(run)
+            evidence = target.reconcile(target_attempt)
             self._log_reconciliation(record, evidence, "fence_conflict")
             try:
                 self._check_stamp_against_ledger(record, evidence)
             except LedgerUnavailable:
                 pass  # the same evidence is looked at again when the attempt is reconciled
-            return self._evidence_observation(run, evidence, "fence_conflict")
+            return self._evidence_observation(target_attempt, evidence, "fence_conflict")
         except NotApplied as exc:
             attempt.emit("rolled_back", error=exc.to_dict())
-            return Observation(run, Status.ABORTED_NOT_APPLIED, error=exc.to_dict())
+            return Observation(target_attempt, Status.ABORTED_NOT_APPLIED, error=exc.to_dict())
         except Indeterminate as exc:
             attempt.emit("outcome_unknown", error=exc.to_dict())
-            return Observation(replace(run, txid=exc.detail.get("txid")), Status.INDETERMINATE,
-                               error=exc.to_dict())
+            return Observation(replace(target_attempt, txid=exc.detail.get("txid")),
+                               Status.INDETERMINATE, error=exc.to_dict())
         except Exception as exc:  # a fault of ours mid-transaction: we cannot say
             error = {"code": "commit_unknown",
                      "message": f"the Pilot failed while the target transaction was open "
@@ -311,8 +311,8 @@ class Pilot:
                                 "committed is for reconciliation to find out",
                      "sqlstate": None}
             attempt.emit("outcome_unknown", error=error)
-            return Observation(run, Status.INDETERMINATE, error=error)
-        return Observation(run, Status.APPLIED, rows_affected=applied.rows_affected,
+            return Observation(target_attempt, Status.INDETERMINATE, error=error)
+        return Observation(target_attempt, Status.APPLIED, rows_affected=applied.rows_affected,
                            result=applied.result)
 
     def _record_observation(
@@ -331,12 +331,12 @@ class Pilot:
         try:
             record = self._settle_observation(observation, [*attempt.events, recorded_event])
         except LedgerUnavailable as exc:
-            run = observation.run
+            target_attempt = observation.target_attempt
             missed = attempt.event("outcome_not_recorded", status=observation.status.value,
                                    tries=len(SETTLE_BACKOFF_SECONDS) + 1, error=exc.to_dict())
             attempt.publish(missed)
-            self._unrecorded[(run.marque_id, run.nonce, run.attempt)] = (
-                observation, [*attempt.events, missed])
+            key = (target_attempt.marque_id, target_attempt.nonce, target_attempt.number)
+            self._unrecorded[key] = (observation, [*attempt.events, missed])
             return None
         attempt.publish(recorded_event)
         if self._unrecorded:
@@ -348,19 +348,21 @@ class Pilot:
     ) -> AttemptRecord:
         """``ledger.settle`` of an execution's own observation, tried again while the ledger
         is unavailable; raises the last ``LedgerUnavailable``."""
-        run = observation.run
+        target_attempt = observation.target_attempt
         for index in range(len(SETTLE_BACKOFF_SECONDS) + 1):
             try:
                 if index:
                     time.sleep(SETTLE_BACKOFF_SECONDS[index - 1])
                     # A write whose answer was lost may have landed: never write it twice.
-                    for held in self.ledger.attempts(run.marque_id, run.nonce):
-                        if held.attempt == run.attempt and (
+                    for held in self.ledger.attempts(target_attempt.marque_id,
+                                                     target_attempt.nonce):
+                        if held.attempt == target_attempt.number and (
                                 held.status.rank >= observation.status.rank):
                             return held
-                return self.ledger.settle(
-                    run.marque_id, run.nonce, run.attempt, observation.status,
-                    now=self.clock(), source="execution", events=events,
+                return self.ledger.observe(
+                    target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
+                    observation.status,
+                    now=self.clock(), cause="execution", events=events,
                     rows_affected=observation.rows_affected, error=observation.error,
                     result=observation.result,
                 )
@@ -377,31 +379,35 @@ class Pilot:
             if pending is None:
                 continue  # another thread is recording it
             observation, events = pending
-            run = observation.run
-            recorded_event = {"event": "outcome_recorded", "marque_id": run.marque_id,
-                              "nonce": run.nonce, "attempt": run.attempt,
+            target_attempt = observation.target_attempt
+            recorded_event = {"event": "outcome_recorded", "marque_id": target_attempt.marque_id,
+                              "nonce": target_attempt.nonce,
+                              "attempt": target_attempt.number,
                               "at": round(self.clock(), 6), "status": observation.status.value}
             try:
-                record = self.ledger.settle(
-                    run.marque_id, run.nonce, run.attempt, observation.status,
-                    now=self.clock(), source="execution", events=[*events, recorded_event],
+                record = self.ledger.observe(
+                    target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
+                    observation.status,
+                    now=self.clock(), cause="execution", events=[*events, recorded_event],
                     rows_affected=observation.rows_affected, error=observation.error,
                     result=observation.result,
                 )
             except LedgerUnavailable:
                 self._unrecorded[key] = pending
                 break  # still away: the next recovery tries again
-            changes.append({"marque_id": run.marque_id, "nonce": run.nonce,
-                            "attempt": run.attempt, "from": Status.IN_PROGRESS.value,
+            changes.append({"marque_id": target_attempt.marque_id, "nonce": target_attempt.nonce,
+                            "attempt": target_attempt.number,
+                            "from": Status.IN_PROGRESS.value,
                             "to": record.status.value})
         return changes
 
     def _unrecorded_outcome(self, observation: Observation) -> Outcome:
         """What the target said about an attempt the ledger could not record."""
-        run = observation.run
+        target_attempt = observation.target_attempt
         return Outcome(
-            marque_id=run.marque_id, nonce=run.nonce, status=observation.status.value,
-            attempt=run.attempt, rows_affected=observation.rows_affected,
+            marque_id=target_attempt.marque_id, nonce=target_attempt.nonce,
+            status=observation.status.value,
+            attempt=target_attempt.number, rows_affected=observation.rows_affected,
             pilot_id=self.pilot_id, incarnation=self.incarnation, replayed=False,
             error=observation.error, result=observation.result, recorded=False,
         )
@@ -418,26 +424,26 @@ class Pilot:
         owner is provably dead (its run lock released) while its lease still
         holds — what a crash looks like seconds later, not minutes.
         """
-        if record.owner_run == self.runs.run_id:
+        if record.owner_process == self.processes.process_id:
             return None
         if record.lease_expires_at < self.clock():
             return LeaseExpired(
                 f"the lease on attempt {record.attempt} ran out at "
                 f"{iso_time(record.lease_expires_at)} before its Pilot process recorded an "
                 "outcome")
-        if self.runs.is_dead(record.owner_run) is True:
+        if self.processes.is_dead(record.owner_process) is True:
             return OwnerGone(
-                f"the Pilot process that ran attempt {record.attempt} ({record.owner_run}) "
+                f"the Pilot process that ran attempt {record.attempt} ({record.owner_process}) "
                 "died before recording an outcome")
         return None
 
     def _settle_lost(self, record: AttemptRecord) -> AttemptRecord:
         """An owner died or its lease ran out: indeterminate, then evidence."""
         error = self._lost(record) or LeaseExpired(
-            f"the owner of attempt {record.attempt} ({record.owner_run}) recorded no outcome")
-        lost = self.ledger.settle(
+            f"the owner of attempt {record.attempt} ({record.owner_process}) recorded no outcome")
+        lost = self.ledger.observe(
             record.marque_id, record.nonce, record.attempt, Status.INDETERMINATE,
-            now=self.clock(), source="lease",
+            now=self.clock(), cause="lease",
             error={**error.to_dict(),
                    "message": error.message + "; the target is asked whether it committed"},
         )
@@ -445,25 +451,25 @@ class Pilot:
             return lost  # another reconciler got there first
         return self._reconcile(lost, error.code)
 
-    def _run_for(self, record: AttemptRecord) -> tuple[Run, Target] | None:
+    def _run_for(self, record: AttemptRecord) -> tuple[TargetAttempt, Target] | None:
         budget = self.ledger.budget(record.marque_id)
         if budget is None or budget["target"] not in self.targets:
             return None
-        run = Run(
-            marque_id=record.marque_id, nonce=record.nonce, attempt=record.attempt,
+        target_attempt = TargetAttempt(
+            marque_id=record.marque_id, nonce=record.nonce, number=record.attempt,
             pilot_id=self.pilot_id, incarnation=record.owner_incarnation,
             change=None,  # reconciliation observes; it never runs the change
             max_rows=budget["max_rows"], statement_timeout_ms=0,
             expires_at=budget["expires_at"], target=budget["target"],
         )
-        return run, self.targets[budget["target"]]
+        return target_attempt, self.targets[budget["target"]]
 
     def _reconcile(
-        self, record: AttemptRecord, why: str, known: tuple[Run, Target] | None = None
+        self, record: AttemptRecord, cause: str, known: tuple[TargetAttempt, Target] | None = None
     ) -> AttemptRecord:
         """Ask the target for evidence about one attempt and settle by it.
 
-        ``known`` is the run and target when the caller has them (a lost COMMIT
+        ``known`` is the target_attempt and target when the caller has them (a lost COMMIT
         response, straight from execution); otherwise they come from the ledger.
         """
         current = self._current(record)
@@ -472,23 +478,25 @@ class Pilot:
             return current
         found = known or self._run_for(record)
         if found is None:
-            evidence = Evidence(Verdict.UNKNOWN, reason="target of this marque is not configured")
+            evidence = Evidence(Status.INDETERMINATE,
+                                reason="target of this marque is not configured")
         else:
             # Every target Marque supports holds stamps; one that cannot would need a
             # human to record evidence (DESIGN §4) and must not reach this line.
             evidence = found[1].reconcile(found[0])
-        self._log_reconciliation(record, evidence, why)
+        self._log_reconciliation(record, evidence, cause)
         self._check_stamp_against_ledger(record, evidence)
-        run = found[0] if found else Run(record.marque_id, record.nonce, record.attempt,
-                                         self.pilot_id, record.owner_incarnation, None, 0, 0)
+        target_attempt = found[0] if found else TargetAttempt(
+            record.marque_id, record.nonce, record.attempt, self.pilot_id,
+            record.owner_incarnation, None, 0, 0)
         observation = self._evidence_observation(
-            run, evidence, (current.error or {}).get("code", why))
+            target_attempt, evidence, (current.error or {}).get("code", cause))
         if observation.status is Status.INDETERMINATE:
             return current
         # The compare-and-set re-checks what our snapshot saw: a settled attempt stays.
-        return self.ledger.settle(
+        return self.ledger.observe(
             record.marque_id, record.nonce, record.attempt, observation.status,
-            now=self.clock(), source="reconciliation", rows_affected=observation.rows_affected,
+            now=self.clock(), cause="reconciliation", rows_affected=observation.rows_affected,
             error=observation.error,
         )
 
@@ -500,17 +508,19 @@ class Pilot:
         return record
 
     @staticmethod
-    def _evidence_observation(run: Run, evidence: Evidence, cause: str) -> Observation:
-        if evidence.verdict is Verdict.APPLIED:
-            return Observation(run, Status.APPLIED, rows_affected=evidence.rows_affected)
-        if evidence.verdict is Verdict.NOT_APPLIED:
+    def _evidence_observation(
+        target_attempt: TargetAttempt, evidence: Evidence, cause: str
+    ) -> Observation:
+        if evidence.status is Status.APPLIED:
+            return Observation(target_attempt, Status.APPLIED, rows_affected=evidence.rows_affected)
+        if evidence.status is Status.ABORTED_NOT_APPLIED:
             # Keep the code of what made it uncertain; the message says what settled it.
             code = (cause if cause in ("lease_expired", "owner_gone", "commit_unknown")
                     else "commit_unknown")
-            return Observation(run, Status.ABORTED_NOT_APPLIED,
+            return Observation(target_attempt, Status.ABORTED_NOT_APPLIED,
                                error={"code": code, "message": f"reconciled: {evidence.reason}",
                                       "sqlstate": None})
-        return Observation(run, Status.INDETERMINATE)
+        return Observation(target_attempt, Status.INDETERMINATE)
 
     def _check_stamp_against_ledger(self, record: AttemptRecord, evidence: Evidence) -> None:
         """An applied stamp of an attempt the ledger holds as not applied is a finding.
@@ -537,7 +547,9 @@ class Pilot:
                  "pilot": {"id": self.pilot_id, "incarnation": self.incarnation}},
             )
 
-    def _log_reconciliation(self, record: AttemptRecord, evidence: Evidence, why: str) -> None:
+    def _log_reconciliation(
+        self, record: AttemptRecord, evidence: Evidence, cause: str
+    ) -> None:
         if self.logbook is None:
             return
         self.logbook.append(
@@ -547,8 +559,8 @@ class Pilot:
                 "marque_id": record.marque_id,
                 "nonce": record.nonce,
                 "attempt": record.attempt,
-                "why": why,
-                "verdict": evidence.verdict.value,
+                "cause": cause,
+                "status": evidence.status.value,
                 "reason": evidence.reason,
                 "stamp": evidence.stamp,
                 "corroboration": evidence.corroboration,
@@ -613,12 +625,12 @@ class Pilot:
         tried: set[tuple[str, str, int]] = set()
         for record in self.ledger.unsettled(Status.IN_PROGRESS):
             if self._owner_gone(record):
-                gone.add(record.owner_run)
+                gone.add(record.owner_process)
                 tried.add((record.marque_id, record.nonce, record.attempt))
                 after = self._settle_lost(record)
                 changes.append(_change(record, after))
-        for run_id in gone:  # nothing of theirs is in progress any more
-            self.runs.forget(run_id)
+        for process_id in gone:  # nothing of theirs is in progress any more
+            self.processes.forget(process_id)
         for record in self.ledger.unsettled(Status.INDETERMINATE):
             if (record.marque_id, record.nonce, record.attempt) in tried:
                 continue  # asked its target once this round already
@@ -754,7 +766,7 @@ class Pilot:
             self.logbook.close()
         # Attempts this run leaves claimed but unrecorded: leave it findable as dead, so
         # another process reconciles them from their stamps now, not after their lease.
-        self.runs.close(leave_trace=bool(self._unrecorded))
+        self.processes.close(leave_trace=bool(self._unrecorded))
 
 
 def _replayed(outcome: Outcome) -> Outcome:

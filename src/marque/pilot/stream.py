@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from marque.outcome import Outcome, Status
-from marque.target import Run
+from marque.target import TargetAttempt
 
 if TYPE_CHECKING:
     from marque.errors import MarqueError
@@ -57,7 +57,7 @@ class Inflight:
 class Observation:
     """What one look at an attempt established: its status and what goes with it."""
 
-    run: Run
+    target_attempt: TargetAttempt
     status: Status
     rows_affected: int | None = None
     result: dict[str, Any] | None = None

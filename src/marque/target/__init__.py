@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from marque.dsn import is_postgres, is_sqlite, sqlite_path
 from marque.errors import InvalidInput
-from marque.target.base import Applied, Evidence, Run, StampConflict, Target, Verdict
+from marque.target.base import Committed, Evidence, StampConflict, Target, TargetAttempt
 
 __all__ = [
-    "Applied",
+    "Committed",
     "Evidence",
-    "Run",
+    "TargetAttempt",
     "StampConflict",
     "Target",
-    "Verdict",
     "open_target",
     "check_dsn",
 ]

@@ -15,7 +15,6 @@ reconciliation proved it had not.
 from __future__ import annotations
 
 import abc
-import enum
 import functools
 import time
 from collections.abc import Callable
@@ -30,11 +29,12 @@ from marque.errors import (
     MarqueError,
     MaxRowsExceeded,
 )
+from marque.outcome import Status
 
 Emit = Callable[..., None]
 
-APPLIED = "applied"
-TOMBSTONE = "tombstone"
+STAMP_APPLIED = "applied"
+STAMP_TOMBSTONE = "tombstone"
 STAMP_COLUMNS = (
     "marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation", "rows_affected",
     "created_at", "expires_at",
@@ -42,15 +42,15 @@ STAMP_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class Run:
+class TargetAttempt:
     """One attempt to apply a change on a target."""
 
     marque_id: str
     nonce: str
-    attempt: int
+    number: int
     pilot_id: str
     incarnation: str
-    change: Change | None  # None when the run is only reconciled, never executed
+    change: Change | None  # None when the attempt is only reconciled, never executed
     max_rows: int
     statement_timeout_ms: int
     #: The target's transaction id, where the engine has one and it is known.
@@ -62,7 +62,7 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Applied:
+class Committed:
     """What a committed attempt did."""
 
     rows_affected: int
@@ -70,17 +70,15 @@ class Applied:
     txid: int | None = None
 
 
-class Verdict(enum.Enum):
-    APPLIED = "applied"
-    NOT_APPLIED = "not_applied"
-    UNKNOWN = "unknown"
-
-
 @dataclass(frozen=True)
 class Evidence:
-    """What reconciliation observed about one attempt."""
+    """What reconciliation observed about one attempt.
 
-    verdict: Verdict
+    ``status`` is what the evidence proves: ``applied``, ``aborted_not_applied``,
+    or ``indeterminate`` when nothing could be proved.
+    """
+
+    status: Status
     rows_affected: int | None = None
     stamp: dict[str, Any] | None = None
     reason: str = ""
@@ -93,7 +91,7 @@ class Target(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def execute(self, run: Run, emit: Emit) -> Applied:
+    def execute(self, attempt: TargetAttempt, emit: Emit) -> Committed:
         """Apply ``run`` in one fenced transaction.
 
         Raises a ``NotApplied`` error when an error was received before or at
@@ -102,7 +100,7 @@ class Target(abc.ABC):
         """
 
     @abc.abstractmethod
-    def reconcile(self, run: Run) -> Evidence:
+    def reconcile(self, attempt: TargetAttempt) -> Evidence:
         """Observe, never resend: settle the attempt by a tombstone stamp."""
 
     @abc.abstractmethod
@@ -129,18 +127,18 @@ class SqlTarget(Target):
     # -- engine hooks -----------------------------------------------------------
 
     @abc.abstractmethod
-    def _begin(self, run: Run) -> Any:
+    def _begin(self, attempt: TargetAttempt) -> Any:
         """Connect, begin the transaction with the run's isolation and timeouts."""
 
     @abc.abstractmethod
-    def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+    def _execute_statement(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         """Execute one statement; return a cursor."""
 
     def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """Send the stamp insert (engines may send it together with BEGIN); its rows."""
-        return list(self._run(conn, sql, params).fetchall())
+        return list(self._execute_statement(conn, sql, params).fetchall())
 
-    def _stamp_then(self, conn: Any, run: Run, emit: Emit) -> tuple[list[Any], Any]:
+    def _stamp_then(self, conn: Any, attempt: TargetAttempt, emit: Emit) -> tuple[list[Any], Any]:
         """The stamp's rows, and a cursor on the first statement if it travelled with it.
 
         Engines with a network between the Pilot and the database may send the
@@ -151,7 +149,8 @@ class SqlTarget(Target):
         fence found a stamp for this nonce.
         """
         try:
-            return self._stamp(conn, self._stamp_upsert, self._stamp_row(run, APPLIED)), None
+            row = self._stamp_row(attempt, STAMP_APPLIED)
+            return self._stamp(conn, self._stamp_upsert, row), None
         except Exception as exc:
             if self._is_unique_violation(exc):
                 return [], None
@@ -187,7 +186,7 @@ class SqlTarget(Target):
         """Whether ``exc`` is a primary-key conflict."""
 
     @abc.abstractmethod
-    def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
+    def _reconcile_txn(self, attempt: TargetAttempt, tombstone: tuple[Any, ...]) -> Evidence:
         """Insert the tombstone in its own transaction and read the stamp."""
 
     # -- shared SQL -------------------------------------------------------------
@@ -219,12 +218,14 @@ class SqlTarget(Target):
             "RETURNING " + self.stamp_returning
         )
 
-    def _stamp_row(self, run: Run, kind: str) -> tuple[Any, ...]:
-        return (run.marque_id, run.nonce, run.attempt, kind, run.pilot_id, run.incarnation,
-                time.time(), run.expires_at)
+    def _stamp_row(self, attempt: TargetAttempt, kind: str) -> tuple[Any, ...]:
+        return (attempt.marque_id, attempt.nonce, attempt.number, kind, attempt.pilot_id,
+                attempt.incarnation, time.time(), attempt.expires_at)
 
     @staticmethod
-    def _verdict(run: Run, stamp: dict[str, Any] | None, inserted: bool) -> Evidence:
+    def _stamp_evidence(
+        attempt: TargetAttempt, stamp: dict[str, Any] | None, inserted: bool
+    ) -> Evidence:
         """Read the stamp left after a tombstone try.
 
         Only a stamp of *this* attempt is evidence that this attempt applied. A
@@ -234,30 +235,30 @@ class SqlTarget(Target):
         have written the row.
         """
         if inserted:
-            return Evidence(Verdict.NOT_APPLIED, stamp=stamp,
+            return Evidence(Status.ABORTED_NOT_APPLIED, stamp=stamp,
                             reason="tombstone inserted: the attempt never committed and now "
                                    "never can")
         if stamp is None:
-            return Evidence(Verdict.UNKNOWN, reason="no stamp after a refused tombstone")
-        if stamp["attempt"] != run.attempt:
+            return Evidence(Status.INDETERMINATE, reason="no stamp after a refused tombstone")
+        if stamp["attempt"] != attempt.number:
             return Evidence(
-                Verdict.NOT_APPLIED, stamp=stamp,
+                Status.ABORTED_NOT_APPLIED, stamp=stamp,
                 reason=f"the nonce's stamp belongs to attempt {stamp['attempt']} "
-                       f"({stamp['kind']}): attempt {run.attempt} never committed and now "
+                       f"({stamp['kind']}): attempt {attempt.number} never committed and now "
                        "never can")
-        if stamp["kind"] == APPLIED:
-            return Evidence(Verdict.APPLIED, rows_affected=stamp["rows_affected"], stamp=stamp,
+        if stamp["kind"] == STAMP_APPLIED:
+            return Evidence(Status.APPLIED, rows_affected=stamp["rows_affected"], stamp=stamp,
                             reason="applied stamp of this attempt found")
-        return Evidence(Verdict.NOT_APPLIED, stamp=stamp,
+        return Evidence(Status.ABORTED_NOT_APPLIED, stamp=stamp,
                         reason="tombstone of this attempt found: it never committed")
 
     # -- the fenced transaction -------------------------------------------------
 
-    def execute(self, run: Run, emit: Emit) -> Applied:
-        assert run.change is not None, "execute needs the approved change"
-        change = run.change
+    def execute(self, attempt: TargetAttempt, emit: Emit) -> Committed:
+        assert attempt.change is not None, "execute needs the approved change"
+        change = attempt.change
         try:
-            conn = self._begin(run)
+            conn = self._begin(attempt)
         except MarqueError:
             raise
         except Exception as exc:  # nothing was sent: provably not applied
@@ -265,9 +266,9 @@ class SqlTarget(Target):
         committing = False
         txid: int | None = None
         try:
-            inserted, first = self._stamp_then(conn, run, emit)
+            inserted, first = self._stamp_then(conn, attempt, emit)
             if not inserted:
-                raise StampConflict(f"{run.marque_id}/{run.nonce} already has a stamp")
+                raise StampConflict(f"{attempt.marque_id}/{attempt.nonce} already has a stamp")
             txid = inserted[0][1] if len(inserted[0]) > 1 else None
             emit("fence_checked", stamp="inserted",
                  **({"txid": txid} if txid is not None else {}))
@@ -279,9 +280,9 @@ class SqlTarget(Target):
                     cur = first  # it ran right behind the stamp, in the same message
                 else:
                     emit("statement_started", index=index, sql=statement.sql)
-                    cur = self._run(conn, statement.sql, tuple(statement.params))
+                    cur = self._execute_statement(conn, statement.sql, tuple(statement.params))
                 if cur.description is not None:
-                    rows = self._fetch_bounded(cur, run.max_rows - total, run.max_rows)
+                    rows = self._fetch_bounded(cur, attempt.max_rows - total, attempt.max_rows)
                     count = len(rows)
                     result = {"columns": [d[0] for d in cur.description],
                               "rows": [[_jsonable(v) for v in r] for r in rows]}
@@ -294,18 +295,18 @@ class SqlTarget(Target):
                     committing = True
                     raise RuntimeError(f"statement {index} ended the Pilot's transaction")
                 emit("statement_finished", index=index, rows=count)
-                if total > run.max_rows:
+                if total > attempt.max_rows:
                     raise MaxRowsExceeded(
                         f"statements affected {total} rows; the marque allows at most "
-                        f"{run.max_rows}"
+                        f"{attempt.max_rows}"
                     )
             self._check_guards(conn, change, "after", emit)
-            emit("asserted", rows_affected=total, max_rows=run.max_rows)
+            emit("asserted", rows_affected=total, max_rows=attempt.max_rows)
             crash_point("before_commit")
             committing = True
             self._finish(conn, self._sql(
                 "UPDATE {stamps} SET rows_affected = ? WHERE marque_id = ? AND nonce = ?"),
-                (total, run.marque_id, run.nonce))
+                (total, attempt.marque_id, attempt.nonce))
         except (StampConflict, MarqueError) as exc:
             self._abandon(conn)
             if isinstance(exc, CommitUnknown) and txid is not None:
@@ -321,7 +322,7 @@ class SqlTarget(Target):
             self._abandon(conn)
         emit("committed", rows_affected=total)
         crash_point("after_commit")
-        return Applied(total, result, txid)
+        return Committed(total, result, txid)
 
     def _fetch_bounded(self, cur: Any, remaining: int, max_rows: int) -> list[Any]:
         # Fetch one row past the allowance to *detect* an excess; never truncate.
@@ -344,7 +345,7 @@ class SqlTarget(Target):
             emit("guard_checked", index=index, phase=phase)
 
     def _guard_value(self, conn: Any, guard: Guard) -> Any:
-        row = self._run(conn, guard.sql, tuple(guard.params)).fetchone()
+        row = self._execute_statement(conn, guard.sql, tuple(guard.params)).fetchone()
         if row is None:
             return None
         value = row[0]
@@ -353,11 +354,11 @@ class SqlTarget(Target):
             return bool(value)
         return value
 
-    def reconcile(self, run: Run) -> Evidence:
+    def reconcile(self, attempt: TargetAttempt) -> Evidence:
         try:
-            return self._reconcile_txn(run, self._stamp_row(run, TOMBSTONE))
+            return self._reconcile_txn(attempt, self._stamp_row(attempt, STAMP_TOMBSTONE))
         except Exception as exc:  # the target could not be asked: nothing is known
-            return Evidence(Verdict.UNKNOWN, reason=f"target unavailable: {exc}")
+            return Evidence(Status.INDETERMINATE, reason=f"target unavailable: {exc}")
 
 
 def _jsonable(value: Any) -> Any:

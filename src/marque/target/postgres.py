@@ -48,16 +48,16 @@ from marque.errors import (
     StatementTimeout,
     TargetUnavailable,
 )
+from marque.outcome import Status
 from marque.pgpool import checkout, make_pool, reason
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
-    APPLIED,
+    STAMP_APPLIED,
     STAMP_COLUMNS,
     Emit,
     Evidence,
-    Run,
     SqlTarget,
-    Verdict,
+    TargetAttempt,
 )
 
 _ISOLATION = {
@@ -168,13 +168,13 @@ class PostgresTarget(SqlTarget):
 
     # -- the hooks of the fenced flow ----------------------------------------------
 
-    def _begin(self, run: Run) -> _Open:
-        assert run.change is not None
-        begin = f"BEGIN ISOLATION LEVEL {_ISOLATION[run.change.isolation]}; "
+    def _begin(self, attempt: TargetAttempt) -> _Open:
+        assert attempt.change is not None
+        begin = f"BEGIN ISOLATION LEVEL {_ISOLATION[attempt.change.isolation]}; "
         params: tuple[Any, ...] = ()
-        if run.statement_timeout_ms != self.statement_timeout_ms:
+        if attempt.statement_timeout_ms != self.statement_timeout_ms:
             begin += "SET LOCAL statement_timeout = %s; "
-            params = (f"{run.statement_timeout_ms}ms",)
+            params = (f"{attempt.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
         return _Open(self._checkout(), begin, params)
 
@@ -204,11 +204,11 @@ class PostgresTarget(SqlTarget):
     def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
         return list(self._send_first(conn, sql, params).fetchall())
 
-    def _stamp_then(self, conn: Any, run: Run, emit: Emit) -> tuple[list[Any], Any]:
-        assert run.change is not None
-        change = run.change
-        if run.attempt != 1 or any(g.when in ("before", "both") for g in change.guards):
-            return super()._stamp_then(conn, run, emit)
+    def _stamp_then(self, conn: Any, attempt: TargetAttempt, emit: Emit) -> tuple[list[Any], Any]:
+        assert attempt.change is not None
+        change = attempt.change
+        if attempt.number != 1 or any(g.when in ("before", "both") for g in change.guards):
+            return super()._stamp_then(conn, attempt, emit)
         statement = change.statements[0]
         # Attempt 1 has no older tombstone to replace, so the plain INSERT is the
         # whole fence — and its unique violation ends the message before the
@@ -217,7 +217,7 @@ class PostgresTarget(SqlTarget):
         emit("statement_started", index=0, sql=statement.sql)
         try:
             cur = self._send_first(conn, f"{self._stamp_insert}; {sql}",
-                                   (*self._stamp_row(run, APPLIED), *statement.params))
+                                   (*self._stamp_row(attempt, STAMP_APPLIED), *statement.params))
         except pgerrors.UniqueViolation as exc:
             if exc.diag.schema_name == "marque" and exc.diag.table_name == "stamps":
                 return [], None
@@ -226,7 +226,7 @@ class PostgresTarget(SqlTarget):
         cur.nextset()
         return inserted, cur
 
-    def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+    def _execute_statement(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         cur = conn.conn.cursor()
         # No parameters: pass None so a literal '%' in the SQL stays literal.
         cur.execute(sql, params if params else None)
@@ -278,7 +278,7 @@ class PostgresTarget(SqlTarget):
     def _is_unique_violation(self, exc: Exception) -> bool:
         return isinstance(exc, pgerrors.UniqueViolation)
 
-    def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
+    def _reconcile_txn(self, attempt: TargetAttempt, tombstone: tuple[Any, ...]) -> Evidence:
         conn = self._checkout()
         try:
             # Autocommit: the tombstone is its own transaction. It waits behind an
@@ -287,21 +287,21 @@ class PostgresTarget(SqlTarget):
             row = conn.execute(
                 f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps "
                 "WHERE marque_id = %s AND nonce = %s",
-                (run.marque_id, run.nonce),
+                (attempt.marque_id, attempt.nonce),
             ).fetchone()
             corroboration = None
-            if run.txid is not None:
-                status = conn.execute("SELECT txid_status(%s)", (run.txid,)).fetchone()
-                corroboration = {"txid": run.txid, "txid_status": status[0] if status else None}
+            if attempt.txid is not None:
+                status = conn.execute("SELECT txid_status(%s)", (attempt.txid,)).fetchone()
+                corroboration = {"txid": attempt.txid, "txid_status": status[0] if status else None}
         except psycopg.Error as exc:
-            return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
+            return Evidence(Status.INDETERMINATE, reason=f"tombstone not written: {exc}")
         finally:
             self._abandon(conn)
         stamp = dict(zip(STAMP_COLUMNS, row, strict=True)) if row else None
-        evidence = self._verdict(run, stamp, bool(inserted))
+        evidence = self._stamp_evidence(attempt, stamp, bool(inserted))
         if corroboration is None:
             return evidence
-        return Evidence(evidence.verdict, evidence.rows_affected, evidence.stamp,
+        return Evidence(evidence.status, evidence.rows_affected, evidence.stamp,
                         evidence.reason, corroboration)
 
     def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:

@@ -20,8 +20,9 @@ import time
 from typing import Any
 
 from marque.errors import MarqueError, StatementError, StatementTimeout, TargetUnavailable
+from marque.outcome import Status
 from marque.target import stamps as stamp_schema
-from marque.target.base import STAMP_COLUMNS, Evidence, Run, SqlTarget, Verdict
+from marque.target.base import STAMP_COLUMNS, Evidence, SqlTarget, TargetAttempt
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -66,7 +67,7 @@ class SqliteTarget(SqlTarget):
         stamp_schema.migrate_sqlite(conn, f"{self.name} ({self.path})")
         self._stamps_ready = True
 
-    def _begin(self, run: Run) -> sqlite3.Connection:
+    def _begin(self, attempt: TargetAttempt) -> sqlite3.Connection:
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
@@ -81,7 +82,7 @@ class SqliteTarget(SqlTarget):
         # Defence in depth behind statement validation: approved SQL may not
         # end, split or reconfigure the transaction, or reach other files.
         conn.set_authorizer(_deny_transaction_control)
-        deadline = time.monotonic() + run.statement_timeout_ms / 1000
+        deadline = time.monotonic() + attempt.statement_timeout_ms / 1000
 
         def interrupt_when_late() -> int:
             return 1 if time.monotonic() > deadline else 0
@@ -89,7 +90,7 @@ class SqliteTarget(SqlTarget):
         conn.set_progress_handler(interrupt_when_late, _PROGRESS_STEPS)
         return conn
 
-    def _run(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+    def _execute_statement(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         return conn.execute(sql, params)
 
     def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
@@ -165,7 +166,7 @@ class SqliteTarget(SqlTarget):
             "SQLITE_CONSTRAINT_UNIQUE",
         )
 
-    def _reconcile_txn(self, run: Run, tombstone: tuple[Any, ...]) -> Evidence:
+    def _reconcile_txn(self, attempt: TargetAttempt, tombstone: tuple[Any, ...]) -> Evidence:
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -174,16 +175,16 @@ class SqliteTarget(SqlTarget):
             row = conn.execute(
                 f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
                 "WHERE marque_id = ? AND nonce = ?",
-                (run.marque_id, run.nonce),
+                (attempt.marque_id, attempt.nonce),
             ).fetchone()
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self._stamps_ready = False
-            return Evidence(Verdict.UNKNOWN, reason=f"tombstone not written: {exc}")
+            return Evidence(Status.INDETERMINATE, reason=f"tombstone not written: {exc}")
         finally:
             conn.close()
         stamp = dict(zip(STAMP_COLUMNS, row, strict=True)) if row else None
-        return self._verdict(run, stamp, bool(inserted))
+        return self._stamp_evidence(attempt, stamp, bool(inserted))
 
     def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
         try:
