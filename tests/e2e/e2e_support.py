@@ -7,7 +7,6 @@ its logbook. Nothing is mocked.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -18,6 +17,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from marque.token import unverified_claims
 
 MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call
@@ -96,8 +97,9 @@ def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = TIME
 
 def claims_of(token_file: Path) -> dict[str, Any]:
     """The claims of a marque file (read without verifying; tests only)."""
-    payload = token_file.read_text().strip().split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims = unverified_claims(token_file.read_text())
+    assert claims is not None, f"{token_file} holds no compact JWS"
+    return claims
 
 
 def marque_id_of(token_file: Path) -> str:
