@@ -36,6 +36,9 @@ class PgProxy:
         self._lock = threading.Lock()
         self.fired = threading.Event()
         self._stopping = False
+        #: While set, every connection is cut and new ones are closed at once.
+        self._severed = threading.Event()
+        self._open: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
         self._thread.start()
 
@@ -60,6 +63,19 @@ class PgProxy:
             mode, self._armed = self._armed, None
             return mode
 
+    def sever(self) -> None:
+        """Cut every connection through the proxy now, and refuse new ones until restored:
+        the network between a client and its server is gone, the server is not."""
+        self._severed.set()
+        with self._lock:
+            doomed = list(self._open)
+        for sock in doomed:
+            _close(sock)
+
+    def restore(self) -> None:
+        """Let connections through again."""
+        self._severed.clear()
+
     def close(self) -> None:
         self._stopping = True
         self._listener.close()
@@ -72,12 +88,17 @@ class PgProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._severed.is_set():
+                _close(client)
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
             except OSError:
                 client.close()
                 continue
             server.settimeout(None)
+            with self._lock:
+                self._open.update((client, server))
             threading.Thread(target=self._serve, args=(client, server), daemon=True).start()
 
     def _serve(self, client: socket.socket, server: socket.socket) -> None:
@@ -110,6 +131,8 @@ class PgProxy:
             done.set()
             _close(client)
             _close(server)
+            with self._lock:
+                self._open.difference_update((client, server))
 
     def _upstream(self, client: socket.socket, server: socket.socket,
                   muted: threading.Event, swallowed: threading.Event,

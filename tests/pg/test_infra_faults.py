@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from pgcluster import PgCluster, create_database, free_port
+from pgproxy import PgProxy
 
 from marque.errors import LedgerUnavailable
 from marque.ledger import create_ledger, open_ledger
@@ -198,6 +199,45 @@ def test_ledger_lost_after_commit_is_settled_from_the_stamp_by_another_process(
             shown_body["recorded"]) == ("applied", 1, 1, True)
     assert world.balances() == {**START, 1: 90}
     assert stamp_view(world, mid) == [("n-1", "applied", 1, 1)]
+
+
+def test_ledger_connection_cut_by_a_proxy_after_commit_answers_applied_not_recorded(
+    tmp_path: Path, pg_dsn: str, pg_cluster: PgCluster,
+) -> None:
+    """The network to the ledger is cut (a TCP proxy drops every connection) right after the
+    target's COMMIT: applied with recorded: false; once it is back, recovery records it."""
+    _, ledger_dsn = create_database(pg_cluster.dsn())
+    proxy, proxied = PgProxy.for_dsn(ledger_dsn)
+    world = build_world(tmp_path, pg_dsn, ledger="postgres", ledger_dsn=proxied)
+    try:
+        token = world.issue(DEBIT)
+        mid = marque_id_of(token)
+        events: list[dict[str, Any]] = []
+
+        def on_event(event: dict[str, Any]) -> None:
+            events.append(event)
+            if event["event"] == "committed":
+                proxy.sever()
+
+        world.pilot  # noqa: B018 - opened (and recovered) while the ledger is reachable
+        outcome = world.execute(token, "n-1", on_event=on_event)
+
+        assert (outcome.status, outcome.recorded) == ("applied", False)
+        assert [e["event"] for e in events][-1] == "outcome_not_recorded"
+        assert events[-1]["error"]["code"] == "ledger_unavailable"
+        assert world.balances() == {**START, 1: 90}
+        assert stamp_view(world, mid) == [("n-1", "applied", 1, 1)]
+
+        proxy.restore()
+        changes = world.pilot.recover()
+        assert {"marque_id": mid, "nonce": "n-1", "attempt": 1, "from": "in_progress",
+                "to": "applied"} in changes
+        replay = world.execute(token, "n-1")
+        assert (replay.status, replay.attempt, replay.replayed) == ("applied", 1, True)
+        assert world.balances() == {**START, 1: 90}
+    finally:
+        world.close()
+        proxy.close()
 
 
 # -- the target is away ------------------------------------------------------------------
