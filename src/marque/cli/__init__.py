@@ -22,6 +22,7 @@ from marque.cli.issue import issue
 from marque.cli.keys import keys
 from marque.cli.ledger import ledger
 from marque.cli.pilot import pilot
+from marque.cli.serve import pilot_serve  # noqa: F401 - registers `pilot serve`
 from marque.errors import InvalidInput
 
 __all__ = ["app", "main"]

@@ -33,7 +33,7 @@ from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
 from marque.pilot.processes import ProcessRegistry
-from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation
+from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
 from marque.target import Evidence, StampConflict, Target, TargetAttempt
 from marque.timefmt import iso_time
 from marque.token import (
@@ -724,6 +724,46 @@ class Pilot:
             f"this Pilot's ledger never claimed nonce {nonce} of marque {marque_id}; check both "
             "(`marque exec` prints them). A nonce is claimed only once a marque passes its "
             "checks, so a refused exec leaves nothing to find")
+
+    def follow(
+        self, marque_id: str, nonce: str, on_event: EventSink | None = None, *,
+        poll_seconds: float = 0.05, timeout: float | None = None,
+    ) -> Outcome:
+        """Follow the execution of a nonce to its outcome, never starting one.
+
+        An execution running in this process is followed live (its events so far,
+        then the rest as they happen). Otherwise the nonce's stored events are
+        sent and the ledger is watched until the attempt is no longer in
+        progress; an owner that is gone is settled by reconciliation first, as a
+        retry would. ``NotFound`` / ``NonceReaped`` for a nonce never claimed
+        here. With ``timeout``, returns the ``in_progress`` outcome when it
+        passes.
+        """
+        with self._inflight_lock:
+            running = self._inflight.get((marque_id, nonce))
+        if running is not None:
+            running.follow(on_event)
+            running.done.wait(timeout)
+            if running.outcome is not None:
+                return _replayed(running.outcome)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sent = 0
+        while True:
+            outcome = self.outcome(marque_id, nonce)  # NotFound / NonceReaped propagate
+            if outcome.status == Status.IN_PROGRESS.value:
+                record = self.ledger.outcome(marque_id, nonce)
+                if record is not None and self._owner_gone(record):
+                    self._settle_lost(record)
+                    outcome = self.outcome(marque_id, nonce)
+            events = self.ledger.events(marque_id, nonce)
+            for event in events[sent:]:
+                send_event(on_event, event)
+            sent = len(events)
+            if outcome.status != Status.IN_PROGRESS.value:
+                return outcome
+            if deadline is not None and time.monotonic() > deadline:
+                return outcome
+            time.sleep(poll_seconds)
 
     def stalled(self, marque_id: str, nonce: str) -> Indeterminate | None:
         """For a nonce recorded ``in_progress``: why its owner can no longer finish it

@@ -88,9 +88,9 @@ class AttemptStream:
     def publish(self, event: dict[str, Any]) -> None:
         """Send an event to the followers and the caller, without keeping it."""
         self._inflight.publish(event)
-        _send(self._sink, event)
+        send_event(self._sink, event)
 
 
-def _send(sink: EventSink | None, event: dict[str, Any]) -> None:
+def send_event(sink: EventSink | None, event: dict[str, Any]) -> None:
     if sink is not None:
         sink(event)

@@ -1,0 +1,280 @@
+"""The Pilot's HTTP service (DESIGN §10): the same synchronous core, in worker threads.
+
+A route parses, calls the Pilot the CLI calls, and maps errors to RFC 9457
+problem documents in one function (:func:`problem`); no rule about executions
+lives here. An execution runs in a worker thread from start to finish whatever
+happens to the HTTP connection — a caller that goes away can follow the same
+execution again (``GET /v1/executions/{marque_id}/{nonce}?follow=true``); it is
+never cut short half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from marque.errors import InvalidInput, MarqueError
+from marque.outcome import Outcome
+from marque.pilot.core import Pilot
+
+NDJSON = "application/x-ndjson"
+PROBLEM = "application/problem+json"
+#: Executions and reads run here, never on the event loop.
+WORKER_THREADS = 64
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def problem(exc: MarqueError, request_id: str | None = None) -> JSONResponse:
+    """The RFC 9457 problem document of a Marque error; its status comes from the class."""
+    body: dict[str, Any] = {
+        "type": f"urn:marque:error:{exc.code}",
+        "title": exc.code.replace("_", " "),
+        "status": exc.http_status,
+        "detail": exc.message,
+        "code": exc.code,
+    }
+    if exc.sqlstate:
+        body["sqlstate"] = exc.sqlstate
+    return JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
+
+
+class _RequestId:
+    """Every response carries ``X-Request-Id``: the caller's if it is sane, else a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() != b"x-request-id"]
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class _LedgerGauges:
+    """Gauges read from the ledger at scrape time (one stats query per scrape)."""
+
+    def __init__(self, pilot: Pilot) -> None:
+        self._pilot = pilot
+
+    def collect(self) -> Any:
+        try:
+            stats = self._pilot.stats()
+        except MarqueError:
+            return  # the ledger is away: no figures rather than wrong ones
+        by_status = stats.get("attempts_by_status", {})
+        entries = GaugeMetricFamily("marque_ledger_entries", "Attempts held in the ledger")
+        entries.add_metric([], stats.get("attempts", 0))
+        yield entries
+        unreported = GaugeMetricFamily("marque_unreported_outcomes",
+                                       "Outcomes not yet acknowledged by the logbook")
+        unreported.add_metric([], stats.get("unreported_outcomes", 0))
+        yield unreported
+        unsettled = GaugeMetricFamily("marque_unsettled_attempts",
+                                      "Attempts in progress or indeterminate", labels=["status"])
+        for status in ("in_progress", "indeterminate"):
+            unsettled.add_metric([status], by_status.get(status, 0))
+        yield unsettled
+        size = GaugeMetricFamily("marque_ledger_size_bytes", "The ledger's size on disk")
+        size.add_metric([], stats.get("size_bytes", 0))
+        yield size
+
+
+class PilotService:
+    """The ASGI app of one Pilot, plus the threads and metrics it owns."""
+
+    def __init__(self, pilot: Pilot, *, reachable: Callable[[str], bool] | None = None) -> None:
+        self.pilot = pilot
+        self._reachable = reachable
+        self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="marque-http")
+        self.registry = CollectorRegistry()
+        self.executions = Counter(
+            "marque_executions", "Executions answered, by outcome status and target",
+            ["status", "target"], registry=self.registry)
+        self.duration = Histogram(
+            "marque_execution_seconds", "Time from request to outcome of an execution",
+            ["target"], registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        info = Info("marque_pilot", "This Pilot's identity", registry=self.registry)
+        info.info({"pilot_id": pilot.pilot_id, "incarnation": pilot.incarnation})
+        self.registry.register(_LedgerGauges(pilot))
+        self.app = Starlette(
+            routes=[
+                Route("/v1/executions", self.post_execution, methods=["POST"]),
+                Route("/v1/executions/{marque_id}/{nonce}", self.get_execution,
+                      methods=["GET"]),
+                Route("/v1/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+            ],
+            middleware=[Middleware(_RequestId)],
+            exception_handlers={MarqueError: self._on_error},
+        )
+
+    def close(self) -> None:
+        """Wait for running executions to finish, then release the threads."""
+        self._pool.shutdown(wait=True)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    async def _on_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, MarqueError)
+        return problem(exc)
+
+    async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, func, *args)
+
+    async def _stream(
+        self, work: Callable[[Callable[[dict[str, Any]], None]], Outcome],
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> Response:
+        """Run ``work(sink)`` in a worker thread; a problem if it fails before its first
+        event, else NDJSON: each event as it happens, then the outcome line."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def put(kind: str, item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+
+        def run() -> None:
+            try:
+                outcome = work(lambda event: put("event", event))
+            except MarqueError as exc:
+                put("error", exc)
+            except BaseException as exc:  # a fault of ours: said, never hidden
+                put("error", MarqueError(f"{type(exc).__name__}: {exc}"))
+            else:
+                if on_outcome is not None:
+                    on_outcome(outcome)
+                put("outcome", outcome)
+
+        loop.run_in_executor(self._pool, run)
+        first = await queue.get()
+        if first[0] == "error":
+            return problem(first[1])
+
+        async def lines() -> AsyncIterator[bytes]:
+            kind, item = first
+            while True:
+                if kind == "event":
+                    yield _line(item)
+                elif kind == "outcome":
+                    yield _line({"event": "outcome", "outcome": item.to_dict()})
+                    return
+                else:  # failed after events were sent: the stream says so and ends
+                    yield _line({"event": "error", "error": item.to_dict()})
+                    return
+                kind, item = await queue.get()
+
+        return StreamingResponse(lines(), media_type=NDJSON)
+
+    # -- routes ----------------------------------------------------------------------
+
+    async def post_execution(self, request: Request) -> Response:
+        """``POST /v1/executions {marque, nonce, proof}``."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return problem(InvalidInput("the body must be a JSON object {marque, nonce, proof}"))
+        if not isinstance(body, dict):
+            return problem(InvalidInput("the body must be a JSON object {marque, nonce, proof}"))
+        marque, nonce, proof = body.get("marque"), body.get("nonce"), body.get("proof")
+        if not isinstance(marque, str) or not isinstance(nonce, str):
+            return problem(InvalidInput("`marque` and `nonce` must be strings"))
+        if proof is not None and not isinstance(proof, str):
+            return problem(InvalidInput("`proof` must be a string (a compact JWS)"))
+        started = time.monotonic()
+
+        def record(outcome: Outcome) -> None:
+            target = self._target_of(outcome)
+            self.executions.labels(outcome.status, target).inc()
+            if not outcome.replayed:
+                self.duration.labels(target).observe(time.monotonic() - started)
+
+        return await self._stream(
+            lambda sink: self.pilot.execute(marque, proof, nonce, on_event=sink), record)
+
+    async def get_execution(self, request: Request) -> Response:
+        """``GET /v1/executions/{marque_id}/{nonce}[?follow=true]``."""
+        marque_id = request.path_params["marque_id"]
+        nonce = request.path_params["nonce"]
+        if request.query_params.get("follow", "").lower() in ("true", "1", "yes"):
+            return await self._stream(
+                lambda sink: self.pilot.follow(marque_id, nonce, on_event=sink))
+        outcome: Outcome = await self._in_thread(self.pilot.outcome, marque_id, nonce)
+        return JSONResponse(outcome.to_dict())
+
+    async def health(self, request: Request) -> Response:
+        """``GET /v1/health``: identity, targets' reachability, the ledger's figures."""
+
+        def look() -> dict[str, Any]:
+            try:
+                stats: dict[str, Any] | None = self.pilot.stats()
+            except MarqueError:
+                stats = None
+            targets = {name: {"reachable": self._is_reachable(name)}
+                       for name in self.pilot.targets}
+            by_status = (stats or {}).get("attempts_by_status", {})
+            return {
+                "pilot_id": self.pilot.pilot_id,
+                "incarnation": self.pilot.incarnation,
+                "targets": targets,
+                "ledger": None if stats is None else {
+                    "entries": stats.get("attempts", 0),
+                    "unreported": stats.get("unreported_outcomes", 0),
+                    "indeterminate": by_status.get("indeterminate", 0),
+                    "in_progress": by_status.get("in_progress", 0),
+                },
+            }
+
+        body = await self._in_thread(look)
+        healthy = body["ledger"] is not None
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        """``GET /metrics`` in Prometheus text format."""
+        text = await self._in_thread(generate_latest, self.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    def _is_reachable(self, name: str) -> bool:
+        if self._reachable is None:
+            return True
+        try:
+            return self._reachable(name)
+        except Exception:  # a probe that fails is an unreachable target
+            return False
+
+    def _target_of(self, outcome: Outcome) -> str:
+        budget = self.pilot.ledger.budget(outcome.marque_id) if outcome.marque_id else None
+        return str(budget["target"]) if budget else ""
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
