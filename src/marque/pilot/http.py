@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from marque.errors import InvalidInput, MarqueError
 from marque.outcome import Outcome
 from marque.pilot.core import Pilot
+from marque.token import unverified_claims
 
 NDJSON = "application/x-ndjson"
 PROBLEM = "application/problem+json"
@@ -171,9 +172,12 @@ class PilotService:
             except BaseException as exc:  # a fault of ours: said, never hidden
                 put("error", MarqueError(f"{type(exc).__name__}: {exc}"))
             else:
-                if on_outcome is not None:
-                    on_outcome(outcome)
                 put("outcome", outcome)
+                if on_outcome is not None:
+                    try:
+                        on_outcome(outcome)
+                    except Exception:  # metrics must never cost an answer
+                        pass
 
         loop.run_in_executor(self._pool, run)
         first = await queue.get()
@@ -211,9 +215,10 @@ class PilotService:
         if proof is not None and not isinstance(proof, str):
             return problem(InvalidInput("`proof` must be a string (a compact JWS)"))
         started = time.monotonic()
+        # A label only (no I/O, nothing trusted): the execution verifies the marque.
+        target = str((unverified_claims(marque) or {}).get("target", ""))
 
         def record(outcome: Outcome) -> None:
-            target = self._target_of(outcome)
             self.executions.labels(outcome.status, target).inc()
             if not outcome.replayed:
                 self.duration.labels(target).observe(time.monotonic() - started)
@@ -270,10 +275,6 @@ class PilotService:
             return self._reachable(name)
         except Exception:  # a probe that fails is an unreachable target
             return False
-
-    def _target_of(self, outcome: Outcome) -> str:
-        budget = self.pilot.ledger.budget(outcome.marque_id) if outcome.marque_id else None
-        return str(budget["target"]) if budget else ""
 
 
 def _line(obj: dict[str, Any]) -> bytes:
