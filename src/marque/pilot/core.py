@@ -569,50 +569,11 @@ class Pilot:
         )
 
     def check_continuity(self) -> dict[str, Any] | None:
-        """DESIGN §5: the targets' stamps are the anchor outside the ledger.
+        """DESIGN §5: check the targets' stamps against the ledger; see
+        :func:`marque.pilot.continuity.check_continuity`. Returns the finding, or None."""
+        from marque.pilot.continuity import check_continuity
 
-        A stamp of this incarnation, for a marque still live, that the ledger
-        does not know means the ledger went back in time (restored from an
-        old copy). Its budgets cannot be trusted, so the Pilot rotates to a
-        new incarnation — refusing every outstanding marque — and records
-        the finding. Returns the finding, or None.
-        """
-        live_after = self.clock() - self.options.skew_seconds
-        unknown: list[dict[str, Any]] = []
-        unchecked: list[str] = []
-        for name, target in self.targets.items():
-            try:
-                stamps = target.stamps(self.incarnation, live_after)
-            except Exception:  # an unreachable target cannot vouch either way
-                unchecked.append(name)
-                continue
-            for stamp in stamps:
-                if not self._knows(stamp):
-                    unknown.append({"target": name, **stamp})
-        if not unknown:
-            return None
-        old = self.incarnation
-        new = self.ledger.rotate_incarnation(self.clock())
-        finding = {"finding": "ledger_regressed", "old_incarnation": old,
-                   "new_incarnation": new, "pilot_id": self.pilot_id,
-                   "unknown_stamps": unknown, "unchecked_targets": unchecked}
-        if self.logbook is not None:
-            self.logbook.append("finding.ledger_regressed", f"finding/rotate/{old}", finding)
-        return finding
-
-    def _knows(self, stamp: dict[str, Any]) -> bool:
-        """Whether the ledger holds the attempt a stamp names — or held it and reaped it.
-
-        A reaped nonce keeps its final attempt number, so its stamps stay known
-        (a reap is not a regression, even once a wider skew allowance makes the
-        marque look live again); a ledger restored from before the reap has
-        neither the entries nor the record, and is still caught.
-        """
-        held = {a.attempt for a in self.ledger.attempts(stamp["marque_id"], stamp["nonce"])}
-        if held:
-            return stamp["attempt"] in held
-        reaped = self.ledger.reaped(stamp["marque_id"], stamp["nonce"])
-        return reaped is not None and stamp["attempt"] <= reaped.attempt
+        return check_continuity(self)
 
     def recover(self) -> list[dict[str, Any]]:
         """Settle what evidence can settle; returns what changed.
