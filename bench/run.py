@@ -33,13 +33,13 @@ sys.path.insert(0, str(HERE))
 
 from cluster import BenchCluster  # noqa: E402
 from harness import Cell, SkippedCell, add_ratios, run_interleaved, summarise  # noqa: E402
+from http_peer import HttpBed, HttpCell  # noqa: E402
 from prefill import measure_reap, prefill_sqlite_ledger  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scenarios import MarqueBed, MarqueCell, RawCell, RawPeer, proof_cost_ms  # noqa: E402
 
 RESULTS = HERE / "results" / "latest.json"
-HTTP_SKIPPED = "no Pilot HTTP service yet"
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,15 @@ def run_all(
     if beds["sqlite"] is not None:
         notes["client_proof_ms"] = round(proof_cost_ms(beds["sqlite"]), 4)
 
-    for n in plan.clients:
-        cells.append(SkippedCell("marque_http", n, HTTP_SKIPPED))
+    try:
+        http_bed = HttpBed(root, "http", target)
+        closers.append(http_bed.close)
+        for n in plan.clients:
+            build(cells, "marque_http", n, lambda k=n: HttpCell(http_bed, k))
+    except Exception as exc:
+        log(f"  ! Pilot service: {type(exc).__name__}: {exc}")
+        for n in plan.clients:
+            cells.append(SkippedCell("marque_http", n, f"pilot serve failed: {exc}"))
 
     log("set-up: DBOS Transact")
     dbos_cells(cells, plan, cluster, target, closers, notes)

@@ -1,0 +1,94 @@
+"""``marque_http``: the same executions through a real ``marque pilot serve`` on loopback.
+
+The bed is a Pilot home like ``MarqueBed``'s (SQLite ledger, the PostgreSQL
+target), served by a child process; each client keeps one HTTP connection
+(httpx, keep-alive) and posts ``{marque, nonce, proof}``, reading the NDJSON
+stream to its outcome line. Only the request is timed; proofs are made before.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from harness import Cell, Op
+from scenarios import EXECUTIONS, TTL_SECONDS, UPDATE, client_row
+
+from marque.pilot.setup import add_target, init_home, trust_issuer
+from marque.token import Budget, Change, Statement, issue_marque, make_proof, new_key, public_jwk
+
+MARQUE = str(Path(sys.executable).parent / "marque")
+
+
+class HttpBed:
+    """A Pilot home served by ``marque pilot serve`` in a child process."""
+
+    def __init__(self, root: Path, name: str, target_dsn: str) -> None:
+        self.home = root / name
+        self.issuer = new_key()
+        self.holder = new_key()
+        init_home(self.home, f"bench-{name}")
+        trust_issuer(self.home, public_jwk(self.issuer))
+        add_target(self.home, "bench", target_dsn)
+        self.proc = subprocess.Popen(
+            [MARQUE, "pilot", "serve", "--home", str(self.home), "--listen", "127.0.0.1:0",
+             "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        ready = json.loads(self.proc.stdout.readline())
+        self.url: str = ready["url"]
+        self.pilot_id: str = ready["pilot_id"]
+        self.incarnation: str = ready["incarnation"]
+
+    def issue(self, row: int) -> str:
+        return issue_marque(
+            self.issuer, pilot_id=self.pilot_id, incarnation=self.incarnation, target="bench",
+            holder_jwk=public_jwk(self.holder), change=Change((Statement(UPDATE, (row,)),)),
+            budget=Budget(EXECUTIONS, 1), ttl_seconds=TTL_SECONDS)
+
+    def proof(self, token: str, nonce: str) -> str:
+        return make_proof(self.holder, token, nonce=nonce, pilot_id=self.pilot_id)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+
+class HttpCell(Cell):
+    """Fresh nonces through ``POST /v1/executions``, one connection per client."""
+
+    def __init__(self, bed: HttpBed, clients: int) -> None:
+        super().__init__("marque_http", clients)
+        self.bed = bed
+        self.tokens = [bed.issue(client_row(c)) for c in range(clients)]
+        self.http = [httpx.Client(base_url=bed.url, timeout=60) for _ in range(clients)]
+
+    def extra(self) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, per_client: int) -> list[Op]:
+        ops = []
+        for c in range(self.clients):
+            nonces = [f"n-{uuid.uuid4().hex}" for _ in range(per_client)]
+            bodies = [{"marque": self.tokens[c], "nonce": n,
+                       "proof": self.bed.proof(self.tokens[c], n)} for n in nonces]
+            ops.append(self._op(self.http[c], bodies))
+        return ops
+
+    @staticmethod
+    def _op(client: httpx.Client, bodies: list[dict[str, str]]) -> Op:
+        def op(i: int) -> None:
+            response = client.post("/v1/executions", json=bodies[i])
+            last = json.loads(response.text.rstrip("\n").rsplit("\n", 1)[-1])
+            outcome = last.get("outcome") or {}
+            if response.status_code != 200 or outcome.get("status") != "applied":
+                raise RuntimeError(f"expected applied, got {response.status_code}: {last}")
+
+        return op
