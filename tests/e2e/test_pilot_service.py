@@ -228,3 +228,26 @@ def test_health_and_metrics_follow_the_ledger(world: World, service: Service) ->
         time.sleep(0.05)
     assert executions_applied() == before + 1
     assert httpx.get(f"{service.url}/v1/health", timeout=30).json()["ledger"]["entries"] == 1
+
+
+def test_sigterm_lets_a_running_execution_finish_and_record(world: World) -> None:
+    """SIGTERM mid-statement: the service stops only after the execution applied and recorded."""
+    marque = world.issue([SLOW])
+    marque_id = world.marque_id(marque)
+    running = Service(world)
+    got: list[dict[str, Any]] = []
+    try:
+        with httpx.stream("POST", f"{running.url}/v1/executions",
+                          json=body(world, marque, "t1"), timeout=60) as response:
+            for line in response.iter_lines():
+                got.append(json.loads(line))
+                if got[-1]["event"] == "statement_started":
+                    running.proc.send_signal(signal.SIGTERM)
+    finally:
+        status = running.stop()
+    assert status == 0
+    assert got[-1]["event"] == "outcome" and got[-1]["outcome"]["status"] == "applied"
+    [(recorded,)] = world.ledger_rows(
+        "SELECT status FROM attempts WHERE marque_id = ? AND nonce = ?", (marque_id, "t1"))
+    assert recorded == "applied"
+    assert world.balances()[1] == 90

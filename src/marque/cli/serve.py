@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -47,6 +49,23 @@ def _bind(host: str, port: int) -> socket.socket:
         raise InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     sock.listen(2048)
     return sock
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising the stop signal after a graceful shutdown:
+        the Pilot must still be closed (reports flushed, ledger released) and the
+        process then exits 0, as an orderly stop."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    return Server
 
 
 @pilot.command("serve")
@@ -103,7 +122,7 @@ def pilot_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | 
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     ready = {"url": url, "pilot_id": running.pilot_id, "incarnation": running.incarnation}
     if as_json:
         emit_json(ready)
