@@ -93,6 +93,18 @@ class Outcome:
         """The CLI exit status this outcome maps to."""
         return EXIT_STATUS[self.status]
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        """The outcome object back from its JSON form (as a Pilot service sends it)."""
+        pilot = data.get("pilot") or {}
+        return cls(
+            marque_id=data["marque_id"], nonce=data["nonce"], status=data["status"],
+            attempt=data["attempt"], rows_affected=data.get("rows_affected"),
+            pilot_id=pilot.get("id") or "", incarnation=pilot.get("incarnation") or "",
+            replayed=bool(data.get("replayed")), error=data.get("error"),
+            result=data.get("result"), recorded=data.get("recorded", True) is not False,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of DESIGN §9 (plus ``result`` for reads, and ``recorded``)."""
         return {

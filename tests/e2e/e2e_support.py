@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -327,3 +328,25 @@ class World:
         finally:
             conn.close()
         return [{"kind": k, "body": json.loads(b)} for k, b in rows]
+
+
+class Service:
+    """A `marque pilot serve` child process."""
+
+    def __init__(self, world: World, *, port: int = 0) -> None:
+        self.world = world
+        self.proc = subprocess.Popen(
+            [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen",
+             f"127.0.0.1:{port}", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True, env=cli_env(), cwd=world.root)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
+        self.ready = json.loads(line)
+        self.url: str = self.ready["url"]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)

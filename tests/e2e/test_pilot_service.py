@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from e2e_support import MARQUE, World, cli_env
+from e2e_support import Service, World
 from prometheus_client.parser import text_string_to_metric_families
 
 from marque.token import make_proof, new_key
@@ -31,28 +30,6 @@ SLOW = (
 )
 ORDER = ["claimed", "fence_checked", "statement_started", "statement_finished", "asserted",
          "committed", "outcome_recorded"]
-
-
-class Service:
-    """A `marque pilot serve` child process."""
-
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen",
-             "127.0.0.1:0", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(), cwd=world.root)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
-        self.ready = json.loads(line)
-        self.url: str = self.ready["url"]
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
 
 
 @pytest.fixture

@@ -160,7 +160,8 @@ def _read_marque_file(path: Path) -> str:
 
 
 @click.command("exec")
-@home_option
+@click.option("--home", type=click.Path(path_type=Path), default=None,
+              help="The Pilot's home directory (the embedded Pilot); not with --pilot.")
 @click.option("--marque", "marque_file", type=click.Path(path_type=Path), required=True,
               help="The file holding the marque (compact JWS).")
 @click.option("--key", type=click.Path(path_type=Path), required=True,
@@ -169,34 +170,45 @@ def _read_marque_file(path: Path) -> str:
               help="The execution nonce: your retry key. The same nonce never applies twice; "
                    "retrying it returns the recorded outcome.")
 @click.option("--pilot", "pilot_url", default=None, metavar="URL",
-              help="A Pilot service's URL instead of the embedded Pilot (not available yet).")
+              help="A Pilot service (`marque pilot serve`) to execute through, instead of the "
+                   "embedded Pilot of --home.")
 @json_option
-def exec_(home: Path, marque_file: Path, key: Path, nonce: str, pilot_url: str | None,
+def exec_(home: Path | None, marque_file: Path, key: Path, nonce: str, pilot_url: str | None,
           as_json: bool) -> None:
-    """Execute a marque once for NONCE, streaming events; a retry returns the outcome."""
+    """Execute a marque once for NONCE, streaming events; a retry returns the outcome.
+
+    Through a Pilot service (--pilot URL), a lost connection is followed back to
+    the same execution, never a new one.
+    """
     from marque.outcome import refusal_object
 
     pilot_info: dict[str, Any] = {"id": None, "incarnation": None}
     token = ""
     try:
-        if pilot_url is not None:
-            raise InvalidInput("the Pilot HTTP service is not available yet; omit --pilot")
+        if (home is None) == (pilot_url is None):
+            raise InvalidInput("give exactly one of --home (the embedded Pilot) and --pilot "
+                               "URL (a Pilot service)")
         token = _read_marque_file(marque_file)
         holder = read_json_file(key, "holder key")
-        from marque.pilot import open_pilot
         from marque.token import make_proof, unverified_claims
 
         marque_id = (unverified_claims(token) or {}).get("jti")
         if not as_json and isinstance(marque_id, str):
             err.say(f"[dim]exec marque {one_line(marque_id)} nonce {one_line(nonce)}[/]")
-        pilot = open_pilot(home)
-        pilot_info = {"id": pilot.pilot_id, "incarnation": pilot.incarnation}
-        try:
-            proof = make_proof(holder, token, nonce=nonce, pilot_id=pilot.pilot_id)
-            outcome = pilot.execute(token, proof, nonce,
-                                    on_event=lambda e: print_event(e, as_json))
-        finally:
-            pilot.close()
+        if pilot_url is not None:
+            outcome = _exec_remote(pilot_url, token, holder, nonce, as_json, pilot_info)
+        else:
+            assert home is not None
+            from marque.pilot import open_pilot
+
+            pilot = open_pilot(home)
+            pilot_info.update(id=pilot.pilot_id, incarnation=pilot.incarnation)
+            try:
+                proof = make_proof(holder, token, nonce=nonce, pilot_id=pilot.pilot_id)
+                outcome = pilot.execute(token, proof, nonce,
+                                        on_event=lambda e: print_event(e, as_json))
+            finally:
+                pilot.close()
     except Refusal as exc:
         from marque.token import unverified_claims
 
@@ -207,6 +219,32 @@ def exec_(home: Path, marque_file: Path, key: Path, nonce: str, pilot_url: str |
         fail(exc, as_json)
     print_outcome(outcome, as_json)
     raise CommandExit(outcome.exit_status)
+
+
+def _exec_remote(url: str, token: str, holder: dict[str, Any], nonce: str, as_json: bool,
+                 pilot_info: dict[str, Any]) -> Outcome:
+    """Execute through a Pilot service; ``pilot_info`` is filled from its health."""
+    from marque.client import PilotClient
+    from marque.token import make_proof
+
+    client = PilotClient(url)
+    try:
+        health = client.health()
+        pilot_info.update(id=health["pilot_id"], incarnation=health.get("incarnation"))
+
+        def prove() -> str:
+            return make_proof(holder, token, nonce=nonce, pilot_id=health["pilot_id"])
+
+        def show(event: dict[str, Any]) -> None:
+            if event["event"] == "reconnected" and not as_json:
+                err.say(f"[bold yellow]reconnected[/] to the same execution (the connection "
+                        f"was lost: {literal(event.get('after', ''))})")
+                return
+            print_event(event, as_json)
+
+        return client.execute(token, nonce, prove, show)
+    finally:
+        client.close()
 
 
 @click.command("outcome")

@@ -1,0 +1,159 @@
+"""The one HTTP client of Marque's services (httpx): what ``exec --pilot URL`` uses.
+
+An execution posted to a Pilot service runs there to its end whatever happens
+to the connection, so a client that loses the stream never posts a second
+execution: it *follows* the same nonce (``GET …?follow=true``) until it has the
+outcome, and only when the Pilot says it never claimed that nonce (the post
+never arrived) does it post again — under the same nonce, which is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+from marque.errors import MarqueError, PilotUnavailable, lookup
+from marque.outcome import Outcome
+
+EventSink = Callable[[dict[str, Any]], None]
+#: How long a client keeps trying to get back to an execution after losing it.
+RECONNECT_SECONDS = 30.0
+_BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def error_from_problem(response: httpx.Response) -> MarqueError:
+    """The Marque error an RFC 9457 problem document stands for."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    code = body.get("code") if isinstance(body, dict) else None
+    detail = (body.get("detail") if isinstance(body, dict) else None) or response.text[:500]
+    try:
+        cls = lookup(code) if isinstance(code, str) else MarqueError
+    except KeyError:
+        cls = MarqueError
+    return cls(str(detail), sqlstate=body.get("sqlstate") if isinstance(body, dict) else None)
+
+
+class _Lost(Exception):
+    """The stream broke before its outcome line."""
+
+
+class PilotClient:
+    """A Pilot service at ``url``."""
+
+    def __init__(self, url: str, *, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        # Reads wait as long as an execution takes: the stream ends with its outcome.
+        self._http = httpx.Client(base_url=self.url,
+                                  timeout=httpx.Timeout(timeout, read=None))
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._http.close()
+
+    def health(self) -> dict[str, Any]:
+        """``GET /v1/health``; ``PilotUnavailable`` if the service cannot be reached."""
+        try:
+            response = self._http.get("/v1/health")
+        except httpx.TransportError as exc:
+            raise PilotUnavailable(f"the Pilot at {self.url} cannot be reached ({exc}); "
+                                   "nothing was sent: retrying the same nonce is safe") from exc
+        if response.status_code >= 400 and response.headers.get(
+                "content-type", "").startswith("application/problem+json"):
+            raise error_from_problem(response)
+        body = response.json()
+        if not isinstance(body, dict) or "pilot_id" not in body:
+            raise PilotUnavailable(f"{self.url} does not answer like a Pilot service")
+        return body
+
+    def execute(self, marque: str, nonce: str, prove: Callable[[], str],
+                on_event: EventSink | None = None) -> Outcome:
+        """Post an execution and stream its events to its outcome.
+
+        ``prove()`` makes a fresh proof of possession (each post needs its own).
+        Refusals raise their error. A broken stream is followed again, never
+        re-executed; a re-post happens only for a nonce the Pilot never claimed.
+        """
+        sink = on_event or (lambda event: None)
+        try:
+            return self._post(marque, nonce, prove(), sink)
+        except _Lost as lost:
+            return self._recover(marque, nonce, prove, sink, str(lost))
+
+    def _post(self, marque: str, nonce: str, proof: str, sink: EventSink) -> Outcome:
+        body = {"marque": marque, "nonce": nonce, "proof": proof}
+        try:
+            with self._http.stream("POST", "/v1/executions", json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise error_from_problem(response)
+                return self._read(response.iter_lines(), sink)
+        except httpx.ConnectError as exc:
+            # Not connected: the request never left, so nothing can have been claimed.
+            raise PilotUnavailable(
+                f"the Pilot at {self.url} cannot be reached ({exc}); nothing was sent: "
+                "retrying the same nonce is safe") from exc
+        except httpx.TransportError as exc:
+            raise _Lost(f"{type(exc).__name__}: {exc}") from exc
+
+    def _follow(self, marque_id: str, nonce: str, sink: EventSink) -> Outcome | None:
+        """The outcome by following; None if the Pilot never claimed the nonce."""
+        try:
+            with self._http.stream("GET", f"/v1/executions/{marque_id}/{nonce}",
+                                   params={"follow": "true"}) as response:
+                if response.status_code == 404:
+                    response.read()
+                    if (response.json() or {}).get("code") == "not_found":
+                        return None
+                    raise error_from_problem(response)
+                if response.status_code != 200:
+                    response.read()
+                    raise error_from_problem(response)
+                return self._read(response.iter_lines(), sink)
+        except httpx.TransportError as exc:
+            raise _Lost(f"{type(exc).__name__}: {exc}") from exc
+
+    def _recover(self, marque: str, nonce: str, prove: Callable[[], str], sink: EventSink,
+                 why: str) -> Outcome:
+        from marque.token import unverified_claims
+
+        marque_id = str((unverified_claims(marque) or {}).get("jti", ""))
+        deadline = time.monotonic() + RECONNECT_SECONDS
+        tries = 0
+        while True:
+            sink({"event": "reconnected", "marque_id": marque_id, "nonce": nonce,
+                  "after": why, "try": tries + 1})
+            try:
+                outcome = self._follow(marque_id, nonce, sink)
+                if outcome is None:  # the post never got as far as a claim: post again
+                    outcome = self._post(marque, nonce, prove(), sink)
+                return outcome
+            except (_Lost, PilotUnavailable) as exc:
+                why = str(exc)
+            if time.monotonic() > deadline:
+                raise PilotUnavailable(
+                    f"lost the Pilot at {self.url} mid-execution and could not get back to it "
+                    f"within {RECONNECT_SECONDS:.0f} s ({why}). The execution may have run: "
+                    f"ask again with the SAME nonce ({nonce}), never a new one")
+            time.sleep(_BACKOFF[min(tries, len(_BACKOFF) - 1)])
+            tries += 1
+
+    @staticmethod
+    def _read(lines: Iterator[str], sink: EventSink) -> Outcome:
+        for line in lines:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("event") == "outcome":
+                return Outcome.from_dict(event["outcome"])
+            if event.get("event") == "error":
+                error = event.get("error") or {}
+                raise lookup(error.get("code", ""))(error.get("message", ""))
+            sink(event)
+        raise _Lost("the stream ended before its outcome")
