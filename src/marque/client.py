@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from marque.errors import MarqueError, PilotUnavailable, lookup
+from marque.errors import MarqueError, PilotLost, PilotUnavailable, lookup
 from marque.outcome import Outcome
 
 EventSink = Callable[[dict[str, Any]], None]
@@ -33,11 +33,16 @@ def error_from_problem(response: httpx.Response) -> MarqueError:
         body = {}
     code = body.get("code") if isinstance(body, dict) else None
     detail = (body.get("detail") if isinstance(body, dict) else None) or response.text[:500]
+    return _error_class(code)(
+        str(detail), sqlstate=body.get("sqlstate") if isinstance(body, dict) else None)
+
+
+def _error_class(code: object) -> type[MarqueError]:
+    """The class registered for ``code``; the base class for a code this client lacks."""
     try:
-        cls = lookup(code) if isinstance(code, str) else MarqueError
+        return lookup(code) if isinstance(code, str) else MarqueError
     except KeyError:
-        cls = MarqueError
-    return cls(str(detail), sqlstate=body.get("sqlstate") if isinstance(body, dict) else None)
+        return MarqueError
 
 
 class _Lost(Exception):
@@ -49,6 +54,7 @@ class PilotClient:
 
     def __init__(self, url: str, *, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
+        self._timeout = timeout
         # Reads wait as long as an execution takes: the stream ends with its outcome.
         self._http = httpx.Client(base_url=self.url,
                                   timeout=httpx.Timeout(timeout, read=None))
@@ -60,14 +66,17 @@ class PilotClient:
     def health(self) -> dict[str, Any]:
         """``GET /v1/health``; ``PilotUnavailable`` if the service cannot be reached."""
         try:
-            response = self._http.get("/v1/health")
+            response = self._http.get("/v1/health", timeout=self._timeout)
         except httpx.TransportError as exc:
             raise PilotUnavailable(f"the Pilot at {self.url} cannot be reached ({exc}); "
                                    "nothing was sent: retrying the same nonce is safe") from exc
         if response.status_code >= 400 and response.headers.get(
                 "content-type", "").startswith("application/problem+json"):
             raise error_from_problem(response)
-        body = response.json()
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
         if not isinstance(body, dict) or "pilot_id" not in body:
             raise PilotUnavailable(f"{self.url} does not answer like a Pilot service")
         return body
@@ -86,13 +95,16 @@ class PilotClient:
         except _Lost as lost:
             return self._recover(marque, nonce, prove, sink, str(lost))
 
-    def _post(self, marque: str, nonce: str, proof: str, sink: EventSink) -> Outcome:
+    def _post(self, marque: str, nonce: str, proof: str, sink: EventSink,
+              hello: dict[str, Any] | None = None) -> Outcome:
         body = {"marque": marque, "nonce": nonce, "proof": proof}
         try:
             with self._http.stream("POST", "/v1/executions", json=body) as response:
                 if response.status_code != 200:
                     response.read()
                     raise error_from_problem(response)
+                if hello is not None:
+                    sink(hello)
                 return self._read(response.iter_lines(), sink)
         except httpx.ConnectError as exc:
             # Not connected: the request never left, so nothing can have been claimed.
@@ -102,19 +114,22 @@ class PilotClient:
         except httpx.TransportError as exc:
             raise _Lost(f"{type(exc).__name__}: {exc}") from exc
 
-    def _follow(self, marque_id: str, nonce: str, sink: EventSink) -> Outcome | None:
+    def _follow(self, marque_id: str, nonce: str, sink: EventSink,
+                hello: dict[str, Any]) -> Outcome | None:
         """The outcome by following; None if the Pilot never claimed the nonce."""
         try:
             with self._http.stream("GET", f"/v1/executions/{marque_id}/{nonce}",
                                    params={"follow": "true"}) as response:
                 if response.status_code == 404:
                     response.read()
-                    if (response.json() or {}).get("code") == "not_found":
+                    error = error_from_problem(response)
+                    if error.code == "not_found":
                         return None
-                    raise error_from_problem(response)
+                    raise error
                 if response.status_code != 200:
                     response.read()
                     raise error_from_problem(response)
+                sink(hello)
                 return self._read(response.iter_lines(), sink)
         except httpx.TransportError as exc:
             raise _Lost(f"{type(exc).__name__}: {exc}") from exc
@@ -127,17 +142,19 @@ class PilotClient:
         deadline = time.monotonic() + RECONNECT_SECONDS
         tries = 0
         while True:
-            sink({"event": "reconnected", "marque_id": marque_id, "nonce": nonce,
-                  "after": why, "try": tries + 1})
+            # Said once the Pilot answers again, before what it then streams.
+            hello = {"event": "reconnected", "marque_id": marque_id, "nonce": nonce,
+                     "after": why, "try": tries + 1}
             try:
-                outcome = self._follow(marque_id, nonce, sink)
+                outcome = self._follow(marque_id, nonce, sink, hello)
                 if outcome is None:  # the post never got as far as a claim: post again
-                    outcome = self._post(marque, nonce, prove(), sink)
+                    hello["reposted"] = True
+                    outcome = self._post(marque, nonce, prove(), sink, hello)
                 return outcome
             except (_Lost, PilotUnavailable) as exc:
                 why = str(exc)
             if time.monotonic() > deadline:
-                raise PilotUnavailable(
+                raise PilotLost(
                     f"lost the Pilot at {self.url} mid-execution and could not get back to it "
                     f"within {RECONNECT_SECONDS:.0f} s ({why}). The execution may have run: "
                     f"ask again with the SAME nonce ({nonce}), never a new one")
@@ -149,11 +166,15 @@ class PilotClient:
         for line in lines:
             if not line.strip():
                 continue
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except ValueError as exc:  # a line cut in half by a broken connection
+                raise _Lost(f"a garbled event line ({line[:80]!r})") from exc
             if event.get("event") == "outcome":
                 return Outcome.from_dict(event["outcome"])
             if event.get("event") == "error":
                 error = event.get("error") or {}
-                raise lookup(error.get("code", ""))(error.get("message", ""))
+                raise _error_class(error.get("code"))(
+                    str(error.get("message", "")), sqlstate=error.get("sqlstate"))
             sink(event)
         raise _Lost("the stream ended before its outcome")

@@ -47,6 +47,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     ├── Indeterminate         nobody can say yet whether it applied (exit 5)
     │   ├── LeaseExpired         lease_expired         the owner's lease ran out, no outcome
     │   ├── OwnerGone            owner_gone            the owning process died, no outcome
+    │   ├── PilotLost            pilot_lost            a service lost mid-execution, not regained
     │   └── CommitUnknown        commit_unknown
     └── Unavailable           could not be reached before anything was claimed (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
@@ -305,6 +306,12 @@ class LeaseExpired(Indeterminate, code="lease_expired"):
 class OwnerGone(Indeterminate, code="owner_gone"):
     """The process that claimed the attempt is provably dead (its run lock was released)
     and recorded no outcome; its lease had not run out yet."""
+
+
+class PilotLost(Indeterminate, code="pilot_lost"):
+    """A client lost its Pilot service after posting an execution and could not get back
+    to it: the execution may have run. Not ``pilot_unavailable`` (exit 7 says nothing
+    happened); ask again with the same nonce."""
 
 
 class CommitUnknown(Indeterminate, code="commit_unknown"):

@@ -12,6 +12,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
@@ -25,6 +26,80 @@ SLOW = (
     "UPDATE accounts SET balance = balance - 10 + (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
     "SELECT x+1 FROM c WHERE x < 4000000) SELECT count(*) - count(*) FROM c) WHERE id = 1"
 )
+
+
+class HttpCutter:
+    """A loopback TCP proxy in front of a service that can cut the network, not the service.
+
+    ``sever()`` closes every connection through it now (new ones still pass);
+    ``drop_posts`` closes, without forwarding it, that many executions' POSTs.
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.drop_posts = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def sever(self) -> None:
+        with self._lock:
+            doomed, self._open = self._open, set()
+        for sock in doomed:
+            _close(sock)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.sever()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream, timeout=10)
+            server.settimeout(None)
+            with self._lock:
+                self._open.update((client, server))
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False),
+                             daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upstream and data.startswith(b"POST /v1/executions"):
+                    with self._lock:
+                        drop = self.drop_posts > 0
+                        self.drop_posts -= drop
+                        self.dropped += drop
+                    if drop:
+                        break
+                dst.sendall(data)
+        except OSError:
+            pass
+        _close(src)
+        _close(dst)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def _exec_in_background(world: World, url: str, marque: object,
+                        nonce: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(MARQUE), *map(str, remote(world, url, marque, nonce))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env=cli_env(), cwd=world.root)
 
 
 @pytest.fixture
@@ -86,10 +161,7 @@ def test_losing_the_service_mid_execution_follows_the_same_execution(world: Worl
     marque = world.issue([SLOW], attempts=3)
     first = Service(world)
     port = int(first.url.rsplit(":", 1)[1])
-    proc = subprocess.Popen(
-        [str(MARQUE), *map(str, remote(world, first.url, marque, "k1"))],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-        env=cli_env(), cwd=world.root)
+    proc = _exec_in_background(world, first.url, marque, "k1")
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # wait until the statement runs on the service
@@ -117,4 +189,55 @@ def test_losing_the_service_mid_execution_follows_the_same_execution(world: Worl
     assert world.balances()[1] == 100
     [stamp] = [s for s in world.stamps() if s["nonce"] == "k1"]
     assert (stamp["kind"], stamp["attempt"]) == ("tombstone", 1)
+    assert world.ledger_count("attempts") == 1
+
+
+def test_a_connection_cut_mid_execution_follows_it_to_its_outcome(
+        world: World, service: Service) -> None:
+    """The network drops mid-statement, the service lives: exec follows it to applied, once."""
+    marque = world.issue([SLOW], attempts=3)
+    cutter = HttpCutter(int(service.url.rsplit(":", 1)[1]))
+    proc = _exec_in_background(world, cutter.url, marque, "c1")
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # wait until the statement runs on the service
+            seen.append(line)
+            if '"statement_started"' in line:
+                break
+        cutter.sever()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cutter.close()
+    events = json_lines("".join(seen) + err)
+    kinds = [e["event"] for e in events]
+    assert "reconnected" in kinds, err
+    assert not any(e.get("reposted") for e in events)  # followed, never posted again
+    assert "committed" in kinds[kinds.index("reconnected"):], kinds
+    body = one_json(out)
+    assert (body["status"], body["attempt"]) == ("applied", 1), body
+    assert proc.returncode == EXIT["applied"]
+    assert world.balances()[1] == 90
+    assert world.ledger_count("attempts") == 1
+
+
+def test_a_post_lost_before_the_service_saw_it_is_posted_again_once(
+        world: World, service: Service) -> None:
+    """The POST is cut before reaching the service: the follow says never claimed, exec posts
+    it again under the same nonce, and it applies exactly once."""
+    marque = world.issue([DEBIT], executions=1)
+    cutter = HttpCutter(int(service.url.rsplit(":", 1)[1]))
+    cutter.drop_posts = 1
+    try:
+        res = world.run(*remote(world, cutter.url, marque, "p1"))
+    finally:
+        cutter.close()
+    assert cutter.dropped == 1
+    assert res.returncode == EXIT["applied"], res
+    [back] = [e for e in json_lines(res.stderr) if e["event"] == "reconnected"]
+    assert back["reposted"] is True and back["nonce"] == "p1"
+    assert (res.json["status"], res.json["attempt"], res.json["replayed"]) == ("applied", 1, False)
+    assert world.balances()[1] == 90
     assert world.ledger_count("attempts") == 1

@@ -237,8 +237,14 @@ def _exec_remote(url: str, token: str, holder: dict[str, Any], nonce: str, as_js
 
         def show(event: dict[str, Any]) -> None:
             if event["event"] == "reconnected" and not as_json:
-                err.say(f"[bold yellow]reconnected[/] to the same execution (the connection "
-                        f"was lost: {literal(event.get('after', ''))})")
+                lost = literal(event.get("after", ""))
+                if event.get("reposted"):
+                    err.say(f"[bold yellow]reconnected[/]: the Pilot never received the "
+                            f"execution (the connection was lost: {lost}); posted it again "
+                            f"under the same nonce")
+                else:
+                    err.say(f"[bold yellow]reconnected[/] to the same execution (the "
+                            f"connection was lost: {lost}); following it")
                 return
             print_event(event, as_json)
 
