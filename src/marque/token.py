@@ -774,3 +774,4 @@ def jti_forget_after(now: float, window_seconds: float) -> float:
     proof stays acceptable for ``window_seconds`` after its ``iat``.
     """
     return now + 2 * window_seconds + _REPLAY_MARGIN_SECONDS
+

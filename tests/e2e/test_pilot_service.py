@@ -228,3 +228,47 @@ def test_sigterm_lets_a_running_execution_finish_and_record(world: World) -> Non
         "SELECT status FROM attempts WHERE marque_id = ? AND nonce = ?", (marque_id, "t1"))
     assert recorded == "applied"
     assert world.balances()[1] == 90
+
+
+def test_a_preview_over_http_counts_rows_and_changes_nothing(
+        world: World, service: Service) -> None:
+    """POST /v1/previews: exact rows of an UPDATE, rolled back; a replayed token is refused."""
+    from marque.change import Change, Statement
+    from marque.service_tokens import issue_preview_token
+
+    issuer = json.loads(world.issuer_key.read_text())
+    token = issue_preview_token(
+        issuer, pilot_id=world.pilot_id, incarnation=world.incarnation, target="bank",
+        change=Change((Statement("UPDATE accounts SET balance = balance + 1"),)), max_rows=1)
+    response = httpx.post(f"{service.url}/v1/previews", json={"preview": token}, timeout=30)
+    assert response.status_code == 200, response.text
+    preview = response.json()
+    assert (preview["mode"], preview["total_rows"], preview["within_max_rows"]) == (
+        "rollback", 2, False)
+    assert preview["preview_cid"].startswith("sha256:")
+    assert world.balances() == {1: 100, 2: 100}
+    assert world.ledger_count("claims") == 0 and world.stamps() == []
+
+    again = httpx.post(f"{service.url}/v1/previews", json={"preview": token}, timeout=30)
+    assert (again.status_code, again.json()["code"]) == (403, "pop_replayed")
+
+
+def test_evidence_of_a_marque_needs_a_query_token(world: World, service: Service) -> None:
+    """GET /v1/marques/{id}: 401 without a token; with one, the claim and the applied stamp."""
+    from marque.service_tokens import issue_query_token
+
+    marque = world.issue([DEBIT])
+    marque_id = world.marque_id(marque)
+    httpx.post(f"{service.url}/v1/executions", json=body(world, marque, "e1"), timeout=30)
+    anonymous = httpx.get(f"{service.url}/v1/marques/{marque_id}", timeout=30)
+    assert (anonymous.status_code, anonymous.json()["code"]) == (401, "unauthenticated")
+
+    issuer = json.loads(world.issuer_key.read_text())
+    query = issue_query_token(issuer, pilot_id=world.pilot_id, marque_id=marque_id)
+    shown = httpx.get(f"{service.url}/v1/marques/{marque_id}",
+                      headers={"Authorization": f"Bearer {query}"}, timeout=30)
+    assert shown.status_code == 200, shown.text
+    evidence = shown.json()
+    assert evidence["marque_id"] == marque_id
+    assert [c["nonce"] for c in evidence["claims"]] == ["e1"]
+    assert [(s["nonce"], s["kind"]) for s in evidence["stamps"]] == [("e1", "applied")]

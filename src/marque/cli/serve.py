@@ -98,7 +98,8 @@ def pilot_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | 
     sock = _bind(host, port)
     pilot_home = PilotHome(home)
     try:
-        dsns = {name: pilot_home.resolve(dsn) for name, dsn in pilot_home.load().targets.items()}
+        config = pilot_home.load()
+        dsns = {name: pilot_home.resolve(dsn) for name, dsn in config.targets.items()}
         running = open_pilot(home, background=True)
     except BaseException:
         sock.close()
@@ -108,7 +109,7 @@ def pilot_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | 
         check_reachable(name, dsns[name])
         return True
 
-    service = PilotService(running, reachable=reachable)
+    service = PilotService(running, reachable=reachable, previews=config.previews)
     scheme = "https" if tls_cert else "http"
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if ":" in host else host
@@ -116,13 +117,13 @@ def pilot_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | 
     if not _is_loopback(host) and tls_cert is None:
         err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: marques, "
                 "proofs and outcomes cross the network in clear text (use --tls-cert/--tls-key)")
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         service.app, log_level="warning", lifespan="off", access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
     )
-    server = _server_class()(config)
+    server = _server_class()(server_config)
     ready = {"url": url, "pilot_id": running.pilot_id, "incarnation": running.incarnation}
     if as_json:
         emit_json(ready)

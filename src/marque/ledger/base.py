@@ -163,6 +163,10 @@ class Ledger(abc.ABC):
         """Every attempt of a nonce, oldest first."""
 
     @abc.abstractmethod
+    def nonces(self, marque_id: str) -> list[str]:
+        """Every nonce of the marque that has an attempt in the ledger, in order."""
+
+    @abc.abstractmethod
     def observations(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         """Every observation ever merged into the nonce's attempts, oldest first."""
 

@@ -570,6 +570,14 @@ class SqlLedger(Housekeeping, Ledger):
             )
         return [_record(r) for r in rows]
 
+    def nonces(self, marque_id: str) -> list[str]:
+        with self.reading() as tx:
+            rows = tx.execute(
+                "SELECT DISTINCT nonce FROM attempts WHERE marque_id = ? ORDER BY nonce",
+                (marque_id,),
+            )
+        return [r[0] for r in rows]
+
     def observations(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         with self.reading() as tx:
             rows = tx.execute(

@@ -170,7 +170,9 @@ class Settings:
 
 # -- pilot.json -------------------------------------------------------------------------
 
-_TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings")
+_TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings", "previews")
+#: How a target runs previews (DESIGN §10); a target not named in ``previews`` uses the first.
+PREVIEW_MODES = ("rollback", "explain")
 
 
 @dataclass
@@ -185,6 +187,8 @@ class PilotConfig:
     targets: dict[str, str] = field(default_factory=dict)
     issuers: list[dict[str, Any]] = field(default_factory=list)
     settings: Settings = field(default_factory=Settings)
+    #: Per-target preview mode (``rollback`` or ``explain``); absent means ``rollback``.
+    previews: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form written to ``pilot.json``."""
@@ -197,6 +201,8 @@ class PilotConfig:
         }
         if self.home_id is not None:
             data["home_id"] = self.home_id
+        if self.previews:
+            data["previews"] = dict(self.previews)
         return data
 
     @classmethod
@@ -230,6 +236,8 @@ class PilotConfig:
             _config_dsn(dsn, f"targets.{name}")
         issuers = data.get("issuers", [])
         _check_issuers(issuers)
+        previews = data.get("previews", {})
+        _check_previews(previews, targets)
         return cls(
             pilot_id=pilot_id,
             ledger=ledger,
@@ -237,7 +245,23 @@ class PilotConfig:
             targets=dict(targets),
             issuers=[dict(jwk) for jwk in issuers],
             settings=Settings.from_dict(data.get("settings", {})),
+            previews=dict(previews),
         )
+
+
+def _check_previews(previews: Any, targets: dict[str, Any]) -> None:
+    if not isinstance(previews, dict):
+        raise ConfigInvalid(
+            f"previews must be a JSON object of target name → "
+            f"{' | '.join(PREVIEW_MODES)}, got {_show(previews)}"
+        )
+    for name, mode in previews.items():
+        if name not in targets:
+            raise ConfigInvalid(f"previews.{name}: there is no target named {_show(name)} "
+                                "in targets")
+        if mode not in PREVIEW_MODES:
+            raise ConfigInvalid(f"previews.{name} must be one of {', '.join(PREVIEW_MODES)}, "
+                                f"got {_show(mode)}")
 
 
 def _config_name(value: Any, where: str) -> str:

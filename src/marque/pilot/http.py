@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marque.errors import InvalidInput, MarqueError
+from marque.errors import InvalidInput, MarqueError, Unauthenticated
 from marque.outcome import Outcome
 from marque.pilot.core import Pilot
 from marque.token import unverified_claims
@@ -112,9 +112,13 @@ class _LedgerGauges:
 class PilotService:
     """The ASGI app of one Pilot, plus the threads and metrics it owns."""
 
-    def __init__(self, pilot: Pilot, *, reachable: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self, pilot: Pilot, *, reachable: Callable[[str], bool] | None = None,
+        previews: dict[str, str] | None = None,
+    ) -> None:
         self.pilot = pilot
         self._reachable = reachable
+        self._previews = dict(previews or {})
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="marque-http")
         self.registry = CollectorRegistry()
         self.executions = Counter(
@@ -132,6 +136,8 @@ class PilotService:
                 Route("/v1/executions", self.post_execution, methods=["POST"]),
                 Route("/v1/executions/{marque_id}/{nonce}", self.get_execution,
                       methods=["GET"]),
+                Route("/v1/previews", self.post_preview, methods=["POST"]),
+                Route("/v1/marques/{marque_id}", self.get_marque, methods=["GET"]),
                 Route("/v1/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
@@ -235,6 +241,35 @@ class PilotService:
                 lambda sink: self.pilot.follow(marque_id, nonce, on_event=sink))
         outcome: Outcome = await self._in_thread(self.pilot.outcome, marque_id, nonce)
         return JSONResponse(outcome.to_dict())
+
+    async def post_preview(self, request: Request) -> Response:
+        """``POST /v1/previews {preview}``: run a preview token's change, always rolled back."""
+        from marque.pilot.preview import run_preview
+
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        token = body.get("preview") if isinstance(body, dict) else None
+        if not isinstance(token, str):
+            return problem(InvalidInput("the body must be a JSON object {preview: <token>}"))
+        preview = await self._in_thread(
+            lambda: run_preview(self.pilot, token, modes=self._previews))
+        return JSONResponse(preview)
+
+    async def get_marque(self, request: Request) -> Response:
+        """``GET /v1/marques/{marque_id}`` with a query token: the evidence for a marque."""
+        from marque.pilot.evidence import marque_evidence
+
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return problem(Unauthenticated(
+                "send `Authorization: Bearer <query token>` (a marque-query+jwt from a "
+                "trusted issuer)"))
+        marque_id = request.path_params["marque_id"]
+        evidence = await self._in_thread(
+            marque_evidence, self.pilot, token.strip(), marque_id)
+        return JSONResponse(evidence)
 
     async def health(self, request: Request) -> Response:
         """``GET /v1/health``: identity, targets' reachability, the ledger's figures."""

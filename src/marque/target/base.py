@@ -28,6 +28,8 @@ from marque.errors import (
     GuardFailed,
     MarqueError,
     MaxRowsExceeded,
+    PreviewFailed,
+    TargetUnavailable,
 )
 from marque.outcome import Status
 
@@ -109,6 +111,23 @@ class Target(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing
         """Release connections."""
+
+    def preview(
+        self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
+    ) -> list[dict[str, Any]]:
+        """Preview ``change`` (DESIGN §10): one ``{sql, rows, sample, plan}`` per statement.
+
+        ``rollback`` runs the statements in a transaction that is always rolled
+        back; ``explain`` only asks the planner. Never stamps. A statement
+        error is :class:`~marque.errors.PreviewFailed`.
+        """
+        raise PreviewFailed(f"target {self.name} ({type(self).__name__}) cannot run previews "
+                            "yet; nothing was executed")
+
+    def stamps_of(self, marque_id: str) -> list[dict[str, Any]]:
+        """Every stamp this target holds for one marque (evidence, DESIGN §10)."""
+        raise TargetUnavailable(f"target {self.name} ({type(self).__name__}) cannot list the "
+                                "stamps of one marque yet")
 
 
 class StampConflict(Exception):

@@ -30,6 +30,7 @@ Statements use psycopg's ``%s`` placeholders.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +40,12 @@ from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
+from marque.change import Change
 from marque.dsn import describe
 from marque.errors import (
     CommitUnknown,
     MarqueError,
+    PreviewFailed,
     SerializationFailure,
     StatementError,
     StatementTimeout,
@@ -58,6 +61,7 @@ from marque.target.base import (
     Evidence,
     SqlTarget,
     TargetAttempt,
+    _jsonable,
 )
 
 _ISOLATION = {
@@ -312,6 +316,72 @@ class PostgresTarget(SqlTarget):
                 "WHERE incarnation = %s AND expires_at > %s",
                 (incarnation, live_after),
             ).fetchall()
+        finally:
+            self._abandon(conn)
+        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+
+    def preview(
+        self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
+    ) -> list[dict[str, Any]]:
+        conn = self._checkout()
+        results: list[dict[str, Any]] = []
+        index = 0
+        try:
+            conn.execute(f"BEGIN ISOLATION LEVEL {_ISOLATION[change.isolation]}")
+            conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                         (f"{statement_timeout_ms}ms",))
+            for index, statement in enumerate(change.statements):
+                params = tuple(statement.params) or None
+                if mode == "explain":
+                    # EXPLAIN without ANALYZE plans the statement and executes nothing.
+                    row = conn.execute("EXPLAIN (FORMAT JSON) " + statement.sql,
+                                       params).fetchone()
+                    plan = row[0] if row else None
+                    if isinstance(plan, str):
+                        plan = json.loads(plan)
+                    estimate = plan[0]["Plan"].get("Plan Rows") if plan else None
+                    results.append({"sql": statement.sql, "rows": estimate, "sample": None,
+                                    "plan": plan})
+                    continue
+                cur = conn.cursor()
+                cur.execute(statement.sql, params)
+                sample = None
+                if cur.description is not None:
+                    rows = cur.fetchall()  # all of them: the count must be exact
+                    count = len(rows)
+                    sample = {"columns": [d.name for d in cur.description],
+                              "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
+                else:
+                    count = max(cur.rowcount, 0)
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                    raise PreviewFailed(f"statement {index} ended the preview's transaction")
+                results.append({"sql": statement.sql, "rows": count, "sample": sample,
+                                "plan": None})
+        except psycopg.Error as exc:
+            if exc.sqlstate == "57014":
+                what = (f"statement {index} ran past the statement timeout "
+                        f"({statement_timeout_ms} ms) and was cancelled")
+            elif exc.sqlstate == "55P03":
+                what = (f"statement {index} waited longer than the lock timeout "
+                        f"({self.lock_timeout_ms} ms) for a lock")
+            else:
+                what = f"statement {index} failed: {reason(exc)}"
+            raise PreviewFailed(
+                f"preview on target {self.name} ({describe(self.dsn)}): {what}; everything was "
+                "rolled back", sqlstate=exc.sqlstate,
+                detail={"sqlstate": exc.sqlstate, "statement": index}) from exc
+        finally:
+            self._abandon(conn)  # ROLLBACK, always
+        return results
+
+    def stamps_of(self, marque_id: str) -> list[dict[str, Any]]:
+        conn = self._checkout()
+        try:
+            rows = conn.execute(
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps WHERE marque_id = %s "
+                "ORDER BY nonce", (marque_id,)).fetchall()
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "cannot be read") from exc
         finally:
             self._abandon(conn)
         return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]

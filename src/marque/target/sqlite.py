@@ -19,10 +19,17 @@ import sqlite3
 import time
 from typing import Any
 
-from marque.errors import MarqueError, StatementError, StatementTimeout, TargetUnavailable
+from marque.change import Change
+from marque.errors import (
+    MarqueError,
+    PreviewFailed,
+    StatementError,
+    StatementTimeout,
+    TargetUnavailable,
+)
 from marque.outcome import Status
 from marque.target import stamps as stamp_schema
-from marque.target.base import STAMP_COLUMNS, Evidence, SqlTarget, TargetAttempt
+from marque.target.base import STAMP_COLUMNS, Evidence, SqlTarget, TargetAttempt, _jsonable
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -207,6 +214,85 @@ class SqliteTarget(SqlTarget):
                 "WHERE incarnation = ? AND expires_at > ?",
                 (incarnation, live_after),
             ).fetchall()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            conn.close()
+        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+
+    def preview(
+        self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
+    ) -> list[dict[str, Any]]:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        deadline = time.monotonic() + statement_timeout_ms / 1000
+        results: list[dict[str, Any]] = []
+        index = 0
+        try:
+            # Deferred: an explain preview never takes the write lock; a rollback one
+            # takes it at its first write, bounded by the lock (busy) timeout.
+            conn.execute("BEGIN")
+            conn.set_authorizer(_deny_transaction_control)
+            conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
+                                      _PROGRESS_STEPS)
+            for index, statement in enumerate(change.statements):
+                if mode == "explain":
+                    plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
+                                        tuple(statement.params)).fetchall()
+                    results.append({"sql": statement.sql, "rows": None, "sample": None,
+                                    "plan": [str(r[-1]) for r in plan]})
+                    continue
+                cur = conn.execute(statement.sql, tuple(statement.params))
+                sample = None
+                if cur.description is not None:
+                    rows = cur.fetchall()  # all of them: the count must be exact
+                    count = len(rows)
+                    sample = {"columns": [d[0] for d in cur.description],
+                              "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
+                else:
+                    count = max(cur.rowcount, 0)
+                if not conn.in_transaction:
+                    raise PreviewFailed(f"statement {index} ended the preview's transaction")
+                results.append({"sql": statement.sql, "rows": count, "sample": sample,
+                                "plan": None})
+        except sqlite3.Error as exc:
+            name = getattr(exc, "sqlite_errorname", None)
+            if name == "SQLITE_INTERRUPT":
+                what = (f"statement {index} ran past the statement timeout "
+                        f"({statement_timeout_ms} ms) and was interrupted")
+            elif name and name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+                what = (f"statement {index} waited longer than the lock timeout "
+                        f"({self.lock_timeout_ms} ms) for another writer")
+            else:
+                what = f"statement {index} failed: {' '.join(str(exc).split())}"
+            raise PreviewFailed(
+                f"preview on target {self.name} ({self.path}): {what}; everything was rolled "
+                "back", detail={"sqlite_errorname": name, "statement": index}) from exc
+        finally:
+            try:
+                conn.set_progress_handler(None, 0)
+                conn.set_authorizer(None)
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # closing the connection rolls back whatever is left
+            finally:
+                conn.close()
+        return results
+
+    def stamps_of(self, marque_id: str) -> list[dict[str, Any]]:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            if stamp_schema.sqlite_version(conn) == 0:
+                return []
+            rows = conn.execute(
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps WHERE marque_id = ? "
+                "ORDER BY nonce", (marque_id,)).fetchall()
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
         finally:

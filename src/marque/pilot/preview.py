@@ -1,0 +1,83 @@
+"""Previews (DESIGN §10): what a change would do, measured on the target and rolled back.
+
+A preview token (signed by a trusted issuer, ``typ: marque-preview+jwt``) asks
+this Pilot to run a change's statements on one of its targets. Under the
+target's preview mode from ``pilot.json`` (``previews``; default
+``rollback``) the statements run in a transaction that is always rolled back,
+giving the exact rows per statement and samples of any result set, or only
+``EXPLAIN`` runs. A preview never claims a nonce, stamps or spends budget; the
+token's ``jti`` is remembered so it runs once, and each preview is logged to
+the Pilot's logbook (``preview.run``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from marque.cid import cid
+from marque.pilot.config import PREVIEW_MODES
+from marque.pilot.core import Pilot
+from marque.service_tokens import verify_preview_token
+from marque.timefmt import iso_time
+
+PREVIEW_VERSION = "marque-preview/0.1"
+
+
+def preview_mode(pilot: Pilot, target: str, modes: dict[str, str] | None = None) -> str:
+    """The preview mode of ``target``: ``modes`` (pilot.json ``previews``), else rollback."""
+    configured = modes if modes is not None else getattr(pilot, "previews", None) or {}
+    mode = configured.get(target, PREVIEW_MODES[0])
+    return mode if mode in PREVIEW_MODES else PREVIEW_MODES[0]
+
+
+def run_preview(
+    pilot: Pilot, token: str, *, modes: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Verify ``token`` and preview its change; return the preview object.
+
+    ``modes`` is ``pilot.json``'s ``previews`` (target → mode); when None the
+    Pilot's ``previews`` attribute is used if it has one. Refusals are the
+    marque refusals (``marque_invalid``, ``marque_expired``, ``wrong_pilot``,
+    ``wrong_incarnation``, ``unknown_target``, ``pop_replayed``); a statement
+    error is ``preview_failed``. Nothing is claimed, stamped or spent.
+    """
+    now = pilot.clock()
+    read = verify_preview_token(
+        token, pilot.trusted, pilot_id=pilot.pilot_id, incarnation=pilot.incarnation,
+        targets=pilot.targets.keys(), remember_jti=pilot.ledger.remember_pop_jti, now=now,
+        skew_seconds=pilot.options.skew_seconds,
+    )
+    mode = preview_mode(pilot, read.target, modes)
+    timeout_ms = read.change.statement_timeout_ms or pilot.options.statement_timeout_ms
+    started = time.monotonic()
+    statements = pilot.targets[read.target].preview(
+        read.change, mode=mode, sample_rows=read.sample_rows, statement_timeout_ms=timeout_ms)
+    elapsed_ms = round((time.monotonic() - started) * 1000, 3)
+    counted = [s["rows"] for s in statements if s["rows"] is not None]
+    total_rows = sum(counted) if len(counted) == len(statements) else None
+    within = (None if read.max_rows is None or total_rows is None
+              else total_rows <= read.max_rows)
+    preview: dict[str, Any] = {
+        "version": PREVIEW_VERSION,
+        "mode": mode,
+        "pilot": {"id": pilot.pilot_id, "incarnation": pilot.incarnation},
+        "target": read.target,
+        "change_cid": read.change.change_cid,
+        "statements": statements,
+        "total_rows": total_rows,
+        "max_rows": read.max_rows,
+        "within_max_rows": within,
+        "elapsed_ms": elapsed_ms,
+        "at": iso_time(now),
+    }
+    preview["preview_cid"] = cid(preview, exclude="preview_cid")
+    if pilot.logbook is not None:
+        pilot.logbook.append(
+            "preview.run", f"preview/{read.jti}",
+            {"jti": read.jti, "issuer": read.issuer, "target": read.target, "mode": mode,
+             "change_cid": preview["change_cid"], "total_rows": total_rows,
+             "within_max_rows": within, "preview_cid": preview["preview_cid"],
+             "pilot": preview["pilot"]},
+        )
+    return preview
