@@ -272,3 +272,34 @@ def test_evidence_of_a_marque_needs_a_query_token(world: World, service: Service
     assert evidence["marque_id"] == marque_id
     assert [c["nonce"] for c in evidence["claims"]] == ["e1"]
     assert [(s["nonce"], s["kind"]) for s in evidence["stamps"]] == [("e1", "applied")]
+
+
+def test_each_refusal_over_http_is_its_problem_and_claims_nothing(
+        world: World, service: Service) -> None:
+    """DESIGN §2's refusals over HTTP: the code and 403 (400 for bad input), no claim."""
+    url = f"{service.url}/v1/executions"
+    marque = world.issue([DEBIT], executions=1)
+    token = marque.read_text().strip()
+    other = world.issue([DEBIT], incarnation="inc_" + "0" * 32)
+    good = body(world, marque, "n1")
+    cases = {
+        "marque_invalid": {**good, "marque": token[:-4] + "AAAA"},
+        "pop_missing": {**good, "proof": None},
+        "pop_invalid": {**good, "proof": "not.a.proof"},
+        "pop_key_mismatch": body(world, marque, "n1", key=new_key()),
+        "wrong_incarnation": body(world, other, "n1"),
+        "input_invalid": {**good, "nonce": "bad\nnonce"},
+    }
+    for code, request in cases.items():
+        response = httpx.post(url, json=request, timeout=30)
+        assert response.json()["code"] == code, (code, response.text)
+        assert response.status_code == (400 if code == "input_invalid" else 403), code
+    assert claims(world) == 0
+
+    assert httpx.post(url, json=good, timeout=30).status_code == 200
+    replayed = httpx.post(url, json=good, timeout=30)  # the same proof again
+    assert (replayed.status_code, replayed.json()["code"]) == (403, "pop_replayed")
+    spent = httpx.post(url, json=body(world, marque, "n2"), timeout=30)
+    assert (spent.status_code, spent.json()["code"]) == (403, "budget_exhausted")
+    assert claims(world) == 1
+    assert world.balances()[1] == 90
