@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import Result, World, run_cli
+from e2e_support import Result, Service, World, run_cli
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,13 @@ def world(world_template: World, tmp_path: Path) -> World:
 def run() -> Callable[..., Result]:
     """``run(*args)`` → (returncode, stdout, stderr) of the real CLI, with a timeout."""
     return run_cli
+
+
+@pytest.fixture
+def service(world: World) -> Iterator[Service]:
+    """A `marque pilot serve` process for ``world`` on a free loopback port, stopped after."""
+    running = Service(world)
+    try:
+        yield running
+    finally:
+        running.stop()

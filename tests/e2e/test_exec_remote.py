@@ -14,9 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 from e2e_support import EXIT, MARQUE, Service, World, cli_env, json_lines, one_json
 
 from marque.token import new_key
@@ -102,13 +100,6 @@ def _exec_in_background(world: World, url: str, marque: object,
         env=cli_env(), cwd=world.root)
 
 
-@pytest.fixture
-def service(world: World) -> Iterator[Service]:
-    running = Service(world)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def remote(world: World, url: str, marque: object, nonce: str, key: object = None) -> list[str]:

@@ -12,11 +12,9 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from e2e_support import Service, World
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,13 +30,6 @@ ORDER = ["claimed", "fence_checked", "statement_started", "statement_finished", 
          "committed", "outcome_recorded"]
 
 
-@pytest.fixture
-def service(world: World) -> Iterator[Service]:
-    running = Service(world)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def holder(world: World) -> dict[str, Any]:
