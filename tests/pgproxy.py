@@ -70,7 +70,7 @@ class PgProxy:
         with self._lock:
             doomed = list(self._open)
         for sock in doomed:
-            _close(sock)
+            close_socket(sock)
 
     def restore(self) -> None:
         """Let connections through again."""
@@ -89,7 +89,7 @@ class PgProxy:
             except OSError:
                 return
             if self._severed.is_set():
-                _close(client)
+                close_socket(client)
                 continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
@@ -120,7 +120,7 @@ class PgProxy:
                 pass
             finally:
                 done.set()
-                _close(client)
+                close_socket(client)
 
         threading.Thread(target=downstream, daemon=True).start()
         try:
@@ -129,8 +129,8 @@ class PgProxy:
             pass
         finally:
             done.set()
-            _close(client)
-            _close(server)
+            close_socket(client)
+            close_socket(server)
             with self._lock:
                 self._open.difference_update((client, server))
 
@@ -192,7 +192,7 @@ def _recv_exact(sock: socket.socket, count: int) -> bytes | None:
     return bytes(chunks)
 
 
-def _close(sock: socket.socket) -> None:
+def close_socket(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

@@ -16,6 +16,7 @@ import threading
 import time
 
 from e2e_support import EXIT, MARQUE, Service, World, cli_env, json_lines, one_json
+from pgproxy import close_socket
 
 from marque.token import new_key
 
@@ -47,7 +48,7 @@ class HttpCutter:
         with self._lock:
             doomed, self._open = self._open, set()
         for sock in doomed:
-            _close(sock)
+            close_socket(sock)
 
     def close(self) -> None:
         self.listener.close()
@@ -80,16 +81,8 @@ class HttpCutter:
                 dst.sendall(data)
         except OSError:
             pass
-        _close(src)
-        _close(dst)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
+        close_socket(src)
+        close_socket(dst)
 
 
 def _exec_in_background(world: World, url: str, marque: object,

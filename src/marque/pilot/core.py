@@ -35,6 +35,7 @@ from marque.pilot.config import Settings
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
 from marque.target import Evidence, StampConflict, Target, TargetAttempt
+from marque.target.base import STAMP_APPLIED
 from marque.timefmt import iso_time
 from marque.token import (
     Marque,
@@ -246,9 +247,8 @@ class Pilot:
         self, marque: Marque, nonce: str, jti: str, now: float, forget_after: float
     ) -> Claim:
         """Step 2: claim the nonce (or learn what is recorded) in one ledger transaction."""
-        timeout_ms = marque.change.statement_timeout_ms or self.options.statement_timeout_ms
         # The lease must outlive the longest the target may legitimately take.
-        lease = timeout_ms / 1000 + self.options.lease_grace_seconds
+        lease = self._statement_timeout_ms(marque) / 1000 + self.options.lease_grace_seconds
         return self.ledger.claim(
             ClaimTicket(
                 marque_id=marque.marque_id,
@@ -266,6 +266,10 @@ class Pilot:
             )
         )
 
+    def _statement_timeout_ms(self, marque: Marque) -> int:
+        """The marque's own statement timeout, else this Pilot's."""
+        return marque.change.statement_timeout_ms or self.options.statement_timeout_ms
+
     def _target_attempt(self, marque: Marque, nonce: str, attempt: int) -> TargetAttempt:
         return TargetAttempt(
             marque_id=marque.marque_id,
@@ -275,8 +279,7 @@ class Pilot:
             incarnation=self.incarnation,
             change=marque.change,
             max_rows=marque.budget.max_rows,
-            statement_timeout_ms=(marque.change.statement_timeout_ms
-                                  or self.options.statement_timeout_ms),
+            statement_timeout_ms=self._statement_timeout_ms(marque),
             expires_at=float(marque.expires_at),
             target=marque.target,
         )
@@ -292,10 +295,7 @@ class Pilot:
             attempt.emit("fence_checked", stamp="conflict")
             evidence = target.reconcile(target_attempt)
             self._log_reconciliation(record, evidence, "fence_conflict")
-            try:
-                self._check_stamp_against_ledger(record, evidence)
-            except LedgerUnavailable:
-                pass  # the same evidence is looked at again when the attempt is reconciled
+            self._check_stamp_against_ledger(record, evidence)
             return self._evidence_observation(target_attempt, evidence, "fence_conflict")
         except NotApplied as exc:
             attempt.emit("rolled_back", error=exc.to_dict())
@@ -346,8 +346,8 @@ class Pilot:
     def _settle_observation(
         self, observation: Observation, events: list[dict[str, Any]]
     ) -> AttemptRecord:
-        """``ledger.settle`` of an execution's own observation, tried again while the ledger
-        is unavailable; raises the last ``LedgerUnavailable``."""
+        """:meth:`_observe_execution`, tried again while the ledger is unavailable; raises
+        the last ``LedgerUnavailable``."""
         target_attempt = observation.target_attempt
         for index in range(len(SETTLE_BACKOFF_SECONDS) + 1):
             try:
@@ -359,17 +359,23 @@ class Pilot:
                         if held.attempt == target_attempt.number and (
                                 held.status.rank >= observation.status.rank):
                             return held
-                return self.ledger.observe(
-                    target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
-                    observation.status,
-                    now=self.clock(), cause="execution", events=events,
-                    rows_affected=observation.rows_affected, error=observation.error,
-                    result=observation.result,
-                )
+                return self._observe_execution(observation, events)
             except LedgerUnavailable:
                 if index == len(SETTLE_BACKOFF_SECONDS):
                     raise
         raise AssertionError("unreachable")
+
+    def _observe_execution(
+        self, observation: Observation, events: list[dict[str, Any]]
+    ) -> AttemptRecord:
+        """One ledger write of what this Pilot's own execution observed, with its events."""
+        target_attempt = observation.target_attempt
+        return self.ledger.observe(
+            target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
+            observation.status, now=self.clock(), cause="execution", events=events,
+            rows_affected=observation.rows_affected, error=observation.error,
+            result=observation.result,
+        )
 
     def _record_unrecorded(self) -> list[dict[str, Any]]:
         """Record the observations the ledger missed while it was away; what changed."""
@@ -385,13 +391,7 @@ class Pilot:
                               "attempt": target_attempt.number,
                               "at": round(self.clock(), 6), "status": observation.status.value}
             try:
-                record = self.ledger.observe(
-                    target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
-                    observation.status,
-                    now=self.clock(), cause="execution", events=[*events, recorded_event],
-                    rows_affected=observation.rows_affected, error=observation.error,
-                    result=observation.result,
-                )
+                record = self._observe_execution(observation, [*events, recorded_event])
             except LedgerUnavailable:
                 self._unrecorded[key] = pending
                 break  # still away: the next recovery tries again
@@ -528,12 +528,18 @@ class Pilot:
         It cannot happen while the ledger is the one that ran the attempts; it
         means the ledger was restored or edited. The target is right (it never
         applies a nonce twice); the ledger's history for that nonce is not.
+        Best effort: an unavailable ledger skips it, and the same evidence is
+        looked at again when the attempt is reconciled.
         """
         stamp = evidence.stamp
-        if stamp is None or stamp.get("kind") != "applied" or stamp["attempt"] == record.attempt:
+        if (stamp is None or stamp.get("kind") != STAMP_APPLIED
+                or stamp["attempt"] == record.attempt):
             return
-        held = {a.attempt: a.status for a in self.ledger.attempts(record.marque_id,
-                                                                  record.nonce)}
+        try:
+            attempts = self.ledger.attempts(record.marque_id, record.nonce)
+        except LedgerUnavailable:
+            return
+        held = {a.attempt: a.status for a in attempts}
         if held.get(stamp["attempt"]) is Status.APPLIED:
             return
         if self.logbook is not None:
@@ -710,12 +716,13 @@ class Pilot:
         deadline = None if timeout is None else time.monotonic() + timeout
         sent = 0
         while True:
-            outcome = self.outcome(marque_id, nonce)  # NotFound / NonceReaped propagate
-            if outcome.status == Status.IN_PROGRESS.value:
-                record = self.ledger.outcome(marque_id, nonce)
-                if record is not None and self._owner_gone(record):
-                    self._settle_lost(record)
-                    outcome = self.outcome(marque_id, nonce)
+            record = self.ledger.outcome(marque_id, nonce)
+            if record is None:
+                self.outcome(marque_id, nonce)  # raises NotFound / NonceReaped
+                continue  # claimed between the two reads
+            if record.status is Status.IN_PROGRESS and self._owner_gone(record):
+                record = self._settle_lost(record)
+            outcome = self._outcome(record, replayed=True)
             events = self.ledger.events(marque_id, nonce)
             for event in events[sent:]:
                 send_event(on_event, event)
