@@ -29,7 +29,7 @@ MARQUE = str(Path(sys.executable).parent / "marque")
 class HttpBed:
     """A Pilot home served by ``marque pilot serve`` in a child process."""
 
-    def __init__(self, root: Path, name: str, target_dsn: str) -> None:
+    def __init__(self, root: Path, name: str, target_dsn: str, workers: int = 1) -> None:
         self.home = root / name
         self.issuer = new_key()
         self.holder = new_key()
@@ -38,8 +38,8 @@ class HttpBed:
         add_target(self.home, "bench", target_dsn)
         self.proc = subprocess.Popen(
             [MARQUE, "pilot", "serve", "--home", str(self.home), "--listen", "127.0.0.1:0",
-             "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL, text=True)
+             "--json", "--workers", str(workers)], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         ready = json.loads(self.proc.stdout.readline())
         self.url: str = ready["url"]
@@ -64,8 +64,8 @@ class HttpBed:
 class HttpCell(Cell):
     """Fresh nonces through ``POST /v1/executions``, one connection per client."""
 
-    def __init__(self, bed: HttpBed, clients: int) -> None:
-        super().__init__("marque_http", clients)
+    def __init__(self, bed: HttpBed, clients: int, name: str = "marque_http") -> None:
+        super().__init__(name, clients)
         self.bed = bed
         self.tokens = [bed.issue(client_row(c)) for c in range(clients)]
         self.http = [httpx.Client(base_url=bed.url, timeout=60) for _ in range(clients)]

@@ -163,15 +163,19 @@ def run_all(
     if beds["sqlite"] is not None:
         notes["client_proof_ms"] = round(proof_cost_ms(beds["sqlite"]), 4)
 
-    try:
-        http_bed = HttpBed(root, "http", target)
-        closers.append(http_bed.close)
-        for n in plan.clients:
-            build(cells, "marque_http", n, lambda k=n: HttpCell(http_bed, k))
-    except Exception as exc:
-        log(f"  ! Pilot service: {type(exc).__name__}: {exc}")
-        for n in plan.clients:
-            cells.append(SkippedCell("marque_http", n, f"pilot serve failed: {exc}"))
+    for name, workers in (("marque_http", 1), ("marque_http_w2", 2)):
+        # Two workers only matter with several clients.
+        counts = [n for n in plan.clients if workers == 1 or n > 1]
+        try:
+            http_bed = HttpBed(root, name, target, workers=workers)
+            closers.append(http_bed.close)
+            for n in counts:
+                build(cells, name, n,
+                      lambda k=n, b=http_bed, c=name: HttpCell(b, k, c))
+        except Exception as exc:
+            log(f"  ! Pilot service ({name}): {type(exc).__name__}: {exc}")
+            for n in counts:
+                cells.append(SkippedCell(name, n, f"pilot serve failed: {exc}"))
 
     log("set-up: DBOS Transact")
     dbos_cells(cells, plan, cluster, target, closers, notes)

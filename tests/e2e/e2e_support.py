@@ -333,11 +333,11 @@ class World:
 class Service:
     """A `marque pilot serve` child process."""
 
-    def __init__(self, world: World, *, port: int = 0) -> None:
+    def __init__(self, world: World, *, port: int = 0, workers: int = 1) -> None:
         self.world = world
         self.proc = subprocess.Popen(
             [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen",
-             f"127.0.0.1:{port}", "--json"],
+             f"127.0.0.1:{port}", "--json", "--workers", str(workers)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, env=cli_env(), cwd=world.root)
         assert self.proc.stdout is not None

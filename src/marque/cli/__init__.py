@@ -18,7 +18,7 @@ import click
 from marque import __version__
 from marque.cli.common import CommandExit, emit_json, printable
 from marque.cli.execution import exec_, outcome_, reconcile
-from marque.cli.issue import issue
+from marque.cli.issue import issue, proof
 from marque.cli.keys import keys
 from marque.cli.ledger import ledger
 from marque.cli.pilot import pilot
@@ -43,7 +43,7 @@ def demo(as_json: bool) -> None:
     raise CommandExit(run_demo(as_json=as_json))
 
 
-for _command in (keys, pilot, issue, exec_, outcome_, reconcile, ledger):
+for _command in (keys, pilot, issue, proof, exec_, outcome_, reconcile, ledger):
     app.add_command(_command)
 
 

@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from marque.errors import InvalidInput, MarqueError
+from marque.errors import InvalidInput, MarqueError, MarqueInvalid
 from marque.timefmt import iso_time
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -159,6 +159,31 @@ def guarded(func: F) -> F:
 
 
 # -- reading inputs -----------------------------------------------------------------------
+
+
+def read_marque_file(path: Path) -> str:
+    """The marque in ``path``, stripped; a file that holds none is ``marque_invalid``.
+
+    A missing or unreadable file is a usage error (the command named the wrong
+    thing); a readable file that is empty, binary or otherwise not a marque is
+    one answer, ``marque_invalid``, whatever is wrong with it.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"marque file {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise InvalidInput(f"marque file {path} is a directory, not a file") from exc
+    except OSError as exc:
+        raise InvalidInput(f"cannot read marque file {path}: {exc.strerror}") from exc
+    token = raw.strip()
+    if not token:
+        raise MarqueInvalid(f"marque file {path} is empty: it holds no marque")
+    if not token.isascii():
+        raise MarqueInvalid(f"marque file {path} does not hold a marque: a marque is ASCII "
+                            "text (header.payload.signature, as `marque issue` prints it)")
+    # Whatever else is in the file is the marque the caller means; the Pilot says if it is one.
+    return token.decode("ascii")
 
 
 def read_json_file(path: Path, what: str) -> dict[str, Any]:

@@ -20,9 +20,10 @@ from marque.cli.common import (
     one_line,
     out,
     read_json_file,
+    read_marque_file,
     when,
 )
-from marque.errors import InvalidInput, MarqueError, MarqueInvalid, NonceReaped, Refusal
+from marque.errors import InvalidInput, MarqueError, NonceReaped, Refusal
 
 if TYPE_CHECKING:
     from marque.outcome import Outcome
@@ -134,31 +135,6 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
             out.say("  " + " | ".join(one_line(v) for v in row))
 
 
-def _read_marque_file(path: Path) -> str:
-    """The marque in ``path``, stripped; a file that holds none is ``marque_invalid``.
-
-    A missing or unreadable file is a usage error (the command named the wrong
-    thing); a readable file that is empty, binary or otherwise not a marque is
-    one answer, ``marque_invalid``, whatever is wrong with it.
-    """
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise InvalidInput(f"marque file {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise InvalidInput(f"marque file {path} is a directory, not a file") from exc
-    except OSError as exc:
-        raise InvalidInput(f"cannot read marque file {path}: {exc.strerror}") from exc
-    token = raw.strip()
-    if not token:
-        raise MarqueInvalid(f"marque file {path} is empty: it holds no marque")
-    if not token.isascii():
-        raise MarqueInvalid(f"marque file {path} does not hold a marque: a marque is ASCII "
-                            "text (header.payload.signature, as `marque issue` prints it)")
-    # Whatever else is in the file is the marque the caller means; the Pilot says if it is one.
-    return token.decode("ascii")
-
-
 @click.command("exec")
 @click.option("--home", type=click.Path(path_type=Path), default=None,
               help="The Pilot's home directory (the embedded Pilot); not with --pilot.")
@@ -188,7 +164,7 @@ def exec_(home: Path | None, marque_file: Path, key: Path, nonce: str, pilot_url
         if (home is None) == (pilot_url is None):
             raise InvalidInput("give exactly one of --home (the embedded Pilot) and --pilot "
                                "URL (a Pilot service)")
-        token = _read_marque_file(marque_file)
+        token = read_marque_file(marque_file)
         holder = read_json_file(key, "holder key")
         from marque.token import make_proof, unverified_claims
 

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from marque.cli.common import emit_json, guarded, json_option, parse_duration, read_json_file
+from marque.cli.common import (
+    emit_json,
+    guarded,
+    json_option,
+    parse_duration,
+    read_json_file,
+    read_marque_file,
+)
 from marque.errors import InvalidInput
 
 #: What ``pilot init`` prints: ``inc_`` and 32 hex digits.
@@ -106,3 +113,29 @@ def issue(issuer_key: Path, pilot_id: str, incarnation: str, target: str, holder
                    "target": target})
     else:
         sys.stdout.write(token + "\n")
+
+
+@click.command("proof")
+@click.option("--marque", "marque_file", type=click.Path(path_type=Path), required=True,
+              help="The file holding the marque (compact JWS).")
+@click.option("--key", type=click.Path(path_type=Path), required=True,
+              help="The holder's private JWK file: the key the marque is bound to.")
+@click.option("--nonce", required=True, help="The execution nonce the proof is for.")
+@click.option("--pilot-id", required=True, help="The Pilot the proof is for.")
+@json_option
+@guarded
+def proof(marque_file: Path, key: Path, nonce: str, pilot_id: str, as_json: bool) -> None:
+    """Make a proof of possession for one execution (for callers of the HTTP API).
+
+    `marque exec` makes its own; this is for a program that posts to
+    `POST /v1/executions` itself, e.g. with curl. A proof is good for one
+    request, for a short while (the Pilot's proof window).
+    """
+    from marque.token import make_proof
+
+    token = read_marque_file(marque_file)
+    made = make_proof(read_json_file(key, "holder key"), token, nonce=nonce, pilot_id=pilot_id)
+    if as_json:
+        emit_json({"proof": made, "nonce": nonce, "pilot_id": pilot_id})
+    else:
+        sys.stdout.write(made + "\n")

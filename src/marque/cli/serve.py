@@ -5,14 +5,25 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
-from marque.cli.common import emit_json, err, guarded, home_option, json_option, literal
+from marque.cli.common import (
+    CommandExit,
+    emit_json,
+    err,
+    fail,
+    guarded,
+    home_option,
+    json_option,
+    literal,
+)
 from marque.cli.pilot import pilot
-from marque.errors import InvalidInput
+from marque.errors import InvalidInput, MarqueError
 
 #: How long SIGTERM waits for in-flight requests before the server stops taking part.
 GRACEFUL_SECONDS = 30
@@ -72,51 +83,89 @@ def _server_class() -> type:
 @home_option
 @click.option("--listen", default="127.0.0.1:8750", show_default=True, metavar="HOST:PORT",
               help="Where to listen; port 0 picks a free port (printed once listening).")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Worker processes sharing the socket, each with its own Pilot.")
 @click.option("--tls-cert", type=click.Path(path_type=Path), default=None,
               help="PEM certificate: serve HTTPS (with --tls-key).")
 @click.option("--tls-key", type=click.Path(path_type=Path), default=None,
               help="PEM private key of --tls-cert.")
 @json_option
 @guarded
-def pilot_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | None,
-                as_json: bool) -> None:
+def pilot_serve(home: Path, listen: str, workers: int, tls_cert: Path | None,
+                tls_key: Path | None, as_json: bool) -> None:
     """Serve this Pilot over HTTP until SIGTERM or SIGINT.
 
     Once listening it prints {url, pilot_id, incarnation} (one JSON line with
     --json). SIGTERM stops taking requests, lets running executions finish
     and records their outcomes, then exits.
     """
+    from marque.pilot import PilotHome
+
+    host, port = parse_listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidInput("--tls-cert and --tls-key go together")
+    # Checked before anything is bound or forked: a bad home is one clear error.
+    PilotHome(home).load()
+    sock = _bind(host, port)
+    scheme = "https" if tls_cert else "http"
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{shown_host}:{sock.getsockname()[1]}"
+    if not _is_loopback(host) and tls_cert is None:
+        err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: marques, "
+                "proofs and outcomes cross the network in clear text (use --tls-cert/--tls-key)")
+
+    def announce(info: dict[str, Any]) -> None:
+        ready = {"url": url, **info}
+        if as_json:
+            emit_json(ready)
+        else:
+            err.say(f"Pilot {literal(info['pilot_id'])} ({literal(info['incarnation'])}) "
+                    f"serving on {literal(url)}"
+                    + (f" with {workers} workers" if workers > 1 else ""))
+        sys.stdout.flush()
+
+    def worker(ready: Callable[[dict[str, Any]], None]) -> int:
+        try:
+            _serve(home, sock, tls_cert, tls_key, ready)
+        except MarqueError as exc:  # said by the worker itself: a forked one has no caller
+            with contextlib.suppress(CommandExit):
+                fail(exc, as_json)
+            return exc.exit_status
+        return 0
+
+    try:
+        if workers == 1:
+            worker(announce)
+            return
+        from marque.cli.workers import supervise
+
+        status = supervise(workers, worker, announce,
+                           lambda text: err.say(f"[bold yellow]warning[/]: {text}"))
+    finally:
+        sock.close()
+    if status:
+        raise SystemExit(status)
+
+
+def _serve(home: Path, sock: socket.socket, tls_cert: Path | None, tls_key: Path | None,
+           ready: Callable[[dict[str, Any]], None]) -> None:
+    """One worker: open the Pilot, serve on ``sock`` until told to stop, close it."""
     import uvicorn
 
     from marque.pilot import PilotHome, open_pilot
     from marque.pilot.http import PilotService
     from marque.pilot.reach import check_reachable
 
-    host, port = parse_listen(listen)
-    if (tls_cert is None) != (tls_key is None):
-        raise InvalidInput("--tls-cert and --tls-key go together")
-    sock = _bind(host, port)
     pilot_home = PilotHome(home)
-    try:
-        config = pilot_home.load()
-        dsns = {name: pilot_home.resolve(dsn) for name, dsn in config.targets.items()}
-        running = open_pilot(home, background=True)
-    except BaseException:
-        sock.close()
-        raise
+    config = pilot_home.load()
+    dsns = {name: pilot_home.resolve(dsn) for name, dsn in config.targets.items()}
+    running = open_pilot(home, background=True)
 
     def reachable(name: str) -> bool:
         check_reachable(name, dsns[name])
         return True
 
     service = PilotService(running, reachable=reachable, previews=config.previews)
-    scheme = "https" if tls_cert else "http"
-    bound_port = sock.getsockname()[1]
-    shown_host = f"[{host}]" if ":" in host else host
-    url = f"{scheme}://{shown_host}:{bound_port}"
-    if not _is_loopback(host) and tls_cert is None:
-        err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: marques, "
-                "proofs and outcomes cross the network in clear text (use --tls-cert/--tls-key)")
     server_config = uvicorn.Config(
         service.app, log_level="warning", lifespan="off", access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
@@ -124,15 +173,9 @@ def pilot_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | 
         ssl_keyfile=str(tls_key) if tls_key else None,
     )
     server = _server_class()(server_config)
-    ready = {"url": url, "pilot_id": running.pilot_id, "incarnation": running.incarnation}
-    if as_json:
-        emit_json(ready)
-    else:
-        err.say(f"Pilot {literal(running.pilot_id)} ({literal(running.incarnation)}) "
-                f"serving on {literal(url)}")
+    ready({"pilot_id": running.pilot_id, "incarnation": running.incarnation})
     try:
         server.run(sockets=[sock])
     finally:
         service.close()  # running executions finish and record their outcomes
         running.close()
-        sock.close()

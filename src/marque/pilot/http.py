@@ -193,14 +193,24 @@ class PilotService:
         async def lines() -> AsyncIterator[bytes]:
             kind, item = first
             while True:
-                if kind == "event":
-                    yield _line(item)
-                elif kind == "outcome":
-                    yield _line({"event": "outcome", "outcome": item.to_dict()})
-                    return
-                else:  # failed after events were sent: the stream says so and ends
-                    yield _line({"event": "error", "error": item.to_dict()})
-                    return
+                # Every line already queued goes out in one write: nothing waits for
+                # it, and a fast execution costs one chunk instead of one per event.
+                chunk: list[bytes] = []
+                while True:
+                    if kind == "event":
+                        chunk.append(_line(item))
+                    elif kind == "outcome":
+                        chunk.append(_line({"event": "outcome", "outcome": item.to_dict()}))
+                        yield b"".join(chunk)
+                        return
+                    else:  # failed after events were sent: the stream says so and ends
+                        chunk.append(_line({"event": "error", "error": item.to_dict()}))
+                        yield b"".join(chunk)
+                        return
+                    if queue.empty():
+                        break
+                    kind, item = queue.get_nowait()
+                yield b"".join(chunk)
                 kind, item = await queue.get()
 
         return StreamingResponse(lines(), media_type=NDJSON)
@@ -285,6 +295,8 @@ class PilotService:
             return {
                 "pilot_id": self.pilot.pilot_id,
                 "incarnation": self.pilot.incarnation,
+                # Which Pilot process answered: with --workers, one of several.
+                "process": self.pilot.processes.process_id,
                 "targets": targets,
                 "ledger": None if stats is None else {
                     "entries": stats.get("attempts", 0),
