@@ -56,7 +56,7 @@ from marque.change import (
     Statement,
     is_json_int,
 )
-from marque.cid import MAX_SAFE_INT
+from marque.cid import MAX_SAFE_INT, canonicalize
 from marque.errors import (
     InvalidInput,
     MarqueError,
@@ -475,13 +475,18 @@ def issue_marque(
     now: float | None = None,
     not_before: float | None = None,
     marque_id: str | None = None,
+    request_scope: str | None = None,
+    approval: dict[str, Any] | None = None,
 ) -> str:
     """Sign a marque for ``change`` and return it as a compact JWS.
 
     The marque is bound to one Pilot ledger (``pilot_id`` + ``incarnation``),
     one ``target``, and the holder key whose thumbprint becomes ``cnf.jkt``.
     It is valid from ``not_before`` (default: now) until now + ``ttl_seconds``.
-    Raises :class:`InvalidInput` for a bad key or argument.
+    A Harbourmaster also names the logical request (``request_scope``, claim
+    ``req``) and what permitted it (``approval``, DESIGN §11.4); a local
+    ``marque issue`` has neither, and the claims are then absent. Raises
+    :class:`InvalidInput` for a bad key or argument.
     """
     key = _import_private(issuer_key, "issuer key")
     kid = _kid_of(issuer_key, "issuer key")
@@ -510,6 +515,12 @@ def issue_marque(
         raise InvalidInput("the marque would expire before it becomes valid")
     jti = _new_marque_id() if marque_id is None else marque_id
     _nonempty_str(jti, "marque_id", InvalidInput)
+    if request_scope is not None:
+        _nonempty_str(request_scope, "request_scope", InvalidInput)
+    if approval is not None:
+        if not isinstance(approval, dict) or not approval:
+            raise InvalidInput("approval must be a non-empty JSON object")
+        canonicalize(approval)  # refuses anything that is not plain JSON, naming where
 
     header = {"alg": ALG, "typ": MARQUE_TYP, "kid": kid}
     claims: dict[str, Any] = {
@@ -525,6 +536,10 @@ def issue_marque(
         "budget": budget.to_claim(),
         "change": change.to_claim(),
     }
+    if request_scope is not None:
+        claims["req"] = request_scope
+    if approval is not None:
+        claims["approval"] = approval
     token = _sign(header, claims, key, _MARQUE_REGISTRY)
     header_segment, payload_segment, _ = token.split(".")
     if len(header_segment) > _MARQUE_REGISTRY.max_header_length:
