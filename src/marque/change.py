@@ -1,8 +1,9 @@
 """The approved work a marque carries: its statements, guards, isolation and budget.
 
 A :class:`Change` is exactly what approval signed — statements with their
-parameters, optional guards, an isolation level and a statement timeout — and
-its ``change_cid`` (DESIGN §8) names it. A :class:`Budget` is what the marque may
+parameters, optional guards, an isolation level, a statement timeout and, for
+a change approved as a read, ``access: "read_only"`` — and its ``change_cid``
+(DESIGN §8) names it. A :class:`Budget` is what the marque may
 spend. Both are checked twice over: when built in code (``InvalidInput``) and
 when read back from a received token's claims (``MarqueInvalid``, strictly: the
 exact shape :meth:`Change.to_claim` produces, and a CID that matches).
@@ -18,18 +19,25 @@ from marque.cid import MAX_SAFE_INT, cid
 from marque.errors import InvalidInput, MarqueError, MarqueInvalid
 from marque.sqltext import SqlTextError, check_statement
 
-__all__ = ["ISOLATION_LEVELS", "GUARD_WHEN", "Budget", "Statement", "Guard", "Change",
-           "is_json_int"]
+__all__ = ["ISOLATION_LEVELS", "GUARD_WHEN", "ACCESS_MODES", "READ_ONLY", "Budget", "Statement",
+           "Guard", "Change", "is_json_int"]
 
 #: Isolation levels a change may ask for.
 ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
 #: When a guard is checked, relative to the statements.
 GUARD_WHEN = ("before", "after", "both")
+#: A change approved as a read (DESIGN §11.3): the Pilot runs it in a transaction the
+#: database itself keeps read-only after the stamp.
+READ_ONLY = "read_only"
+#: The values ``access`` may take. Absent means read-write, and is never written out,
+#: so a change without it keeps the CID it always had.
+ACCESS_MODES = (READ_ONLY,)
 
 _BUDGET_KEYS = frozenset({"executions", "max_rows", "attempts_per_nonce"})
 _CHANGE_KEYS = frozenset(
     {"statements", "guards", "isolation", "statement_timeout_ms", "change_cid"}
 )
+_CHANGE_OPTIONAL_KEYS = frozenset({"access"})
 _STATEMENT_KEYS = frozenset({"sql", "params"})
 _GUARD_KEYS = frozenset({"sql", "params", "expect", "when"})
 
@@ -70,13 +78,15 @@ def _check_sql(value: Any, where: str, error: type[MarqueError]) -> str:
         raise error(f"{where}.sql {exc}") from exc
 
 
-def _check_keys(data: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:
+def _check_keys(
+    data: Any, allowed: frozenset[str], where: str, optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise MarqueInvalid(f"{where} must be a JSON object")
     missing = sorted(allowed - data.keys())
     if missing:
         raise MarqueInvalid(f"{where} lacks {', '.join(missing)}")
-    unknown = sorted(str(k) for k in data.keys() - allowed)
+    unknown = sorted(str(k) for k in data.keys() - allowed - optional)
     if unknown:
         raise MarqueInvalid(f"{where} has unknown member(s) {', '.join(unknown)}")
     return data
@@ -175,12 +185,17 @@ class Guard:
 
 @dataclass(frozen=True)
 class Change:
-    """The exact approved work of a marque; ``change_cid`` names it (DESIGN §8)."""
+    """The exact approved work of a marque; ``change_cid`` names it (DESIGN §8).
+
+    ``access`` is ``"read_only"`` for a change approved as a read (DESIGN §11.3),
+    else None (read-write, the default, absent from the claim and the CID).
+    """
 
     statements: tuple[Statement, ...]
     guards: tuple[Guard, ...] = ()
     isolation: str = "read_committed"
     statement_timeout_ms: int | None = None
+    access: str | None = None
     _cid: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -194,18 +209,28 @@ class Change:
             raise InvalidInput("change.guards must be Guard objects")
         _check_isolation(self.isolation, InvalidInput)
         _check_timeout(self.statement_timeout_ms, InvalidInput)
+        _check_access(self.access, InvalidInput)
         object.__setattr__(self, "statements", statements)
         object.__setattr__(self, "guards", guards)
         # Computing the CID also proves the whole change has one canonical JSON form.
         object.__setattr__(self, "_cid", cid(self._preimage()))
 
     def _preimage(self) -> dict[str, Any]:
-        return {
+        preimage: dict[str, Any] = {
             "statements": [s.to_claim() for s in self.statements],
             "guards": [g.to_claim() for g in self.guards],
             "isolation": self.isolation,
             "statement_timeout_ms": self.statement_timeout_ms,
         }
+        # Only when set: every change issued before ``access`` existed keeps its CID.
+        if self.access is not None:
+            preimage["access"] = self.access
+        return preimage
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the database must refuse every write of this change (DESIGN §11.3)."""
+        return self.access == READ_ONLY
 
     @property
     def change_cid(self) -> str:
@@ -225,7 +250,7 @@ class Change:
         Raises :class:`MarqueInvalid` for any deviation from the shape
         :meth:`to_claim` produces, or when the recomputed CID differs.
         """
-        data = _check_keys(data, _CHANGE_KEYS, "change")
+        data = _check_keys(data, _CHANGE_KEYS, "change", _CHANGE_OPTIONAL_KEYS)
         raw_statements = data["statements"]
         if not isinstance(raw_statements, list) or not raw_statements:
             raise MarqueInvalid("change.statements must be a non-empty list")
@@ -251,9 +276,15 @@ class Change:
             guards.append(Guard(sql, params, item["expect"], item["when"]))
         _check_isolation(data["isolation"], MarqueInvalid)
         _check_timeout(data["statement_timeout_ms"], MarqueInvalid)
+        # Present means read_only, exactly: "read_write" (or null) is not a spelling of
+        # the default, or one change would have two claims and two CIDs.
+        access = data.get("access")
+        if "access" in data and access not in ACCESS_MODES:
+            raise MarqueInvalid(f"change.access must be {READ_ONLY!r} when present, got {access!r}")
         try:
             change = cls(
-                tuple(statements), tuple(guards), data["isolation"], data["statement_timeout_ms"]
+                tuple(statements), tuple(guards), data["isolation"], data["statement_timeout_ms"],
+                access,
             )
         except InvalidInput as exc:
             raise MarqueInvalid(f"change: {exc.message}") from exc
@@ -272,3 +303,10 @@ def _check_timeout(value: Any, error: type[MarqueError]) -> None:
         return
     if not is_json_int(value) or value < 1 or value > MAX_SAFE_INT:
         raise error("change.statement_timeout_ms must be a positive integer or null")
+
+
+def _check_access(value: Any, error: type[MarqueError]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or value not in ACCESS_MODES:
+        raise error(f"change.access must be {READ_ONLY!r} or absent, got {value!r}")

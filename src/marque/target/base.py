@@ -4,6 +4,13 @@ The flow of DESIGN §3 steps 3–5 is the same on every engine, so it is written
 once here (:meth:`SqlTarget.execute`); engines supply the hooks: how to
 connect and begin, how to run one statement, how to read a driver error.
 
+A change approved as a read (``access: "read_only"``, DESIGN §11.3) runs
+read-only from right after its stamp: the engines enter that mode together
+with the stamp insert and leave it, on the way to COMMIT, only to record the
+stamp's ``rows_affected``. A classifier cannot see inside a function; the
+database can, so a write under a read approval can only fail
+(``statement_error``, rolled back, stamp and all).
+
 The *stamp* row ``(marque_id, nonce)`` is the fence. It is inserted first in
 the target transaction, so it commits or vanishes with the change itself, and
 it is the target's own record of what Marque did. Its primary key admits one
@@ -289,8 +296,10 @@ class SqlTarget(Target):
             if not inserted:
                 raise StampConflict(f"{attempt.marque_id}/{attempt.nonce} already has a stamp")
             txid = inserted[0][1] if len(inserted[0]) > 1 else None
+            # A read-only change entered read-only mode together with its stamp: say so.
             emit("fence_checked", stamp="inserted",
-                 **({"txid": txid} if txid is not None else {}))
+                 **({"txid": txid} if txid is not None else {}),
+                 **({"access": change.access} if change.access is not None else {}))
             self._check_guards(conn, change, "before", emit)
             total = 0
             result: dict[str, Any] | None = None

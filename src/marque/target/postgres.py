@@ -23,7 +23,17 @@ to PostgreSQL lives here:
 * the stamp insert returns ``txid_current()``, kept as corroborating evidence;
 * errors are classified by *whether the server answered*: an error response
   received before or at COMMIT is provably not applied (the SQLSTATE is
-  recorded); a connection lost while COMMIT was in flight is ``commit_unknown``.
+  recorded); a connection lost while COMMIT was in flight is ``commit_unknown``;
+* a read-only change (DESIGN §11.3) runs its guards and statements under a
+  savepoint taken right after the stamp, in the same message, followed by
+  ``SET TRANSACTION READ ONLY``: every write fails (SQLSTATE 25006), in a
+  function or not. Approved SQL cannot ``SET`` it back (25001), but PostgreSQL
+  before 16 lets ``RESET transaction_read_only`` lift it, so read-only is not
+  the only wall: before COMMIT the Pilot checks that the mode is still on and
+  that nothing under the savepoint took a transaction id (only a write does),
+  then rolls back to the savepoint — whatever the statements did is undone,
+  the stamp stays — and records ``rows_affected`` and commits. A failed check
+  is a ``statement_error``, rolled back, stamp and all.
 
 Statements use psycopg's ``%s`` placeholders.
 """
@@ -71,6 +81,20 @@ _ISOLATION = {
 }
 _SERIALIZATION = {"40001", "40P01"}
 _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_available
+# read_only_sql_transaction, active_sql_transaction (e.g. SET TRANSACTION READ WRITE)
+_READ_ONLY_REFUSALS = {"25006", "25001"}
+
+_READ_ONLY_SAVEPOINT = "marque_read_only"
+#: Sent right behind the stamp insert, in the same message, for a read-only change.
+_READ_ONLY_ENTER = f"SAVEPOINT {_READ_ONLY_SAVEPOINT}; SET TRANSACTION READ ONLY"
+_READ_ONLY_ENTER_RESULTS = 2
+#: Before COMMIT: still read-only, and no transaction id but the stamp's one. A
+#: subtransaction is given its own id (and holds its ExclusiveLock) only when it writes.
+_READ_ONLY_CHECK = (
+    "SELECT current_setting('transaction_read_only') = 'on', "
+    "(SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
+    "AND locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted)"
+)
 
 
 @dataclass
@@ -82,6 +106,8 @@ class _Open:
     begin_params: tuple[Any, ...]
     #: ``conn`` went back to the pool already (it broke, and no fresh one could be had).
     returned: bool = False
+    #: The change runs read-only from right after its stamp.
+    read_only: bool = False
 
     @property
     def preamble(self) -> int:
@@ -180,7 +206,7 @@ class PostgresTarget(SqlTarget):
             begin += "SET LOCAL statement_timeout = %s; "
             params = (f"{attempt.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
-        return _Open(self._checkout(), begin, params)
+        return _Open(self._checkout(), begin, params, read_only=attempt.change.read_only)
 
     def _send_first(
         self, conn: _Open, sql: str, params: tuple[Any, ...]
@@ -206,7 +232,13 @@ class PostgresTarget(SqlTarget):
         raise AssertionError("unreachable")
 
     def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        return list(self._send_first(conn, sql, params).fetchall())
+        if not conn.read_only:
+            return list(self._send_first(conn, sql, params).fetchall())
+        cur = self._send_first(conn, f"{sql}; {_READ_ONLY_ENTER}", params)
+        rows = list(cur.fetchall())
+        for _ in range(_READ_ONLY_ENTER_RESULTS):
+            cur.nextset()
+        return rows
 
     def _stamp_then(self, conn: Any, attempt: TargetAttempt, emit: Emit) -> tuple[list[Any], Any]:
         assert attempt.change is not None
@@ -218,16 +250,18 @@ class PostgresTarget(SqlTarget):
         # whole fence — and its unique violation ends the message before the
         # statement behind it can run. One round trip fewer.
         sql = statement.sql if statement.params else statement.sql.replace("%", "%%")
+        enter = f"{_READ_ONLY_ENTER}; " if conn.read_only else ""
         emit("statement_started", index=0, sql=statement.sql)
         try:
-            cur = self._send_first(conn, f"{self._stamp_insert}; {sql}",
+            cur = self._send_first(conn, f"{self._stamp_insert}; {enter}{sql}",
                                    (*self._stamp_row(attempt, STAMP_APPLIED), *statement.params))
         except pgerrors.UniqueViolation as exc:
             if exc.diag.schema_name == "marque" and exc.diag.table_name == "stamps":
                 return [], None
             raise  # the approved statement's own unique violation
         inserted = list(cur.fetchall())
-        cur.nextset()
+        for _ in range(1 + (_READ_ONLY_ENTER_RESULTS if conn.read_only else 0)):
+            cur.nextset()
         return inserted, cur
 
     def _execute_statement(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
@@ -237,6 +271,9 @@ class PostgresTarget(SqlTarget):
         return cur
 
     def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
+        if conn.read_only:
+            self._check_read_only(conn)
+            sql = f"ROLLBACK TO SAVEPOINT {_READ_ONLY_SAVEPOINT}; {sql}"
         try:
             psycopg.ClientCursor(conn.conn).execute(sql + "; COMMIT", params)
         except psycopg.Error as exc:
@@ -244,6 +281,22 @@ class PostgresTarget(SqlTarget):
                 # The server answered with an error: the transaction rolled back.
                 raise self._translate(exc) from exc
             raise CommitUnknown(f"connection lost during COMMIT: {exc}") from exc
+
+    def _check_read_only(self, conn: _Open) -> None:
+        """Prove, before COMMIT is sent, that a read-only change stayed read-only and wrote
+        nothing; else it is a ``statement_error`` (the caller rolls everything back)."""
+        try:
+            row = conn.conn.execute(_READ_ONLY_CHECK).fetchone()
+        except psycopg.Error as exc:  # COMMIT was not sent: nothing can have applied
+            raise self._translate(exc) from exc
+        still_read_only, transaction_ids = row if row else (False, None)
+        if still_read_only is not True or transaction_ids != 1:
+            raise StatementError(
+                "the change is approved as read-only, but its statements "
+                + ("lifted the read-only mode" if still_read_only is not True else "wrote")
+                + "; the transaction was rolled back",
+                detail={"access": "read_only", "still_read_only": still_read_only,
+                        "transaction_ids": transaction_ids})
 
     def _abandon(self, conn: Any) -> None:
         if isinstance(conn, _Open) and conn.returned:
@@ -269,6 +322,9 @@ class PostgresTarget(SqlTarget):
         if sqlstate in _TIMEOUTS:
             return StatementTimeout(f"the target cancelled the transaction: {said}",
                                     sqlstate=sqlstate)
+        if sqlstate in _READ_ONLY_REFUSALS:
+            return StatementError(f"the change runs read-only and the target refused the "
+                                  f"statement: {said}", sqlstate=sqlstate)
         if sqlstate is None and isinstance(exc, psycopg.OperationalError):
             # No answer, but COMMIT was never sent: the server rolls it back.
             return StatementError(f"connection to the target lost before COMMIT was sent: "
@@ -328,6 +384,9 @@ class PostgresTarget(SqlTarget):
         index = 0
         try:
             conn.execute(f"BEGIN ISOLATION LEVEL {_ISOLATION[change.isolation]}")
+            if change.read_only:
+                # As its execution will: a read approval is previewed read-only too.
+                conn.execute("SET TRANSACTION READ ONLY")
             conn.execute("SELECT set_config('statement_timeout', %s, true)",
                          (f"{statement_timeout_ms}ms",))
             for index, statement in enumerate(change.statements):

@@ -10,6 +10,12 @@ sent (the file or its directory is missing, it is not a database, it is
 read-only) is :class:`~marque.errors.TargetUnavailable`: provably not applied,
 and the same nonce may run again once the target is back. A write lock held
 by someone else past ``lock_timeout_ms`` is a :class:`~marque.errors.StatementTimeout`.
+
+A read-only change (DESIGN §11.3) runs with ``PRAGMA query_only = 1`` from
+right after its stamp: every write is ``SQLITE_READONLY``. Approved SQL cannot
+lift it, because the authorizer refuses every ``PRAGMA`` (statement and
+``pragma_*`` table function alike); the Pilot lifts it itself, only to record
+the stamp's ``rows_affected`` before COMMIT, after checking it was still on.
 """
 
 from __future__ import annotations
@@ -29,7 +35,14 @@ from marque.errors import (
 )
 from marque.outcome import Status
 from marque.target import stamps as stamp_schema
-from marque.target.base import STAMP_COLUMNS, Evidence, SqlTarget, TargetAttempt, _jsonable
+from marque.target.base import (
+    STAMP_COLUMNS,
+    Emit,
+    Evidence,
+    SqlTarget,
+    TargetAttempt,
+    _jsonable,
+)
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -48,6 +61,12 @@ def _deny_transaction_control(action: int, *_: object) -> int:
     return sqlite3.SQLITE_DENY if action in _DENIED_ACTIONS else sqlite3.SQLITE_OK
 
 
+class _TargetConnection(sqlite3.Connection):
+    """A target connection that knows whether its transaction runs read-only."""
+
+    read_only = False
+
+
 class SqliteTarget(SqlTarget):
     """A target in one existing SQLite file."""
 
@@ -57,13 +76,14 @@ class SqliteTarget(SqlTarget):
         self.lock_timeout_ms = lock_timeout_ms
         self._stamps_ready = False
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> _TargetConnection:
         # mode=rw: a missing target file is an error, never a new empty database.
         conn = sqlite3.connect(
             f"file:{self.path}?mode=rw",
             uri=True,
             isolation_level=None,
             timeout=self.lock_timeout_ms / 1000,
+            factory=_TargetConnection,
         )
         return conn
 
@@ -74,7 +94,8 @@ class SqliteTarget(SqlTarget):
         stamp_schema.migrate_sqlite(conn, f"{self.name} ({self.path})")
         self._stamps_ready = True
 
-    def _begin(self, attempt: TargetAttempt) -> sqlite3.Connection:
+    def _begin(self, attempt: TargetAttempt) -> _TargetConnection:
+        assert attempt.change is not None
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
@@ -95,19 +116,46 @@ class SqliteTarget(SqlTarget):
             return 1 if time.monotonic() > deadline else 0
 
         conn.set_progress_handler(interrupt_when_late, _PROGRESS_STEPS)
+        conn.read_only = attempt.change.read_only
         return conn
+
+    def _stamp_then(self, conn: Any, attempt: TargetAttempt, emit: Emit) -> tuple[list[Any], Any]:
+        inserted, first = super()._stamp_then(conn, attempt, emit)
+        if inserted and conn.read_only:
+            # Right after the stamp (which commits with the reads), before any guard or
+            # statement. Only the Pilot may run a PRAGMA: the authorizer steps aside once.
+            conn.set_authorizer(None)
+            try:
+                conn.execute("PRAGMA query_only = 1")
+            finally:
+                conn.set_authorizer(_deny_transaction_control)
+        return inserted, first
 
     def _execute_statement(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         return conn.execute(sql, params)
 
     def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
         try:
+            if conn.read_only:
+                self._leave_read_only(conn)
             conn.execute(sql, params)
         except sqlite3.Error as exc:  # received before COMMIT was sent
             raise self._translate(exc) from exc
         conn.set_progress_handler(None, 0)
         conn.set_authorizer(None)
         conn.execute("COMMIT")
+
+    def _leave_read_only(self, conn: _TargetConnection) -> None:
+        """Lift ``query_only`` to write the stamp's rows_affected, after proving that
+        nothing lifted it before (the authorizer should make that impossible)."""
+        conn.set_authorizer(None)
+        row = conn.execute("PRAGMA query_only").fetchone()
+        if not row or row[0] != 1:
+            raise StatementError(
+                "the change is approved as read-only, but its transaction no longer was when "
+                "its statements finished; it was rolled back",
+                detail={"access": "read_only"})
+        conn.execute("PRAGMA query_only = 0")
 
     def _in_transaction(self, conn: Any) -> bool:
         return bool(conn.in_transaction)
@@ -119,6 +167,10 @@ class SqliteTarget(SqlTarget):
                 # A first-use stamp table rolls back with the transaction that made it.
                 self._stamps_ready = False
                 conn.execute("ROLLBACK")
+            if conn.read_only:
+                # query_only belongs to the connection, not to the transaction.
+                conn.read_only = False
+                conn.execute("PRAGMA query_only = 0")
         except sqlite3.Error:
             pass  # closing the connection rolls back whatever is left
         finally:
@@ -234,6 +286,9 @@ class SqliteTarget(SqlTarget):
             # Deferred: an explain preview never takes the write lock; a rollback one
             # takes it at its first write, bounded by the lock (busy) timeout.
             conn.execute("BEGIN")
+            if change.read_only:
+                # As its execution will: a read approval is previewed read-only too.
+                conn.execute("PRAGMA query_only = 1")
             conn.set_authorizer(_deny_transaction_control)
             conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
                                       _PROGRESS_STEPS)
@@ -274,6 +329,8 @@ class SqliteTarget(SqlTarget):
             try:
                 conn.set_progress_handler(None, 0)
                 conn.set_authorizer(None)
+                if change.read_only:
+                    conn.execute("PRAGMA query_only = 0")
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
             except sqlite3.Error:
