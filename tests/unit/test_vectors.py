@@ -14,7 +14,7 @@ import pytest
 
 from marque.change import Change, Guard, Statement
 from marque.cid import canonicalize, cid
-from marque.harbour.logbook import GENESIS, entry_hash
+from marque.harbour.logbook import GENESIS, legacy_entry_hash
 
 # -- change_cid -------------------------------------------------------------------------
 
@@ -109,24 +109,24 @@ def test_logbook_genesis_is_64_zeros() -> None:
     assert GENESIS == "0000000000000000000000000000000000000000000000000000000000000000"
 
 
-def test_logbook_entry_hash_vector() -> None:
+def test_legacy_logbook_entry_hash_vector() -> None:
     """An entry's hash is sha256 over the pinned JCS of {prev, kind, key, body, at}."""
-    digest = entry_hash(GENESIS, "execution.applied", FIRST_KEY, APPLIED_BODY, FIRST_AT)
+    digest = legacy_entry_hash(GENESIS, "execution.applied", FIRST_KEY, APPLIED_BODY, FIRST_AT)
     assert digest == FIRST_HASH
     assert hashlib.sha256(FIRST_PREIMAGE).hexdigest() == FIRST_HASH
     assert canonicalize({"prev": GENESIS, "kind": "execution.applied", "key": FIRST_KEY,
                          "body": APPLIED_BODY, "at": FIRST_AT}) == FIRST_PREIMAGE
 
 
-def test_logbook_chained_entry_hash_vector() -> None:
+def test_legacy_logbook_chained_entry_hash_vector() -> None:
     """A second entry, chained to the first, with non-ASCII text and mixed scalars."""
     body = {"note": "naïve ✓", "n": [1, 2.5, None, False]}
-    digest = entry_hash(FIRST_HASH, "finding.ledger_regressed", "finding/rotate/inc_1", body,
+    digest = legacy_entry_hash(FIRST_HASH, "finding.ledger_regressed", "finding/rotate/inc_1", body,
                         1900000001.0)
     assert digest == SECOND_HASH
 
 
-def test_logbook_entry_hash_covers_every_field() -> None:
+def test_legacy_logbook_entry_hash_covers_every_field() -> None:
     """Changing any one input (prev, kind, key, body, at) moves the pinned hash."""
     base = (GENESIS, "execution.applied", FIRST_KEY, APPLIED_BODY, FIRST_AT)
     variants = [
@@ -136,6 +136,6 @@ def test_logbook_entry_hash_covers_every_field() -> None:
         (*base[:3], {**APPLIED_BODY, "rows_affected": 2}, base[4]),
         (*base[:4], FIRST_AT + 0.000001),
     ]
-    digests = {entry_hash(*v) for v in variants}
+    digests = {legacy_entry_hash(*v) for v in variants}
     assert FIRST_HASH not in digests
     assert len(digests) == len(variants)

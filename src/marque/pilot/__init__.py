@@ -58,7 +58,7 @@ def open_pilot(
             TrustedKeys(config.issuers),
             options=PilotOptions(**settings.to_dict()),
             processes=ProcessRegistry(pilot_home.processes_dir),
-            logbook=Logbook(str(pilot_home.logbook_path)),
+            logbook=Logbook(str(pilot_home.logbook_path), actor=config.pilot_id),
         )
     except BaseException:
         ledger.close()
