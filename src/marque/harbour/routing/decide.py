@@ -1,0 +1,260 @@
+"""Evaluating a request against a routing config (DESIGN §11.3): a decision, as a value.
+
+Every statement of a request is classified (``classify.py``) into tuples
+``(principal, target, resource, operation)``; each tuple is matched against
+the config's entries; the request's decision combines them:
+
+1. any tuple an entry **denies** → ``deny``, code ``account_denied``;
+2. else any tuple **no entry matches** → ``deny``, code ``account_no_match``
+   (a distinct refusal: nobody said no, but nobody said yes either);
+3. else any tuple is **delegated** → ``delegate``, with the strictest terms
+   of every delegate entry involved: the largest ``approvals``,
+   ``self_approval`` only if *every* one allows it, and the smallest
+   ``max_ttl`` any of them sets;
+4. else → ``allow``.
+
+The same strictest-terms rule settles one tuple that two delegate entries
+both select (same-outcome overlaps are legal). Entries of different outcomes
+never select a common tuple — the config was refused at load otherwise.
+
+A tuple whose resource is ``"*"`` (SQL that may touch any table: an unknown
+function, no table named, an unclassifiable statement) stands for every
+resource, named in the config or not. It is decided as the worst of all of
+them — checked on one representative per resource atom of the config (each
+named resource, and one for all the unnamed ones), which is exact for the
+same reason the overlap check is (``overlap.py``).
+
+The :class:`Decision` records everything it was derived from — the config CID,
+each tuple, and the entries that matched it — so it can be stored and shown
+as it is, never re-derived from a config that may since have changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from marque.errors import AccountConfigInvalid, AccountDenied, AccountNoMatch, InvalidInput
+from marque.harbour.routing.classify import ANY_RESOURCE, READ, Access, classify
+from marque.harbour.routing.config import ALLOW, DELEGATE, DENY, Entry, RoutingConfig
+from marque.harbour.routing.overlap import Other, Point, resource_atoms
+
+__all__ = ["NO_MATCH", "TupleDecision", "Decision", "evaluate", "evaluate_accesses",
+           "require_permitted"]
+
+#: The outcome recorded for a tuple that no entry selects.
+NO_MATCH: Final = "no_match"
+_CODE_DENIED: Final = "account_denied"
+_CODE_NO_MATCH: Final = "account_no_match"
+# Worse first: how tuple outcomes combine.
+_SEVERITY = {DENY: 3, NO_MATCH: 2, DELEGATE: 1, ALLOW: 0}
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """A delegate's terms; ``combine`` keeps the strictest of two."""
+
+    approvals: int = 0
+    self_approval: bool = True
+    max_ttl_seconds: int | None = None
+
+    def combine(self, other: _Terms) -> _Terms:
+        ttls = [t for t in (self.max_ttl_seconds, other.max_ttl_seconds) if t is not None]
+        return _Terms(
+            approvals=max(self.approvals, other.approvals),
+            self_approval=self.self_approval and other.self_approval,
+            max_ttl_seconds=min(ttls) if ttls else None,
+        )
+
+    @classmethod
+    def of(cls, entry: Entry) -> _Terms:
+        return cls(entry.approvals, entry.self_approval, entry.max_ttl_seconds)
+
+
+@dataclass(frozen=True)
+class TupleDecision:
+    """One tuple of one statement, the entries that selected it, and its outcome.
+
+    ``outcome`` is ``allow``, ``deny``, ``delegate`` or ``no_match``;
+    ``entries`` are the indexes of every entry that selected the tuple (for a
+    ``"*"`` resource: that selected it for some resource).
+    """
+
+    statement: int
+    operation: str
+    resource: str
+    outcome: str
+    entries: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form stored with a request."""
+        return {"statement": self.statement, "operation": self.operation,
+                "resource": self.resource, "outcome": self.outcome,
+                "entries": list(self.entries)}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The routing decision for one request: what happens, why, and under which config.
+
+    ``outcome`` is ``allow``, ``deny`` or ``delegate``; ``code`` is ``None``,
+    ``"account_denied"`` or ``"account_no_match"`` (both with outcome
+    ``deny``). ``approvals``, ``self_approval`` and ``max_ttl_seconds`` are the
+    delegate's terms (0, False, None otherwise). ``all_read`` says every tuple
+    is a read, so the change must be issued with ``"access": "read_only"``.
+    """
+
+    outcome: str
+    code: str | None
+    approvals: int
+    self_approval: bool
+    max_ttl_seconds: int | None
+    config_cid: str
+    principal: str
+    target: str
+    tuples: tuple[TupleDecision, ...]
+    all_read: bool
+
+    @property
+    def permitted(self) -> bool:
+        """Whether the request may go on (allowed, or delegated for approval)."""
+        return self.outcome != DENY
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form stored with a request and shown to people, exactly as decided."""
+        return {
+            "outcome": self.outcome,
+            "code": self.code,
+            "approvals": self.approvals,
+            "self_approval": self.self_approval,
+            "max_ttl_seconds": self.max_ttl_seconds,
+            "config_cid": self.config_cid,
+            "principal": self.principal,
+            "target": self.target,
+            "all_read": self.all_read,
+            "tuples": [t.to_dict() for t in self.tuples],
+        }
+
+
+def _decide_point(entries: Sequence[Entry], point: Point) -> tuple[str, tuple[int, ...], _Terms]:
+    matched = [e for e in entries if e.contains(point)]
+    if not matched:
+        return NO_MATCH, (), _Terms()
+    outcomes = {e.outcome for e in matched}
+    if len(outcomes) > 1:
+        # parse_config refuses such a config; meeting one here means it was built by hand.
+        raise AccountConfigInvalid(
+            f"entries {[e.index for e in matched]} select one tuple with different outcomes"
+        )
+    terms = _Terms()
+    for entry in matched:
+        if entry.outcome == DELEGATE:
+            terms = terms.combine(_Terms.of(entry))
+    return outcomes.pop(), tuple(e.index for e in matched), terms
+
+
+def _decide_tuple(
+    config: RoutingConfig, principal: str, target: str, access: Access
+) -> tuple[str, tuple[int, ...], _Terms]:
+    resources: list[str | Other]
+    if access.resource == ANY_RESOURCE:
+        resources = resource_atoms([e.region for e in config.entries])
+    else:
+        resources = [access.resource]
+    worst = ALLOW
+    matched: set[int] = set()
+    terms = _Terms()
+    for resource in resources:
+        outcome, indexes, point_terms = _decide_point(
+            config.entries, (principal, target, resource, access.operation)
+        )
+        matched.update(indexes)
+        if _SEVERITY[outcome] > _SEVERITY[worst]:
+            worst = outcome
+        if outcome == DELEGATE:
+            terms = terms.combine(point_terms)
+    return worst, tuple(sorted(matched)), terms
+
+
+def evaluate_accesses(
+    config: RoutingConfig,
+    principal: str,
+    target: str,
+    accesses_per_statement: Sequence[Sequence[Access]],
+) -> Decision:
+    """The :class:`Decision` for already-classified statements (one tuple list per statement)."""
+    if not isinstance(principal, str) or not principal:
+        raise InvalidInput("routing needs the principal's name")
+    if not isinstance(target, str) or not target:
+        raise InvalidInput("routing needs a target name")
+    if not accesses_per_statement or any(not a for a in accesses_per_statement):
+        raise InvalidInput("routing needs at least one statement, each with at least one tuple")
+    tuples: list[TupleDecision] = []
+    terms = _Terms()
+    worst = ALLOW
+    for index, accesses in enumerate(accesses_per_statement):
+        for access in accesses:
+            outcome, entries, tuple_terms = _decide_tuple(config, principal, target, access)
+            tuples.append(TupleDecision(index, access.operation, access.resource, outcome,
+                                        entries))
+            if _SEVERITY[outcome] > _SEVERITY[worst]:
+                worst = outcome
+            if outcome == DELEGATE:
+                terms = terms.combine(tuple_terms)
+    all_read = all(t.operation == READ for t in tuples)
+    if worst in (DENY, NO_MATCH):
+        code = _CODE_DENIED if worst == DENY else _CODE_NO_MATCH
+        return Decision(DENY, code, 0, False, None, config.config_cid, principal, target,
+                        tuple(tuples), all_read)
+    if worst == DELEGATE:
+        return Decision(DELEGATE, None, terms.approvals, terms.self_approval,
+                        terms.max_ttl_seconds, config.config_cid, principal, target,
+                        tuple(tuples), all_read)
+    return Decision(ALLOW, None, 0, False, None, config.config_cid, principal, target,
+                    tuple(tuples), all_read)
+
+
+def evaluate(
+    config: RoutingConfig,
+    principal: str,
+    target: str,
+    statements_sql: Sequence[str],
+    dialect: str,
+) -> Decision:
+    """Route a request: classify each statement in ``dialect``, then decide (module docstring).
+
+    Returns the :class:`Decision` whatever it is, refusals included; call
+    :func:`require_permitted` to raise the typed error for a refusal.
+    """
+    if isinstance(statements_sql, str):
+        raise InvalidInput("statements_sql must be a sequence of statements, not one string")
+    return evaluate_accesses(
+        config, principal, target, [classify(sql, dialect) for sql in statements_sql]
+    )
+
+
+def require_permitted(decision: Decision) -> Decision:
+    """Return ``decision`` if it allows or delegates; raise its typed refusal otherwise.
+
+    :class:`AccountDenied` for an explicit deny, :class:`AccountNoMatch` when
+    some tuple matched no entry; the error's ``detail`` is the decision.
+    """
+    if decision.outcome != DENY:
+        return decision
+    refused = [t for t in decision.tuples if t.outcome in (DENY, NO_MATCH)]
+    shown = ", ".join(
+        f"statement {t.statement}: {t.operation} on {t.resource}"
+        + (f" (entry {list(t.entries)})" if t.entries else "")
+        for t in refused
+        if (t.outcome == DENY) == (decision.code == _CODE_DENIED)
+    )
+    if decision.code == _CODE_DENIED:
+        raise AccountDenied(
+            f"denied by routing config {decision.config_cid} for {decision.principal} on "
+            f"{decision.target}: {shown}", detail=decision.to_dict(),
+        )
+    raise AccountNoMatch(
+        f"no entry of routing config {decision.config_cid} matches {decision.principal} on "
+        f"{decision.target} for: {shown}", detail=decision.to_dict(),
+    )
