@@ -1,0 +1,94 @@
+"""Principals and their tokens (DESIGN §11.7).
+
+A principal is a unique name with roles. Its bearer token is random (256 bits
+from :mod:`secrets`), shown once when minted, and stored only as its SHA-256:
+a leaked store yields no usable token. Comparisons of hashes are constant-time,
+so answering "who is this?" does not leak how much of a guess was right.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from marque.errors import InvalidInput
+
+#: A token's prefix: lets secret scanners and people recognise a leaked one.
+TOKEN_PREFIX = "mqh_"
+#: Random bytes in a token (DESIGN §11.7: at least 256 bits).
+TOKEN_BYTES = 32
+
+
+class Role(enum.StrEnum):
+    """What a principal may do (DESIGN §11.7)."""
+
+    REQUESTER = "requester"
+    APPROVER = "approver"
+    AUDITOR = "auditor"
+    ADMIN = "admin"
+    PILOT = "pilot"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A principal as the store holds it (never its token)."""
+
+    name: str
+    roles: frozenset[Role]
+    public_jwk: dict[str, Any] | None = None
+    revoked_at: float | None = None
+    created_at: float = 0.0
+
+    @property
+    def revoked(self) -> bool:
+        """Whether the principal's token no longer authenticates."""
+        return self.revoked_at is not None
+
+    def has(self, role: Role) -> bool:
+        """Whether the principal holds ``role``."""
+        return role in self.roles
+
+    def to_dict(self) -> dict[str, Any]:
+        """The principal as JSON (roles sorted), without any secret."""
+        return {
+            "name": self.name,
+            "roles": sorted(r.value for r in self.roles),
+            "public_jwk": self.public_jwk,
+            "revoked_at": self.revoked_at,
+            "created_at": self.created_at,
+        }
+
+
+def parse_roles(roles: Iterable[str | Role]) -> frozenset[Role]:
+    """Roles from names; an unknown or missing role is ``InvalidInput``."""
+    parsed: set[Role] = set()
+    for role in roles:
+        try:
+            parsed.add(Role(role))
+        except ValueError:
+            known = ", ".join(r.value for r in Role)
+            raise InvalidInput(f"unknown role {str(role)[:40]!r}: the roles are {known}",
+                               detail={"role": str(role)[:40]}) from None
+    if not parsed:
+        raise InvalidInput("a principal needs at least one role")
+    return frozenset(parsed)
+
+
+def mint_token() -> str:
+    """A fresh bearer token: the prefix and 256 random bits, URL-safe."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def hash_token(token: str) -> str:
+    """The SHA-256 (hex) a token is stored and looked up as."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def hashes_equal(a: str, b: str) -> bool:
+    """Compare two token hashes in constant time."""
+    return hmac.compare_digest(a.encode("ascii", "replace"), b.encode("ascii", "replace"))

@@ -1,0 +1,345 @@
+"""The Harbourmaster's store: its records and its one interface (DESIGN §11).
+
+Everything the Harbourmaster knows lives here — principals, requests and
+their lifecycle, Checkpoints and Resolutions, registered Pilots, adopted
+routing configs, execution reports and the logbook. Every invariant is a
+constraint or a compare-and-set inside one store transaction, never a lock in
+one process, because several ``harbour serve`` processes may share one
+PostgreSQL store (§11). SQLite (the default, a file in the Harbourmaster's
+home) and PostgreSQL are siblings behind :class:`HarbourStore` and run one
+behaviour suite.
+
+Every operation is synchronous and is one store transaction; each request
+transition appends its logbook entry in that same transaction, so the journal
+and the state can never disagree.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from marque.harbour.lifecycle import RequestState
+from marque.harbour.principals import Principal, Role
+
+#: A Resolution's decisions.
+DECISIONS = ("approve", "reject")
+#: Fields of a request a transition may set alongside its new state.
+UPDATABLE_FIELDS = frozenset({"routing", "preview", "checkpoint_cid", "marque_id"})
+
+
+@dataclass(frozen=True)
+class RequestDraft:
+    """A request as accepted, before it is stored (DESIGN §11.1's identities computed)."""
+
+    request_id: str
+    principal: str
+    pilot_id: str
+    target: str
+    change: dict[str, Any]
+    budget: dict[str, Any]
+    ttl_seconds: int
+    change_cid: str
+    authority_scope_cid: str
+    logical_request_scope: str
+    intent_fingerprint: str
+    reason: str | None = None
+    #: The ``id`` of the verified request this one compensates, if any.
+    rolls_back: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One stored request: one attempt at a logical request (DESIGN §11.2)."""
+
+    id: str
+    request_id: str
+    principal: str
+    reason: str | None
+    pilot_id: str
+    target: str
+    change: dict[str, Any]
+    budget: dict[str, Any]
+    ttl_seconds: int
+    change_cid: str
+    authority_scope_cid: str
+    logical_request_scope: str
+    intent_fingerprint: str
+    routing: dict[str, Any] | None
+    preview: dict[str, Any] | None
+    checkpoint_cid: str | None
+    marque_id: str | None
+    rolls_back: str | None
+    state: RequestState
+    version: int
+    created_at: float
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored fields as JSON."""
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["state"] = self.state.value
+        return out
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A sealed Checkpoint (DESIGN §11.4) as stored: its body and CID."""
+
+    checkpoint_cid: str
+    request: str
+    body: dict[str, Any]
+    expires_at: float
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """One approver's decision on a Checkpoint, with its CID."""
+
+    resolution_cid: str
+    checkpoint_cid: str
+    approver: str
+    decision: str
+    body: dict[str, Any]
+    at: float
+
+
+@dataclass(frozen=True)
+class PilotRecord:
+    """A registered Pilot and the ledger incarnation it last reported."""
+
+    pilot_id: str
+    url: str
+    incarnation: str
+    targets: list[str]
+    registered_at: float
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """An adopted account routing config: its CID and its exact source text."""
+
+    config_cid: str
+    source: str
+    adopted_at: float
+    adopted_by: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """One execution report from a Pilot, unique on ``(marque_id, nonce, attempt, status)``."""
+
+    marque_id: str
+    nonce: str
+    attempt: int
+    status: str
+    body: dict[str, Any]
+    request: str | None
+    received_at: float
+
+
+@dataclass(frozen=True)
+class LogbookEntry:
+    """One logbook entry (DESIGN §11.6)."""
+
+    seq: int
+    at: float
+    kind: str
+    actor: str
+    subject: str
+    body: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as JSON: exactly the fields its hash covers, and the hash."""
+        return {"seq": self.seq, "at": self.at, "kind": self.kind, "actor": self.actor,
+                "subject": self.subject, "body": self.body, "prev_hash": self.prev_hash,
+                "hash": self.hash}
+
+
+class HarbourStore(abc.ABC):
+    """The Harbourmaster's store. All methods are safe to call from threads.
+
+    Times (``now``) are epoch seconds; when omitted, the store's clock is read.
+    """
+
+    harbour_id: str
+    schema_version: int
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    # -- principals -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def add_principal(self, name: str, roles: list[str] | list[Role], *,
+                      public_jwk: dict[str, Any] | None = None, actor: str,
+                      now: float | None = None) -> tuple[Principal, str]:
+        """Add a principal; returns it and its token, which is never shown again.
+
+        A name already taken is ``Conflict``. Writes ``principal.added``.
+        """
+
+    @abc.abstractmethod
+    def authenticate(self, token: str) -> Principal:
+        """The principal holding ``token``; ``Unauthenticated`` if unknown or revoked."""
+
+    @abc.abstractmethod
+    def revoke_principal(self, name: str, *, actor: str, now: float | None = None) -> Principal:
+        """Revoke a principal's token (idempotent); ``NotFound`` for an unknown name."""
+
+    @abc.abstractmethod
+    def get_principal(self, name: str) -> Principal:
+        """One principal; ``NotFound`` if there is none by that name."""
+
+    @abc.abstractmethod
+    def list_principals(self) -> list[Principal]:
+        """Every principal, revoked ones included, by name."""
+
+    @abc.abstractmethod
+    def set_public_key(self, name: str, public_jwk: dict[str, Any] | None, *, actor: str,
+                       now: float | None = None) -> Principal:
+        """Register (or clear) a principal's public key; writes ``principal.key_set``."""
+
+    # -- routing configs ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def adopt_routing_config(self, config_cid: str, source: str, *, actor: str,
+                             now: float | None = None) -> bool:
+        """Make ``config_cid`` the current config; False if it already was (no entry)."""
+
+    @abc.abstractmethod
+    def current_routing_config(self) -> RoutingConfig | None:
+        """The config adopted last, or None before any."""
+
+    @abc.abstractmethod
+    def get_routing_config(self, config_cid: str) -> RoutingConfig:
+        """An adopted config by CID; ``NotFound`` if never adopted."""
+
+    # -- pilots -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def register_pilot(self, pilot_id: str, url: str, incarnation: str, targets: list[str], *,
+                       actor: str | None = None, now: float | None = None) -> str | None:
+        """Record a Pilot's registration; returns its previous incarnation, or None.
+
+        A changed incarnation writes ``finding.ledger_incarnation_changed`` and
+        moves the Pilot's ``prepared``, ``executing`` and ``reconciliation``
+        requests to ``reconciliation``, in the same transaction.
+        """
+
+    @abc.abstractmethod
+    def get_pilot(self, pilot_id: str) -> PilotRecord:
+        """A registered Pilot; ``NotFound`` otherwise."""
+
+    @abc.abstractmethod
+    def list_pilots(self) -> list[PilotRecord]:
+        """Every registered Pilot, by id."""
+
+    # -- requests ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_request(self, draft: RequestDraft, *, actor: str | None = None,
+                       now: float | None = None) -> tuple[Request, bool]:
+        """Store a new request in ``preparing``, or find the one it repeats.
+
+        Returns ``(request, True)`` when inserted. When a blocking request holds
+        the scope, the partial unique index refuses the insert: the same intent
+        fingerprint returns ``(that request, False)``; another raises
+        ``IntentConflict`` (code ``conflict``).
+        """
+
+    @abc.abstractmethod
+    def get_request(self, id: str) -> Request:
+        """A request by its ``rq_`` id; ``NotFound`` otherwise."""
+
+    @abc.abstractmethod
+    def find_active(self, logical_request_scope: str) -> Request | None:
+        """The one blocking request of a scope, or None."""
+
+    @abc.abstractmethod
+    def find_history(self, logical_request_scope: str) -> list[Request]:
+        """Every request ever stored for a scope, oldest first."""
+
+    @abc.abstractmethod
+    def list_requests(self, state: RequestState | str | None = None,
+                      principal: str | None = None) -> list[Request]:
+        """Requests, newest first, optionally of one state and one principal."""
+
+    @abc.abstractmethod
+    def transition(self, id: str, expected_version: int, to: RequestState | str, *,
+                   actor: str, now: float | None = None, reason: str | None = None,
+                   body: dict[str, Any] | None = None, kind: str | None = None,
+                   **updates: Any) -> Request:
+        """Move a request to ``to`` by compare-and-set on its version.
+
+        ``updates`` may set ``routing``, ``preview``, ``checkpoint_cid`` and
+        ``marque_id``. A stale version raises ``StaleVersion``; an illegal move
+        ``IllegalTransition``, as does a move only a primitive makes
+        (``lifecycle.PRIMITIVE_ONLY``: ``prepared → expired`` and the
+        original's side of a compensation). Writes ``request.<state>`` (or
+        ``kind``) in the same transaction.
+
+        A compensating request (``rolls_back`` set) carries its original in the
+        same transaction: moving to ``prepared`` (its approval) takes the
+        original from ``verified`` or ``rollback_failed`` to ``rolling_back``;
+        once approved, reaching ``verified`` takes it to ``rolled_back``,
+        ``failed`` to ``rollback_failed``, and ``expired`` (it never ran) back
+        to ``verified``. If the original cannot move so, neither moves.
+        """
+
+    @abc.abstractmethod
+    def seal_checkpoint(self, id: str, expected_version: int, *, checkpoint_cid: str,
+                        body: dict[str, Any], expires_at: float, actor: str,
+                        now: float | None = None) -> Request:
+        """Store a sealed Checkpoint and move its request to ``awaiting_approval``."""
+
+    @abc.abstractmethod
+    def get_checkpoint(self, checkpoint_cid: str) -> Checkpoint:
+        """A Checkpoint by CID; ``NotFound`` otherwise."""
+
+    @abc.abstractmethod
+    def add_resolution(self, checkpoint_cid: str, *, resolution_cid: str, approver: str,
+                       decision: str, body: dict[str, Any],
+                       now: float | None = None) -> tuple[Resolution, bool]:
+        """Store an approver's Resolution once; a second one by them returns the first."""
+
+    @abc.abstractmethod
+    def resolutions(self, checkpoint_cid: str) -> list[Resolution]:
+        """A Checkpoint's Resolutions, in the order they arrived."""
+
+    @abc.abstractmethod
+    def expire_prepared(self, id: str, expected_version: int, *, evidence: dict[str, Any],
+                        now: float, skew_seconds: float, marque_exp: float, reason: str,
+                        actor: str) -> Request:
+        """ADR-038's narrow primitive: ``prepared → expired``, or refuse and change nothing."""
+
+    @abc.abstractmethod
+    def record_report(self, marque_id: str, nonce: str, attempt: int, status: str,
+                      body: dict[str, Any], *, now: float | None = None) -> bool:
+        """Store a Pilot's execution report once; False if it was already stored."""
+
+    @abc.abstractmethod
+    def reports(self, marque_id: str) -> list[Report]:
+        """The reports received for a marque, in arrival order."""
+
+    # -- logbook -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def append(self, kind: str, actor: str, subject: str, body: dict[str, Any],
+               now: float | None = None) -> LogbookEntry:
+        """Append one entry to the logbook in its own transaction."""
+
+    @abc.abstractmethod
+    def logbook_entries(self, after: int = 0, limit: int = 100,
+                        kind_prefix: str = "") -> list[LogbookEntry]:
+        """Entries with ``seq > after``, in order, at most ``limit``."""
+
+    @abc.abstractmethod
+    def logbook_head(self) -> dict[str, Any]:
+        """The chain's head: ``{seq, hash, at}`` (``seq`` 0 and the genesis hash when empty)."""

@@ -1,0 +1,170 @@
+"""The Harbourmaster store's schema: forward-only migrations for both engines.
+
+``MIGRATIONS[engine][i]`` holds the statements that take a store from schema
+version ``i`` to ``i + 1``; the version a store holds is the ``schema_version``
+row of its ``meta`` table. A released migration is never edited: a change is a
+new one appended.
+
+Version 1 kept ``logical_request_scope`` unique across the whole table (a
+column ``UNIQUE``), so an expired or rejected attempt blocked its logical
+request forever — the failure ADR-038 describes. Version 2 scopes uniqueness
+to the blocking states with a partial unique index, the sole race guard of
+DESIGN §11.2, and rewrites no row's content: PostgreSQL drops the constraint;
+SQLite, which cannot drop one, rebuilds the table by its documented
+procedure (create, copy every column verbatim, drop, rename).
+"""
+
+from __future__ import annotations
+
+# The blocking states, spelled out as released: a later change of
+# lifecycle.BLOCKING needs a new migration, never an edit of this one (a test
+# pins the two equal).
+BLOCKING_STATES_V2 = (
+    "preparing", "awaiting_approval", "prepared", "executing", "verified", "reconciliation",
+    "rolling_back", "rollback_failed",
+)
+_IN_BLOCKING_V2 = "(" + ", ".join(f"'{state}'" for state in BLOCKING_STATES_V2) + ")"
+#: The partial index's predicate: a query must spell it exactly so to use the index.
+ACTIVE_PREDICATE = f"state IN {_IN_BLOCKING_V2}"
+
+_REQUEST_COLUMNS = """
+    id TEXT PRIMARY KEY,
+    request_id TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    reason TEXT,
+    pilot_id TEXT NOT NULL,
+    target TEXT NOT NULL,
+    change TEXT NOT NULL,
+    budget TEXT NOT NULL,
+    ttl_seconds BIGINT NOT NULL,
+    change_cid TEXT NOT NULL,
+    authority_scope_cid TEXT NOT NULL,
+    logical_request_scope TEXT NOT NULL{scope_unique},
+    intent_fingerprint TEXT NOT NULL,
+    routing TEXT,
+    preview TEXT,
+    checkpoint_cid TEXT,
+    marque_id TEXT,
+    rolls_back TEXT,
+    state TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL"""
+
+#: Every column of ``requests``, in table order (both versions have the same ones).
+REQUEST_COLUMNS = (
+    "id", "request_id", "principal", "reason", "pilot_id", "target", "change", "budget",
+    "ttl_seconds", "change_cid", "authority_scope_cid", "logical_request_scope",
+    "intent_fingerprint", "routing", "preview", "checkpoint_cid", "marque_id", "rolls_back",
+    "state", "version", "created_at", "updated_at",
+)
+
+_REQUEST_INDEXES = [
+    "CREATE INDEX requests_state ON requests (state, created_at)",
+    "CREATE INDEX requests_principal ON requests (principal, created_at)",
+    "CREATE INDEX requests_pilot ON requests (pilot_id, state)",
+    "CREATE INDEX requests_marque ON requests (marque_id)",
+    "CREATE INDEX requests_rolls_back ON requests (rolls_back)",
+]
+
+# Version 1, whole: the same for both engines (types both accept).
+_V1 = [
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE principals (
+        name TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL UNIQUE,
+        roles TEXT NOT NULL,
+        public_jwk TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION)""",
+    "CREATE TABLE requests (" + _REQUEST_COLUMNS.format(scope_unique=" UNIQUE") + ")",
+    *_REQUEST_INDEXES,
+    """CREATE TABLE checkpoints (
+        checkpoint_cid TEXT PRIMARY KEY,
+        request TEXT NOT NULL,
+        body TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX checkpoints_request ON checkpoints (request)",
+    # One approver counts once per Checkpoint: a constraint, not a check in code.
+    """CREATE TABLE resolutions (
+        resolution_cid TEXT PRIMARY KEY,
+        checkpoint_cid TEXT NOT NULL,
+        approver TEXT NOT NULL,
+        decision TEXT NOT NULL CHECK (decision IN ('approve', 'reject')),
+        body TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        UNIQUE (checkpoint_cid, approver))""",
+    """CREATE TABLE pilots (
+        pilot_id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        incarnation TEXT NOT NULL,
+        targets TEXT NOT NULL,
+        registered_at DOUBLE PRECISION NOT NULL,
+        last_seen DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE routing_configs (
+        config_cid TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        adopted_at DOUBLE PRECISION NOT NULL,
+        adopted_by TEXT NOT NULL)""",
+    # Ingestion is idempotent on exactly this key (DESIGN §11.5).
+    """CREATE TABLE reports (
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        body TEXT NOT NULL,
+        request TEXT,
+        received_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (marque_id, nonce, attempt, status))""",
+    """CREATE TABLE logbook (
+        seq BIGINT PRIMARY KEY,
+        at DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        body TEXT NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL)""",
+    "CREATE INDEX logbook_kind ON logbook (kind, seq)",
+    # The head every append moves by compare-and-set: one row, so appends from many
+    # processes form one chain.
+    """CREATE TABLE logbook_head (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq BIGINT NOT NULL,
+        hash TEXT NOT NULL,
+        at DOUBLE PRECISION)""",
+]
+
+_ACTIVE_SCOPE_INDEX = (
+    "CREATE UNIQUE INDEX requests_active_scope ON requests (logical_request_scope) "
+    f"WHERE {ACTIVE_PREDICATE}"
+)
+_HISTORY_INDEX = "CREATE INDEX requests_scope ON requests (logical_request_scope, created_at)"
+
+_columns = ", ".join(REQUEST_COLUMNS)
+
+_V2_SQLITE = [
+    "CREATE TABLE requests_v2 (" + _REQUEST_COLUMNS.format(scope_unique="") + ")",
+    f"INSERT INTO requests_v2 ({_columns}) SELECT {_columns} FROM requests",
+    "DROP TABLE requests",
+    "ALTER TABLE requests_v2 RENAME TO requests",
+    *_REQUEST_INDEXES,  # dropped with the old table
+    _ACTIVE_SCOPE_INDEX,
+    _HISTORY_INDEX,
+]
+
+_V2_POSTGRES = [
+    # PostgreSQL's own name for the column constraint of version 1.
+    "ALTER TABLE requests DROP CONSTRAINT requests_logical_request_scope_key",
+    _ACTIVE_SCOPE_INDEX,
+    _HISTORY_INDEX,
+]
+
+MIGRATIONS: dict[str, list[list[str]]] = {
+    "sqlite": [_V1, _V2_SQLITE],
+    "postgres": [_V1, _V2_POSTGRES],
+}
+
+#: The schema version this code writes and reads.
+LATEST = 2

@@ -1,0 +1,383 @@
+"""The Harbourmaster store's SQL, written once for SQLite and PostgreSQL.
+
+Engines supply how to connect and open a write transaction (hooks on the
+subclasses in ``sqlite.py`` and ``postgres.py``); the statements use only what
+both share — ``INSERT … ON CONFLICT DO NOTHING RETURNING``, ``UPDATE …
+RETURNING``, partial indexes — with ``?`` placeholders.
+
+This module holds the store's lifecycle (create, open, migrate), the logbook,
+principals, routing configs and Pilots; requests, Checkpoints, Resolutions and
+reports are in ``request_sql.py``.
+
+The logbook's appends are serialised by its head row: the first statement of
+an append is ``UPDATE logbook_head SET seq = seq + 1 … RETURNING seq, hash``,
+which takes that row's lock until the transaction ends, and the last is a
+compare-and-set of the head's hash on the ``seq`` it took. Two processes
+appending at once therefore build one chain, one after the other; the
+appending statements come last in each transaction so the lock is held
+briefly.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+import uuid
+from typing import Any, Self
+
+from marque.errors import (
+    Conflict,
+    HarbourUnavailable,
+    InvalidInput,
+    NotFound,
+    Unauthenticated,
+)
+from marque.harbour.chain import GENESIS, entry_hash
+from marque.harbour.principals import (
+    Principal,
+    Role,
+    hash_token,
+    hashes_equal,
+    mint_token,
+    parse_roles,
+)
+from marque.harbour.store import schema
+from marque.harbour.store.base import LogbookEntry, PilotRecord, RoutingConfig
+from marque.harbour.store.request_sql import Journal, RequestRecords
+from marque.harbour.store.tx import Tx, dumps, loads
+
+#: The longest principal name accepted.
+MAX_NAME_BYTES = 128
+
+
+_PRINCIPAL_COLUMNS = "name, roles, public_jwk, revoked_at, created_at"
+_LOGBOOK_COLUMNS = "seq, at, kind, actor, subject, body, prev_hash, hash"
+
+
+def _principal(row: tuple[Any, ...]) -> Principal:
+    return Principal(name=row[0], roles=parse_roles(loads(row[1])), public_jwk=loads(row[2]),
+                     revoked_at=row[3], created_at=row[4])
+
+
+def _entry(row: tuple[Any, ...]) -> LogbookEntry:
+    return LogbookEntry(seq=int(row[0]), at=row[1], kind=row[2], actor=row[3], subject=row[4],
+                        body=loads(row[5]), prev_hash=row[6], hash=row[7])
+
+
+def _pilot(row: tuple[Any, ...]) -> PilotRecord:
+    return PilotRecord(pilot_id=row[0], url=row[1], incarnation=row[2], targets=loads(row[3]),
+                       registered_at=row[4], last_seen=row[5])
+
+
+class SqlHarbourStore(RequestRecords):
+    """The store's behaviour over any engine that provides :meth:`transaction`."""
+
+    #: ``sqlite`` or ``postgres``: which list of :data:`schema.MIGRATIONS` applies.
+    engine: str
+
+    def __init__(self) -> None:
+        self.clock = time.time
+
+    # -- dialect hooks --------------------------------------------------------
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
+        """A write transaction that commits on success and rolls back on error."""
+
+    def reading(self) -> contextlib.AbstractContextManager[Tx]:
+        """A transaction that only reads."""
+        return self.transaction()
+
+    @abc.abstractmethod
+    def _has_schema(self) -> bool:
+        """Whether the store's tables exist."""
+
+    def _now(self, now: float | None) -> float:
+        return float(self.clock() if now is None else now)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _initialise(self, now: float, upto: int) -> None:
+        """Create the schema up to version ``upto`` and write the store's identity, once."""
+        if self._has_schema():
+            raise Conflict("a Harbourmaster store already exists here; refusing to overwrite "
+                           "it (open it instead, or choose another location)")
+        harbour_id = "hb_" + uuid.uuid4().hex
+        with self.transaction() as tx:
+            for index in range(upto):
+                for statement in schema.MIGRATIONS[self.engine][index]:
+                    tx.execute(statement)
+            for key, value in (("schema_version", str(upto)), ("harbour_id", harbour_id),
+                               ("created_at", repr(now)), ("routing_config_cid", "")):
+                tx.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+            tx.execute("INSERT INTO logbook_head (id, seq, hash, at) VALUES (1, 0, ?, NULL)",
+                       (GENESIS,))
+
+    def _migrate(self) -> None:
+        """Bring an older store's schema up to date (forward only), exactly once.
+
+        Writing the version row first makes a second process migrating at the
+        same moment wait, then read the version the first one left.
+        """
+        with self.reading() as tx:
+            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
+        stored = int(row[0]) if row else 0
+        if stored > schema.LATEST:
+            raise HarbourUnavailable(
+                f"this Harbourmaster store has schema version {stored}, newer than the "
+                f"{schema.LATEST} this Marque knows; upgrade Marque to use it",
+                detail={"schema_version": stored})
+        if stored == schema.LATEST:
+            return
+        with self.transaction() as tx:
+            tx.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
+            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
+            version = int(row[0]) if row else 0
+            for index in range(version, schema.LATEST):
+                for statement in schema.MIGRATIONS[self.engine][index]:
+                    tx.execute(statement)
+                tx.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                           (str(index + 1),))
+
+    def _load_identity(self) -> None:
+        with self.reading() as tx:
+            meta = dict(tx.execute("SELECT key, value FROM meta"))
+        if "harbour_id" not in meta:
+            raise HarbourUnavailable("this Harbourmaster store has lost its identity (no "
+                                     "harbour_id in its meta table); restore it from a backup")
+        self.harbour_id = meta["harbour_id"]
+        self.schema_version = int(meta["schema_version"])
+
+    def _created(self, now: float | None = None, upto: int = schema.LATEST) -> Self:
+        try:
+            self._initialise(self._now(now), upto)
+            if upto == schema.LATEST:
+                self._migrate()
+            self._load_identity()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _opened(self) -> Self:
+        try:
+            if not self._has_schema():
+                raise NotFound("no Harbourmaster store here; create one with "
+                               "`marque harbour init`")
+            self._migrate()
+            self._load_identity()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    # -- logbook ----------------------------------------------------------------
+
+    def _append_tx(self, tx: Tx, kind: str, actor: str, subject: str, body: dict[str, Any],
+                   now: float) -> LogbookEntry:
+        """Append one entry inside the caller's transaction (see the module docstring)."""
+        head = tx.one("UPDATE logbook_head SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash")
+        if head is None:
+            raise HarbourUnavailable("the logbook has no head row: the store is damaged")
+        seq, prev_hash = int(head[0]), head[1]
+        entry = {"seq": seq, "at": now, "kind": kind, "actor": actor, "subject": subject,
+                 "body": body, "prev_hash": prev_hash}
+        digest = entry_hash(entry)
+        tx.execute(f"INSERT INTO logbook ({_LOGBOOK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (seq, now, kind, actor, subject, dumps(body), prev_hash, digest))
+        moved = tx.execute(
+            "UPDATE logbook_head SET hash = ?, at = ? WHERE id = 1 AND seq = ? AND hash = ? "
+            "RETURNING seq", (digest, now, seq, prev_hash))
+        if not moved:  # cannot happen while the head row is locked; refuse rather than fork
+            raise Conflict("the logbook head moved during an append; nothing was written")
+        return LogbookEntry(seq=seq, at=now, kind=kind, actor=actor, subject=subject,
+                            body=loads(dumps(body)), prev_hash=prev_hash, hash=digest)
+
+    def append(self, kind: str, actor: str, subject: str, body: dict[str, Any],
+               now: float | None = None) -> LogbookEntry:
+        at = self._now(now)
+        with self.transaction() as tx:
+            return self._append_tx(tx, kind, actor, subject, body, at)
+
+    def logbook_entries(self, after: int = 0, limit: int = 100,
+                        kind_prefix: str = "") -> list[LogbookEntry]:
+        # substr, not LIKE: SQLite's LIKE ignores case, and a prefix may hold '_' or '%'.
+        with self.reading() as tx:
+            rows = tx.execute(
+                f"SELECT {_LOGBOOK_COLUMNS} FROM logbook WHERE seq > ? "
+                "AND substr(kind, 1, ?) = ? ORDER BY seq LIMIT ?",
+                (int(after), len(kind_prefix), kind_prefix, int(limit)))
+        return [_entry(row) for row in rows]
+
+    def logbook_head(self) -> dict[str, Any]:
+        with self.reading() as tx:
+            row = tx.one("SELECT seq, hash, at FROM logbook_head WHERE id = 1")
+        if row is None:
+            raise HarbourUnavailable("the logbook has no head row: the store is damaged")
+        return {"seq": int(row[0]), "hash": row[1], "at": row[2]}
+
+    # -- principals ----------------------------------------------------------------
+
+    def add_principal(self, name: str, roles: list[str] | list[Role], *,
+                      public_jwk: dict[str, Any] | None = None, actor: str,
+                      now: float | None = None) -> tuple[Principal, str]:
+        _check_name(name)
+        parsed = parse_roles(roles)
+        if public_jwk is not None and not isinstance(public_jwk, dict):
+            raise InvalidInput("a principal's public key must be a JWK object")
+        at = self._now(now)
+        token = mint_token()
+        role_names = sorted(r.value for r in parsed)
+        with self.transaction() as tx:
+            added = tx.execute(
+                "INSERT INTO principals (name, token_hash, roles, public_jwk, created_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING name",
+                (name, hash_token(token), dumps(role_names), dumps(public_jwk), at))
+            if not added:
+                raise Conflict(f"a principal named {name!r} already exists",
+                               detail={"name": name})
+            self._append_tx(tx, "principal.added", actor, name,
+                            {"name": name, "roles": role_names,
+                             "public_jwk": public_jwk}, at)
+        return Principal(name=name, roles=parsed, public_jwk=public_jwk, created_at=at), token
+
+    def authenticate(self, token: str) -> Principal:
+        if not isinstance(token, str) or not token:
+            raise Unauthenticated("no token given")
+        digest = hash_token(token)
+        with self.reading() as tx:
+            row = tx.one(f"SELECT token_hash, {_PRINCIPAL_COLUMNS} FROM principals "
+                         "WHERE token_hash = ?", (digest,))
+        # The index found the row; the constant-time comparison is what decides.
+        if row is None or not hashes_equal(row[0], digest):
+            raise Unauthenticated("the token is not one this Harbourmaster issued")
+        principal = _principal(row[1:])
+        if principal.revoked:
+            raise Unauthenticated("the token was revoked")
+        return principal
+
+    def revoke_principal(self, name: str, *, actor: str, now: float | None = None) -> Principal:
+        at = self._now(now)
+        with self.transaction() as tx:
+            row = tx.one(
+                "UPDATE principals SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL "
+                f"RETURNING {_PRINCIPAL_COLUMNS}", (at, name))
+            if row is None:
+                return self._get_principal_tx(tx, name)  # already revoked: idempotent
+            self._append_tx(tx, "principal.revoked", actor, name, {"name": name}, at)
+        return _principal(row)
+
+    def get_principal(self, name: str) -> Principal:
+        with self.reading() as tx:
+            return self._get_principal_tx(tx, name)
+
+    def _get_principal_tx(self, tx: Tx, name: str) -> Principal:
+        row = tx.one(f"SELECT {_PRINCIPAL_COLUMNS} FROM principals WHERE name = ?", (name,))
+        if row is None:
+            raise NotFound(f"no principal named {str(name)[:128]!r}")
+        return _principal(row)
+
+    def list_principals(self) -> list[Principal]:
+        with self.reading() as tx:
+            rows = tx.execute(f"SELECT {_PRINCIPAL_COLUMNS} FROM principals ORDER BY name")
+        return [_principal(row) for row in rows]
+
+    def set_public_key(self, name: str, public_jwk: dict[str, Any] | None, *, actor: str,
+                       now: float | None = None) -> Principal:
+        if public_jwk is not None and not isinstance(public_jwk, dict):
+            raise InvalidInput("a principal's public key must be a JWK object")
+        at = self._now(now)
+        with self.transaction() as tx:
+            row = tx.one(f"UPDATE principals SET public_jwk = ? WHERE name = ? "
+                         f"RETURNING {_PRINCIPAL_COLUMNS}", (dumps(public_jwk), name))
+            if row is None:
+                raise NotFound(f"no principal named {str(name)[:128]!r}")
+            self._append_tx(tx, "principal.key_set", actor, name,
+                            {"name": name, "public_jwk": public_jwk}, at)
+        return _principal(row)
+
+    # -- routing configs ------------------------------------------------------------
+
+    def adopt_routing_config(self, config_cid: str, source: str, *, actor: str,
+                             now: float | None = None) -> bool:
+        at = self._now(now)
+        with self.transaction() as tx:
+            # Lock the pointer first, so two adoptions at once take turns.
+            tx.execute("UPDATE meta SET value = value WHERE key = 'routing_config_cid'")
+            current = tx.one("SELECT value FROM meta WHERE key = 'routing_config_cid'")
+            previous = current[0] if current is not None and current[0] else None
+            if previous == config_cid:
+                return False
+            tx.execute("INSERT INTO routing_configs (config_cid, source, adopted_at, adopted_by) "
+                       "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                       (config_cid, source, at, actor))
+            tx.execute("INSERT INTO meta (key, value) VALUES ('routing_config_cid', ?) "
+                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (config_cid,))
+            self._append_tx(tx, "config.adopted", actor, config_cid,
+                            {"config_cid": config_cid,
+                             "previous": previous}, at)
+        return True
+
+    def current_routing_config(self) -> RoutingConfig | None:
+        with self.reading() as tx:
+            row = tx.one(
+                "SELECT c.config_cid, c.source, c.adopted_at, c.adopted_by FROM meta m "
+                "JOIN routing_configs c ON c.config_cid = m.value "
+                "WHERE m.key = 'routing_config_cid'")
+        return None if row is None else RoutingConfig(*row)
+
+    def get_routing_config(self, config_cid: str) -> RoutingConfig:
+        with self.reading() as tx:
+            row = tx.one("SELECT config_cid, source, adopted_at, adopted_by FROM routing_configs "
+                         "WHERE config_cid = ?", (config_cid,))
+        if row is None:
+            raise NotFound(f"no routing config {str(config_cid)[:80]} was ever adopted here")
+        return RoutingConfig(*row)
+
+    # -- pilots ------------------------------------------------------------------------
+
+    def register_pilot(self, pilot_id: str, url: str, incarnation: str, targets: list[str], *,
+                       actor: str | None = None, now: float | None = None) -> str | None:
+        at = self._now(now)
+        who = actor or pilot_id
+        with self.transaction() as tx:
+            # Lock the Pilot's row (if any) first: registrations of one Pilot take turns.
+            tx.execute("UPDATE pilots SET last_seen = last_seen WHERE pilot_id = ?", (pilot_id,))
+            row = tx.one("SELECT incarnation FROM pilots WHERE pilot_id = ?", (pilot_id,))
+            previous = None if row is None else row[0]
+            tx.execute(
+                "INSERT INTO pilots (pilot_id, url, incarnation, targets, registered_at, "
+                "last_seen) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pilot_id) DO UPDATE SET "
+                "url = excluded.url, incarnation = excluded.incarnation, "
+                "targets = excluded.targets, last_seen = excluded.last_seen",
+                (pilot_id, url, incarnation, dumps(list(targets)), at, at))
+            journal: Journal = [("pilot.registered", who, pilot_id, {
+                "pilot_id": pilot_id, "url": url, "incarnation": incarnation,
+                "targets": list(targets), "previous_incarnation": previous})]
+            if previous is not None and previous != incarnation:
+                self._incarnation_changed_tx(tx, pilot_id, previous, incarnation, journal,
+                                             actor=who, now=at)
+            self._flush_tx(tx, journal, at)
+        return previous
+
+    def get_pilot(self, pilot_id: str) -> PilotRecord:
+        with self.reading() as tx:
+            row = tx.one("SELECT pilot_id, url, incarnation, targets, registered_at, last_seen "
+                         "FROM pilots WHERE pilot_id = ?", (pilot_id,))
+        if row is None:
+            raise NotFound(f"no Pilot {str(pilot_id)[:128]!r} is registered")
+        return _pilot(row)
+
+    def list_pilots(self) -> list[PilotRecord]:
+        with self.reading() as tx:
+            rows = tx.execute("SELECT pilot_id, url, incarnation, targets, registered_at, "
+                              "last_seen FROM pilots ORDER BY pilot_id")
+        return [_pilot(row) for row in rows]
+
+
+def _check_name(name: str) -> None:
+    if (not isinstance(name, str) or not name or len(name.encode("utf-8")) > MAX_NAME_BYTES
+            or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name)):
+        raise InvalidInput(f"a principal's name must be 1 to {MAX_NAME_BYTES} bytes of text "
+                           "without control characters")
