@@ -49,6 +49,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── OwnerGone            owner_gone            the owning process died, no outcome
     │   ├── PilotLost            pilot_lost            a service lost mid-execution, not regained
     │   └── CommitUnknown        commit_unknown
+    ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 1)
     └── Unavailable           could not be reached before anything was claimed (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
@@ -316,6 +317,17 @@ class PilotLost(Indeterminate, code="pilot_lost"):
 
 class CommitUnknown(Indeterminate, code="commit_unknown"):
     pass
+
+
+# -- a check found something wrong ------------------------------------------------
+
+
+class LogbookBroken(MarqueError, code="logbook_broken"):
+    """A logbook's hash chain does not hold: an entry was edited, removed, reordered, or
+    the chain no longer reaches a saved head. ``detail`` names the first bad ``seq``."""
+
+    kind = "broken"
+    exit_status = 1
 
 
 # -- could not be reached; nothing claimed ------------------------------------------

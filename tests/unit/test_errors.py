@@ -24,6 +24,7 @@ DESIGN_CODES = {
 OWN_CODES = {
     "input_invalid": 2, "config_invalid": 2, "ledger_exists": 2, "ledger_missing": 2,
     "home_mismatch": 2, "nonce_reaped": 2, "ledger_corrupt": 7, "owner_gone": 5, "pilot_lost": 5,
+    "logbook_broken": 1,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400}

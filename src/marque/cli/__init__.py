@@ -18,9 +18,11 @@ import click
 from marque import __version__
 from marque.cli.common import CommandExit, emit_json, printable
 from marque.cli.execution import exec_, outcome_, reconcile
+from marque.cli.harbour import harbour
 from marque.cli.issue import issue, proof
 from marque.cli.keys import keys
 from marque.cli.ledger import ledger
+from marque.cli.logbook import logbook
 from marque.cli.pilot import pilot
 from marque.cli.serve import pilot_serve  # noqa: F401 - registers `pilot serve`
 from marque.errors import InvalidInput
@@ -43,7 +45,8 @@ def demo(as_json: bool) -> None:
     raise CommandExit(run_demo(as_json=as_json))
 
 
-for _command in (keys, pilot, issue, proof, exec_, outcome_, reconcile, ledger):
+for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, ledger,
+                 logbook):
     app.add_command(_command)
 
 

@@ -1,0 +1,141 @@
+"""Creating and administering a Harbourmaster's home (``marque harbour …``, offline).
+
+These are the operations an operator runs on the Harbourmaster's own machine,
+with the home's files as the credential: create the home, add and revoke
+principals, check and adopt routing configs. Every change lands in the store's
+logbook with the acting operator as its ``actor``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from marque.dsn import check_shape, is_sqlite, relative_to, resolve_sqlite, sqlite_path
+from marque.errors import InvalidInput
+from marque.harbour.home import (
+    DEFAULT_STORE_DSN,
+    HarbourConfig,
+    HarbourHome,
+    open_home_store,
+    write_config,
+)
+
+
+def operator() -> str:
+    """Who acts when the CLI changes a home: ``cli:<OS user>`` (recorded as ``actor``)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return f"cli:uid-{os.getuid()}"
+
+
+def init_harbour(home: str | os.PathLike[str], *, store_dsn: str | None = None,
+                 routing_text: str | None = None, admin: str = "admin") -> dict[str, Any]:
+    """Create a Harbourmaster: store, issuer key, ``harbour.json``, its first routing config
+    and its first principal, ``admin`` (role admin), whose token is returned this once.
+
+    Without ``routing_text`` the bootstrap profile is adopted (reads allowed;
+    writes, DDL and anything else delegated to one approver), recorded by its
+    CID like any other config — it is never re-materialised from code later.
+    The routing config is checked before anything is written.
+    """
+    from marque.harbour.routing import BOOTSTRAP_PROFILE, parse_config
+    from marque.harbour.store import create_store
+    from marque.token import new_key, public_jwk
+
+    config = BOOTSTRAP_PROFILE if routing_text is None else parse_config(routing_text)
+    harbour_home = HarbourHome(home)
+    if harbour_home.exists():
+        raise InvalidInput(f"{home} already holds a Harbourmaster (harbour.json)")
+    if harbour_home.path.exists() and not harbour_home.path.is_dir():
+        raise InvalidInput(f"{home} exists and is not a directory")
+    harbour_home.path.mkdir(parents=True, exist_ok=True)
+    here = harbour_home.path.resolve()
+    if store_dsn is None:
+        stored = DEFAULT_STORE_DSN
+    else:
+        check_shape(store_dsn, "the store DSN")
+        stored = relative_to(resolve_sqlite(store_dsn, Path.cwd()), here)
+    dsn = resolve_sqlite(stored, here)
+    store = create_store(dsn)
+    created_file = sqlite_path(dsn) if is_sqlite(dsn) else None
+    try:
+        key = new_key()
+        fd = os.open(harbour_home.issuer_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(key, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        store.adopt_routing_config(config.config_cid, config.text, actor=operator())
+        _, admin_token = store.add_principal(admin, ["admin"], actor=operator())
+        written = HarbourConfig(store.harbour_id, stored, f"marque-harbour:{store.harbour_id}")
+        write_config(harbour_home, written)
+    except BaseException:
+        store.close()
+        harbour_home.issuer_key_path.unlink(missing_ok=True)
+        if created_file is not None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(created_file + suffix).unlink(missing_ok=True)
+        raise
+    store.close()
+    return {
+        "harbour_id": written.harbour_id,
+        "home": str(here),
+        "store": stored,
+        "issuer_kid": key["kid"],
+        "issuer": {"name": written.issuer, "jwk": public_jwk(key)},
+        "admin": admin,
+        "admin_token": admin_token,
+        "routing": {"config_cid": config.config_cid, "bootstrap": routing_text is None},
+    }
+
+
+def add_principal(home: str | os.PathLike[str], name: str, roles: list[str], *,
+                  public_jwk: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Add a principal; returns it with its token (shown this once, stored as a hash)."""
+    if public_jwk is not None and "d" in public_jwk:
+        raise InvalidInput("that key file holds a private key: register the public part only "
+                           "(`marque keys public`)")
+    store = open_home_store(HarbourHome(home))
+    try:
+        principal, token = store.add_principal(name, roles, public_jwk=public_jwk,
+                                               actor=operator())
+    finally:
+        store.close()
+    return {**principal.to_dict(), "token": token}
+
+
+def revoke_principal(home: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """Revoke a principal's token; its history stays."""
+    store = open_home_store(HarbourHome(home))
+    try:
+        return dict(store.revoke_principal(name, actor=operator()).to_dict())
+    finally:
+        store.close()
+
+
+def list_principals(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every principal (never a token: only their hashes are kept)."""
+    store = open_home_store(HarbourHome(home))
+    try:
+        return [p.to_dict() for p in store.list_principals()]
+    finally:
+        store.close()
+
+
+def set_routing(home: str | os.PathLike[str], text: str) -> dict[str, Any]:
+    """Check ``text`` and adopt it as the current routing config (a logbook entry)."""
+    from marque.harbour.routing import parse_config
+
+    config = parse_config(text)
+    store = open_home_store(HarbourHome(home))
+    try:
+        before = store.current_routing_config()
+        changed = store.adopt_routing_config(config.config_cid, config.text, actor=operator())
+    finally:
+        store.close()
+    return {"config_cid": config.config_cid, "entries": len(config.entries),
+            "previous": None if before is None else before.config_cid, "changed": changed}
