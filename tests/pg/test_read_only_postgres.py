@@ -240,3 +240,35 @@ def test_a_read_only_change_is_previewed_read_only(ro_world: World) -> None:
                              statement_timeout_ms=5_000)
     assert plain["rows"] == 1
     assert ro_world.balances() == START and ro_world.stamps() == []
+
+
+# -- routing and the database together (DESIGN §11.3) --------------------------------------
+
+ISSUE_CASES = [
+    "SELECT drain()",
+    "SELECT nextval('s')",
+    "WITH d AS (DELETE FROM accounts RETURNING *) SELECT * FROM d",
+    "SELECT * INTO copy FROM accounts",
+    "SELECT * FROM accounts FOR UPDATE",
+    "COPY accounts FROM PROGRAM 'echo 9,9'",
+]
+
+
+@pytest.mark.parametrize("sql", ISSUE_CASES)
+def test_what_routing_calls_a_read_cannot_write(ro_world: World, sql: str) -> None:
+    """Each write path is either classified as no read at all, or — classified as a read and
+    so issued read-only — refused by the database with the target unchanged."""
+    from marque.harbour.routing import BOOTSTRAP_PROFILE, evaluate
+
+    decision = evaluate(BOOTSTRAP_PROFILE, "alice", TARGET, [sql], "postgres")
+    if not decision.all_read:
+        assert decision.outcome == "delegate"  # a write waits for a person, never a read
+        assert any(t.operation != "read" for t in decision.tuples)
+        return
+    assert decision.outcome == "allow"
+    try:
+        token = issue(ro_world, [sql])
+    except InvalidInput:
+        pytest.fail(f"{sql!r} passed routing as a read but cannot be issued")
+    refused(ro_world.execute(token, "n-routed"))
+    assert_target_unchanged(ro_world)

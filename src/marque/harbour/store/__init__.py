@@ -5,6 +5,7 @@ from __future__ import annotations
 from marque.dsn import is_postgres, is_sqlite, sqlite_path
 from marque.errors import InvalidInput
 from marque.harbour.store.base import (
+    AdoptedConfig,
     Checkpoint,
     HarbourStore,
     LogbookEntry,
@@ -13,7 +14,6 @@ from marque.harbour.store.base import (
     Request,
     RequestDraft,
     Resolution,
-    RoutingConfig,
 )
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
     "Request",
     "RequestDraft",
     "Resolution",
-    "RoutingConfig",
+    "AdoptedConfig",
     "create_store",
     "open_store",
 ]

@@ -119,7 +119,7 @@ class PilotRecord:
 
 
 @dataclass(frozen=True)
-class RoutingConfig:
+class AdoptedConfig:
     """An adopted account routing config: its CID and its exact source text."""
 
     config_cid: str
@@ -214,11 +214,11 @@ class HarbourStore(abc.ABC):
         """Make ``config_cid`` the current config; False if it already was (no entry)."""
 
     @abc.abstractmethod
-    def current_routing_config(self) -> RoutingConfig | None:
+    def current_routing_config(self) -> AdoptedConfig | None:
         """The config adopted last, or None before any."""
 
     @abc.abstractmethod
-    def get_routing_config(self, config_cid: str) -> RoutingConfig:
+    def get_routing_config(self, config_cid: str) -> AdoptedConfig:
         """An adopted config by CID; ``NotFound`` if never adopted."""
 
     # -- pilots -------------------------------------------------------------------

@@ -43,7 +43,7 @@ from marque.harbour.principals import (
     parse_roles,
 )
 from marque.harbour.store import schema
-from marque.harbour.store.base import LogbookEntry, PilotRecord, RoutingConfig
+from marque.harbour.store.base import AdoptedConfig, LogbookEntry, PilotRecord
 from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.tx import Tx, dumps, loads
 
@@ -319,21 +319,21 @@ class SqlHarbourStore(RequestRecords):
                              "previous": previous}, at)
         return True
 
-    def current_routing_config(self) -> RoutingConfig | None:
+    def current_routing_config(self) -> AdoptedConfig | None:
         with self.reading() as tx:
             row = tx.one(
                 "SELECT c.config_cid, c.source, c.adopted_at, c.adopted_by FROM meta m "
                 "JOIN routing_configs c ON c.config_cid = m.value "
                 "WHERE m.key = 'routing_config_cid'")
-        return None if row is None else RoutingConfig(*row)
+        return None if row is None else AdoptedConfig(*row)
 
-    def get_routing_config(self, config_cid: str) -> RoutingConfig:
+    def get_routing_config(self, config_cid: str) -> AdoptedConfig:
         with self.reading() as tx:
             row = tx.one("SELECT config_cid, source, adopted_at, adopted_by FROM routing_configs "
                          "WHERE config_cid = ?", (config_cid,))
         if row is None:
             raise NotFound(f"no routing config {str(config_cid)[:80]} was ever adopted here")
-        return RoutingConfig(*row)
+        return AdoptedConfig(*row)
 
     # -- pilots ------------------------------------------------------------------------
 
