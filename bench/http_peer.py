@@ -8,6 +8,7 @@ stream to its outcome line. Only the request is timed; proofs are made before.
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from harness import Cell, Op
@@ -90,5 +92,45 @@ class HttpCell(Cell):
             outcome = last.get("outcome") or {}
             if response.status_code != 200 or outcome.get("status") != "applied":
                 raise RuntimeError(f"expected applied, got {response.status_code}: {last}")
+
+        return op
+
+
+class StdlibHttpCell(HttpCell):
+    """``marque_http`` through Python's own ``http.client``: what the service itself adds.
+
+    httpx spends about a millisecond of client CPU per request on this machine
+    (``bench/http_floor.py``); this cell measures the same service without it.
+    """
+
+    def __init__(self, bed: HttpBed, clients: int) -> None:
+        super().__init__(bed, clients, "marque_http_stdlib")
+        self.address = urlsplit(bed.url)
+
+    def prepare(self, per_client: int) -> list[Op]:
+        ops = []
+        for c in range(self.clients):
+            nonces = [f"n-{uuid.uuid4().hex}" for _ in range(per_client)]
+            bodies = [json.dumps({"marque": self.tokens[c], "nonce": n,
+                                  "proof": self.bed.proof(self.tokens[c], n)}).encode()
+                      for n in nonces]
+            # A fresh connection per round: the server closes idle keep-alive
+            # connections between rounds, and http.client does not reconnect.
+            conn = http.client.HTTPConnection(self.address.hostname or "127.0.0.1",
+                                              self.address.port, timeout=60)
+            ops.append(self._stdlib_op(conn, bodies))
+        return ops
+
+    @staticmethod
+    def _stdlib_op(conn: http.client.HTTPConnection, bodies: list[bytes]) -> Op:
+        def op(i: int) -> None:
+            conn.request("POST", "/v1/executions", body=bodies[i],
+                         headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read().decode()
+            last = json.loads(text.rstrip("\n").rsplit("\n", 1)[-1])
+            outcome = last.get("outcome") or {}
+            if response.status != 200 or outcome.get("status") != "applied":
+                raise RuntimeError(f"expected applied, got {response.status}: {last}")
 
         return op

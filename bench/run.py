@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from cluster import BenchCluster  # noqa: E402
 from harness import Cell, SkippedCell, add_ratios, run_interleaved, summarise  # noqa: E402
-from http_peer import HttpBed, HttpCell  # noqa: E402
+from http_peer import HttpBed, HttpCell, StdlibHttpCell  # noqa: E402
 from prefill import measure_reap, prefill_sqlite_ledger  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -172,6 +172,10 @@ def run_all(
             for n in counts:
                 build(cells, name, n,
                       lambda k=n, b=http_bed, c=name: HttpCell(b, k, c))
+            if workers == 1:
+                for n in plan.clients:
+                    build(cells, "marque_http_stdlib", n,
+                          lambda k=n, b=http_bed: StdlibHttpCell(b, k))
         except Exception as exc:
             log(f"  ! Pilot service ({name}): {type(exc).__name__}: {exc}")
             for n in counts:
