@@ -158,7 +158,16 @@ def test_a_saved_signed_head_catches_a_truncated_tail(home: Path, tmp_path: Path
 
     with sqlite3.connect(home / "harbour.sqlite3") as conn:
         conn.execute("DELETE FROM logbook WHERE seq = ?", (last,))
-    # Without the head the shorter chain still holds; with it, the cut is named.
+    # The store's own head row already names the cut; a saved head names it too.
+    bare = run_cli("logbook", "verify", "--home", home, "--json")
+    assert bare.returncode == 1 and bare.json["break"]["seq"] == last
+    cut = run_cli("logbook", "verify", "--home", home, "--head", head, "--json")
+    assert cut.returncode == 1 and cut.json["break"]["seq"] == last
+
+    # Cutting the head row back too defeats the store's own check; the saved head does not.
+    with sqlite3.connect(home / "harbour.sqlite3") as conn:
+        [(prev,)] = conn.execute("SELECT hash FROM logbook WHERE seq = ?", (last - 1,))
+        conn.execute("UPDATE logbook_head SET seq = ?, hash = ?", (last - 1, prev))
     assert run_cli("logbook", "verify", "--home", home).returncode == 0
     cut = run_cli("logbook", "verify", "--home", home, "--head", head, "--json")
     assert cut.returncode == 1 and cut.json["break"]["seq"] == last

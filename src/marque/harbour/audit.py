@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from marque.errors import InvalidInput, LogbookBroken, NotFound
-from marque.harbour.chain import ChainBreak, check_head, verify_against_head, verify_entries
+from marque.harbour.chain import (
+    GENESIS,
+    ChainBreak,
+    check_head,
+    verify_against_head,
+    verify_entries,
+)
 from marque.harbour.home import HarbourHome, open_home_store
 
 #: Entries read from a store per query while verifying.
@@ -93,23 +99,40 @@ def verify_home(home: str | os.PathLike[str],
         return {"entries": last["seq"], "head": last}
 
     store = open_home_store(HarbourHome(home))
+    walked: dict[str, Any] = {"seq": 0, "hash": GENESIS, "at": None}
     try:
         def pages() -> Iterator[dict[str, Any]]:
             after = 0
             while True:
                 batch = store.logbook_entries(after=after, limit=PAGE)
                 for entry in batch:
+                    walked.update(seq=entry.seq, hash=entry.hash, at=entry.at)
                     yield entry.to_dict()
                 if len(batch) < PAGE:
                     return
                 after = batch[-1].seq
 
         found = verify_entries(pages()) if head is None else verify_against_head(pages(), head)
-        last = dict(store.logbook_head())
+        # The store's own head row is a head saved by every append: a chain that stops
+        # short of it lost its tail, even when no head was saved elsewhere.
+        recorded = dict(store.logbook_head())
     finally:
         store.close()
     _raise_if_broken(found)
-    return {"entries": last["seq"], "head": last}
+    if walked["seq"] < recorded["seq"]:
+        missing = walked["seq"] + 1
+        raise LogbookBroken(
+            f"the logbook's chain ends at seq {walked['seq']} but its head row records seq "
+            f"{recorded['seq']}: the entries from seq {missing} on were removed",
+            detail={"seq": missing, "kind": "truncated",
+                    "reason": f"the head row records seq {recorded['seq']}"})
+    if (walked["seq"], walked["hash"]) != (recorded["seq"], recorded["hash"]):
+        raise LogbookBroken(
+            f"the logbook's last entry (seq {walked['seq']}) is not the one its head row "
+            "records: its tail was rewritten",
+            detail={"seq": recorded["seq"], "kind": "rewritten",
+                    "reason": "the head row records another hash"})
+    return {"entries": walked["seq"], "head": walked}
 
 
 def _raise_if_broken(found: ChainBreak | None) -> None:
