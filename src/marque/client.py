@@ -81,6 +81,44 @@ class PilotClient:
             raise PilotUnavailable(f"{self.url} does not answer like a Pilot service")
         return body
 
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """One request answered by a JSON object; problems raise their typed error."""
+        try:
+            response = self._http.request(method, path, timeout=self._timeout, **kwargs)
+        except httpx.TransportError as exc:
+            raise PilotUnavailable(f"the Pilot at {self.url} cannot be reached ({exc})") from exc
+        if response.status_code >= 400:
+            if response.headers.get("content-type", "").startswith("application/problem+json"):
+                raise error_from_problem(response)
+            raise PilotUnavailable(f"the Pilot at {self.url} answered {response.status_code} "
+                                   "without a problem document")
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise PilotUnavailable(f"{self.url} does not answer like a Pilot service")
+        return body
+
+    def preview(self, preview_token: str) -> dict[str, Any]:
+        """``POST /v1/previews``: the preview object for a preview token (DESIGN §10).
+
+        Refusals raise their error (``preview_failed``, ``wrong_incarnation``, …);
+        ``PilotUnavailable`` if the Pilot cannot be reached. Nothing is claimed.
+        """
+        return self._json("POST", "/v1/previews", json={"preview": preview_token})
+
+    def evidence(self, marque_id: str, query_token: str) -> dict[str, Any]:
+        """``GET /v1/marques/{marque_id}`` with a query token: the Pilot's evidence.
+
+        ``{marque_id, pilot, budget, claims, stamps, target_reachable}``;
+        refusals raise their error, ``PilotUnavailable`` if unreachable.
+        """
+        from urllib.parse import quote
+
+        return self._json("GET", f"/v1/marques/{quote(marque_id, safe='')}",
+                          headers={"Authorization": f"Bearer {query_token}"})
+
     def execute(self, marque: str, nonce: str, prove: Callable[[], str],
                 on_event: EventSink | None = None) -> Outcome:
         """Post an execution and stream its events to its outcome.

@@ -17,8 +17,10 @@ import click
 
 from marque import __version__
 from marque.cli.common import CommandExit, emit_json, printable
+from marque.cli.control import COMMANDS as CONTROL_COMMANDS
 from marque.cli.execution import exec_, outcome_, reconcile
 from marque.cli.harbour import harbour
+from marque.cli.harbour_serve import harbour_serve  # noqa: F401 - registers `harbour serve`
 from marque.cli.issue import issue, proof
 from marque.cli.keys import keys
 from marque.cli.ledger import ledger
@@ -46,7 +48,7 @@ def demo(as_json: bool) -> None:
 
 
 for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, ledger,
-                 logbook):
+                 logbook, *CONTROL_COMMANDS):
     app.add_command(_command)
 
 

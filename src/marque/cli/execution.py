@@ -23,6 +23,7 @@ from marque.cli.common import (
     read_marque_file,
     when,
 )
+from marque.cli.control import harbour_options
 from marque.errors import InvalidInput, MarqueError, NonceReaped, Refusal
 
 if TYPE_CHECKING:
@@ -138,8 +139,8 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
 @click.command("exec")
 @click.option("--home", type=click.Path(path_type=Path), default=None,
               help="The Pilot's home directory (the embedded Pilot); not with --pilot.")
-@click.option("--marque", "marque_file", type=click.Path(path_type=Path), required=True,
-              help="The file holding the marque (compact JWS).")
+@click.option("--marque", "marque_file", type=click.Path(path_type=Path), default=None,
+              help="The file holding the marque (compact JWS); not with --request.")
 @click.option("--key", type=click.Path(path_type=Path), required=True,
               help="The holder's private JWK file (signs the proof of possession).")
 @click.option("--nonce", required=True,
@@ -148,31 +149,44 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
 @click.option("--pilot", "pilot_url", default=None, metavar="URL",
               help="A Pilot service (`marque pilot serve`) to execute through, instead of the "
                    "embedded Pilot of --home.")
+@click.option("--request", "request_id", default=None, metavar="ID",
+              help="A request at the Harbourmaster (its rq_ id or your request id): fetch its "
+                   "marque and its Pilot's URL, then execute through that Pilot's service.")
+@harbour_options
 @json_option
-def exec_(home: Path | None, marque_file: Path, key: Path, nonce: str, pilot_url: str | None,
-          as_json: bool) -> None:
+def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
+          pilot_url: str | None, request_id: str | None, harbour_url: str | None,
+          token: str | None, as_json: bool) -> None:
     """Execute a marque once for NONCE, streaming events; a retry returns the outcome.
 
-    Through a Pilot service (--pilot URL), a lost connection is followed back to
-    the same execution, never a new one.
+    Through a Pilot service (--pilot URL, or the request's Pilot with --request
+    ID), a lost connection is followed back to the same execution, never a new
+    one.
     """
     from marque.outcome import refusal_object
 
     pilot_info: dict[str, Any] = {"id": None, "incarnation": None}
-    token = ""
+    marque = ""
     try:
-        if (home is None) == (pilot_url is None):
-            raise InvalidInput("give exactly one of --home (the embedded Pilot) and --pilot "
-                               "URL (a Pilot service)")
-        token = read_marque_file(marque_file)
+        if sum(x is not None for x in (home, pilot_url, request_id)) != 1:
+            raise InvalidInput("give exactly one of --home (the embedded Pilot), --pilot URL "
+                               "(a Pilot service) and --request ID (a Harbourmaster's request)")
+        if (marque_file is None) == (request_id is None):
+            raise InvalidInput("give exactly one of --marque FILE and --request ID (whose "
+                               "marque the Harbourmaster holds)")
         holder = read_json_file(key, "holder key")
+        if request_id is not None:
+            marque, pilot_url = _marque_of_request(request_id, harbour_url, token, as_json)
+        else:
+            assert marque_file is not None
+            marque = read_marque_file(marque_file)
         from marque.token import make_proof, unverified_claims
 
-        marque_id = (unverified_claims(token) or {}).get("jti")
+        marque_id = (unverified_claims(marque) or {}).get("jti")
         if not as_json and isinstance(marque_id, str):
             err.say(f"[dim]exec marque {one_line(marque_id)} nonce {one_line(nonce)}[/]")
         if pilot_url is not None:
-            outcome = _exec_remote(pilot_url, token, holder, nonce, as_json, pilot_info)
+            outcome = _exec_remote(pilot_url, marque, holder, nonce, as_json, pilot_info)
         else:
             assert home is not None
             from marque.pilot import open_pilot
@@ -180,21 +194,43 @@ def exec_(home: Path | None, marque_file: Path, key: Path, nonce: str, pilot_url
             pilot = open_pilot(home)
             pilot_info.update(id=pilot.pilot_id, incarnation=pilot.incarnation)
             try:
-                proof = make_proof(holder, token, nonce=nonce, pilot_id=pilot.pilot_id)
-                outcome = pilot.execute(token, proof, nonce,
+                proof = make_proof(holder, marque, nonce=nonce, pilot_id=pilot.pilot_id)
+                outcome = pilot.execute(marque, proof, nonce,
                                         on_event=lambda e: print_event(e, as_json))
             finally:
                 pilot.close()
     except Refusal as exc:
         from marque.token import unverified_claims
 
-        jti = (unverified_claims(token) or {}).get("jti") if token else None
+        jti = (unverified_claims(marque) or {}).get("jti") if marque else None
         fail(exc, as_json, refusal_object(jti if isinstance(jti, str) else None, nonce,
                                           pilot_info, exc.to_dict()))
     except MarqueError as exc:
         fail(exc, as_json)
     print_outcome(outcome, as_json)
     raise CommandExit(outcome.exit_status)
+
+
+def _marque_of_request(request_id: str, harbour_url: str | None, token: str | None,
+                       as_json: bool) -> tuple[str, str]:
+    """The marque a request holds at the Harbourmaster and the URL of the Pilot that runs it."""
+    from marque.cli.control import checked_id, connect
+
+    client = connect(harbour_url, token)
+    try:
+        found = client.marque_for(checked_id(request_id))
+    finally:
+        client.close()
+    pilot = found.get("pilot") or {}
+    marque, url = found.get("marque"), pilot.get("url")
+    if not isinstance(marque, str) or not isinstance(url, str) or not url:
+        raise InvalidInput(f"the Harbourmaster's answer for request {request_id} holds no "
+                           "marque and Pilot URL")
+    if not as_json:
+        err.say(f"[dim]request {one_line(request_id)}: marque "
+                f"{one_line(found.get('marque_id'))} via Pilot {one_line(pilot.get('id'))} at "
+                f"{one_line(url)}[/]")
+    return marque, url
 
 
 def _exec_remote(url: str, token: str, holder: dict[str, Any], nonce: str, as_json: bool,

@@ -1,18 +1,66 @@
-"""``marque logbook``: verify a logbook and save its head, offline over a home."""
+"""``marque logbook``: read, verify and save the head of a logbook — over a home or a service.
+
+Offline (``--home``) the chain is read from a Harbourmaster's store or a
+Pilot's home. Over HTTP (``--harbour URL``) the entries are fetched page by
+page from ``GET /v1/logbook`` and checked here, by the same chain rules: the
+Harbourmaster is not trusted to say its own logbook holds. A saved head's
+signature is checked against the Harbourmaster's JWKS.
+"""
 
 from __future__ import annotations
 
 import json
+import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from marque.cli.common import emit_json, fail, guarded, json_option, literal, out, read_json_file
-from marque.errors import LogbookBroken
+from marque.cli.common import (
+    emit_event_json,
+    emit_json,
+    err,
+    fail,
+    guarded,
+    json_option,
+    literal,
+    one_line,
+    out,
+    read_json_file,
+    when,
+)
+from marque.cli.control import connect, harbour_option, harbour_options, token_option
+from marque.errors import HarbourUnavailable, InvalidInput, LogbookBroken
+
+if TYPE_CHECKING:
+    from marque.harbour.client import HarbourClient
 
 any_home_option = click.option(
-    "--home", type=click.Path(path_type=Path), required=True,
-    help="A Harbourmaster's home (its store's logbook) or a Pilot's home (its own logbook).")
+    "--home", type=click.Path(path_type=Path), default=None,
+    help="A Harbourmaster's home (its store's logbook) or a Pilot's home (its own logbook); "
+         "not with --harbour.")
+#: Entries fetched per ``GET /v1/logbook`` (the API's maximum).
+PAGE = 1000
+#: How often ``logbook tail --follow`` asks for new entries, in seconds.
+FOLLOW_INTERVAL = 1.0
+
+
+def _where(ctx: click.Context, home: Path | None, harbour_url: str | None) -> str:
+    """``"home"`` or ``"harbour"``: exactly one of --home and --harbour must be given.
+
+    A Harbourmaster named only by ``MARQUE_HARBOUR`` gives way to an explicit
+    ``--home``: the variable is a default, not a second answer.
+    """
+    source = ctx.get_parameter_source("harbour_url")
+    if home is not None and source == click.core.ParameterSource.ENVIRONMENT:
+        return "home"
+    if (home is None) == (harbour_url is None):
+        raise InvalidInput("give exactly one of --home DIR (offline) and --harbour URL "
+                           "(a Harbourmaster service)")
+    return "home" if home is not None else "harbour"
 
 
 @click.group("logbook", no_args_is_help=True)
@@ -22,18 +70,32 @@ def logbook() -> None:
 
 @logbook.command("verify")
 @any_home_option
+@harbour_options
 @click.option("--head", "head_file", type=click.Path(path_type=Path), default=None,
               help="A head saved earlier by `marque logbook head`: the chain must still reach "
                    "it (catches a truncated or rewritten tail).")
 @json_option
+@click.pass_context
 @guarded
-def logbook_verify(home: Path, head_file: Path | None, as_json: bool) -> None:
+def logbook_verify(ctx: click.Context, home: Path | None, harbour_url: str | None,
+                   token: str | None, head_file: Path | None, as_json: bool) -> None:
     """Walk the whole chain; exit 0 if it holds, else name the first bad entry (exit 1)."""
-    from marque.harbour.audit import saved_head, verify_home
-
-    head = None if head_file is None else saved_head(home, read_json_file(head_file, "head"))
+    saved = None if head_file is None else read_json_file(head_file, "head")
+    head = None
     try:
-        result = verify_home(home, head)
+        if _where(ctx, home, harbour_url) == "home":
+            from marque.harbour.audit import saved_head, verify_home
+
+            assert home is not None
+            head = None if saved is None else saved_head(home, saved)
+            result = verify_home(home, head)
+        else:
+            client = connect(harbour_url, token)
+            try:
+                head = None if saved is None else _saved_head_over_http(client, saved)
+                result = _verify_over_http(client, head)
+            finally:
+                client.close()
     except LogbookBroken as exc:
         fail(exc, as_json, {"intact": False, "break": exc.detail})
     result = {"intact": True, **result}
@@ -44,17 +106,104 @@ def logbook_verify(home: Path, head_file: Path | None, as_json: bool) -> None:
             + (f", reaching the saved head at seq {head['seq']}" if head else ""))
 
 
+def _trusted_keys(client: HarbourClient) -> Any:
+    """The Harbourmaster's issuer keys, from its JWKS."""
+    from marque.token import TrustedKeys
+
+    keys = client.jwks().get("keys")
+    if not isinstance(keys, list) or not keys:
+        raise InvalidInput(f"the Harbourmaster at {client.url} publishes no issuer key")
+    return TrustedKeys(keys)
+
+
+def _saved_head_over_http(client: HarbourClient, saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved head's signed claims, the signature checked against the Harbourmaster's JWKS."""
+    from marque.harbour.chain import check_head
+    from marque.harbour.heads import verify_head
+
+    signed = saved.get("signed")
+    if not isinstance(signed, str):
+        raise InvalidInput("a Harbourmaster's saved head must carry its signature (`signed`), "
+                           "as `marque logbook head` writes it")
+    return check_head(verify_head(signed, _trusted_keys(client)))
+
+
+def _pages(client: HarbourClient, walked: dict[str, Any], kind: str | None = None,
+           after: int = 0) -> Iterator[dict[str, Any]]:
+    """Every entry after ``after``, page by page; ``walked`` tracks the last one seen."""
+    while True:
+        page = client.logbook(after=after, limit=PAGE, kind=kind)
+        entries = page.get("entries") or []
+        for entry in entries:
+            if isinstance(entry, dict):
+                walked.update(seq=entry.get("seq"), hash=entry.get("hash"), at=entry.get("at"))
+            yield entry
+        next_after = page.get("next_after")
+        if not entries or not isinstance(next_after, int) or next_after <= after:
+            return
+        after = next_after
+
+
+def _verify_over_http(client: HarbourClient, head: dict[str, Any] | None) -> dict[str, Any]:
+    """Fetch and verify the whole chain; it must also reach the head the service holds now."""
+    from marque.harbour.chain import GENESIS, verify_against_head, verify_entries
+
+    # Taken first: entries appended while we read lie beyond it, and still verify.
+    current = client.logbook_head()
+    at_current: dict[str, Any] = {}
+    walked: dict[str, Any] = {"seq": 0, "hash": GENESIS, "at": None}
+
+    def entries() -> Iterator[dict[str, Any]]:
+        for entry in _pages(client, walked):
+            if isinstance(entry, dict) and entry.get("seq") == current.get("seq"):
+                at_current["hash"] = entry.get("hash")
+            yield entry
+
+    found = verify_entries(entries()) if head is None else verify_against_head(entries(), head)
+    if found is not None:
+        raise LogbookBroken(f"the logbook's chain breaks at seq {found.seq}: {found.reason}",
+                            detail=found.to_dict())
+    # The service's own head row is a head saved by every append: a chain that stops short
+    # of it lost its tail, even when no head was saved elsewhere.
+    seq = current.get("seq")
+    if isinstance(seq, int) and walked["seq"] < seq:
+        missing = walked["seq"] + 1
+        raise LogbookBroken(
+            f"the logbook's chain ends at seq {walked['seq']} but the Harbourmaster's head is "
+            f"at seq {seq}: the entries from seq {missing} on were removed",
+            detail={"seq": missing, "kind": "truncated",
+                    "reason": f"the Harbourmaster's head records seq {seq}"})
+    if isinstance(seq, int) and seq > 0 and at_current.get("hash") != current.get("hash"):
+        raise LogbookBroken(
+            f"entry {seq} is not the one the Harbourmaster's head records: its tail was "
+            "rewritten", detail={"seq": seq, "kind": "rewritten",
+                                 "reason": "the head records another hash"})
+    return {"entries": walked["seq"], "head": dict(walked)}
+
+
 @logbook.command("head")
 @any_home_option
+@harbour_options
 @click.option("--out", "out_file", type=click.Path(path_type=Path), default=None,
               help="Also write the head to this file (for a later `logbook verify --head`).")
 @json_option
+@click.pass_context
 @guarded
-def logbook_head(home: Path, out_file: Path | None, as_json: bool) -> None:
+def logbook_head(ctx: click.Context, home: Path | None, harbour_url: str | None,
+                 token: str | None, out_file: Path | None, as_json: bool) -> None:
     """The chain's head {seq, hash, at}; a Harbourmaster's is signed by its issuer key."""
-    from marque.harbour.audit import head_of
+    if _where(ctx, home, harbour_url) == "home":
+        from marque.harbour.audit import head_of
 
-    head = head_of(home)
+        assert home is not None
+        head = head_of(home)
+    else:
+        client = connect(harbour_url, token)
+        try:
+            head = client.logbook_head()
+        finally:
+            client.close()
+        head = {k: head.get(k) for k in ("seq", "hash", "at", "signed")}
     if out_file is not None:
         out_file.write_text(json.dumps(head, sort_keys=True) + "\n", encoding="utf-8")
     if as_json:
@@ -62,3 +211,102 @@ def logbook_head(home: Path, out_file: Path | None, as_json: bool) -> None:
         return
     out.say(f"seq {head['seq']} hash {literal(head['hash'])}"
             + (" (signed)" if head.get("signed") else ""))
+
+
+# -- tail -------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """SIGINT or SIGTERM while following: stop cleanly."""
+
+
+def _print_entry(entry: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_event_json(entry)
+        return
+    body = json.dumps(entry.get("body"), sort_keys=True, separators=(",", ":"))
+    out.say(f"{entry.get('seq'):>6} {when(entry.get('at'))} {one_line(entry.get('kind')):<24} "
+            f"{one_line(entry.get('actor'))} {one_line(entry.get('subject'))} "
+            f"[dim]{one_line(body)}[/]")
+
+
+@logbook.command("tail")
+@harbour_option
+@token_option
+@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Start after this seq (0: from the first entry).")
+@click.option("--kind", default=None, metavar="PREFIX",
+              help="Only entries whose kind starts with PREFIX (e.g. `request.`, `execution.`).")
+@click.option("--follow", is_flag=True,
+              help="Keep printing new entries as they are appended, until interrupted.")
+@json_option
+@guarded
+def logbook_tail(harbour_url: str | None, token: str | None, after: int, kind: str | None,
+                 follow: bool, as_json: bool) -> None:
+    """A Harbourmaster's logbook entries after a seq; with --follow, new ones as they come.
+
+    With --json, without --follow: {entries, next_after}. With --follow each
+    entry is a JSON line on stderr as it arrives, and when interrupted the
+    command prints {streamed, next_after} and exits 0.
+    """
+    client = connect(harbour_url, token)
+    try:
+        if not follow:
+            entries = list(_pages(client, {}, kind, after))
+            last = max([after, *(e["seq"] for e in entries if isinstance(e.get("seq"), int))])
+            if as_json:
+                emit_json({"entries": entries, "next_after": last})
+                return
+            for entry in entries:
+                _print_entry(entry, False)
+            return
+        streamed, last = _follow(client, kind, after, as_json)
+    finally:
+        client.close()
+    if as_json:
+        emit_json({"streamed": streamed, "next_after": last})
+
+
+def _follow(client: HarbourClient, kind: str | None, after: int,
+            as_json: bool) -> tuple[int, int]:
+    """Poll for new entries until SIGINT/SIGTERM; returns (entries printed, last seq)."""
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    streamed, last, lost, reached = 0, after, False, False
+    try:
+        while True:
+            try:
+                for entry in _pages(client, {}, kind, last):
+                    reached = True
+                    _print_entry(entry, as_json)
+                    streamed += 1
+                    if isinstance(entry.get("seq"), int):
+                        last = max(last, entry["seq"])
+                reached = True
+                if lost:
+                    lost = False
+                    _say_event({"event": "reconnected", "after": last}, as_json,
+                               "the Harbourmaster answers again")
+            except HarbourUnavailable as exc:
+                if not reached:
+                    raise  # never reached it: say so rather than wait silently
+                if not lost:
+                    lost = True
+                    _say_event({"event": "unavailable", "error": exc.to_dict()}, as_json,
+                               f"the Harbourmaster is unavailable ({exc.message}); "
+                               "still trying")
+            time.sleep(FOLLOW_INTERVAL)
+    except _Stop:
+        return streamed, last
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _say_event(event: dict[str, Any], as_json: bool, text: str) -> None:
+    if as_json:
+        emit_event_json(event)
+    else:
+        err.say(f"[yellow]{literal(text)}[/]")

@@ -169,6 +169,9 @@ def pilot_show(home: Path, as_json: bool) -> None:
     for name, dsn in shown["targets"].items():
         out.say(f"  {literal(name)} → {literal(dsn)}")
     out.say("issuers      " + (literal(", ".join(shown["issuers"])) or "none"))
+    harbour = shown.get("harbour")
+    out.say("harbour      " + (f"{literal(harbour['url'])} (reaching this Pilot at "
+                               f"{literal(harbour['pilot_url'])})" if harbour else "none"))
     out.say("settings")
     for key, value in shown["settings"].items():
         out.say(f"  {key:<24} {literal(json.dumps(value))}")
@@ -194,3 +197,39 @@ def pilot_move(home: Path, as_json: bool) -> None:
     else:
         out.say(f"Pilot {literal(result['pilot_id'])} moved from "
                 f"{literal(result['moved_from'])} to {literal(result['home'])}")
+
+
+@pilot.command("join")
+@home_option
+@click.option("--harbour", "harbour_url", required=True, metavar="URL",
+              help="The Harbourmaster's URL (https://…).")
+@click.option("--token", required=True, envvar="MARQUE_PILOT_TOKEN", show_envvar=True,
+              help="This Pilot's bearer token there (a `pilot` principal named as the Pilot).")
+@click.option("--url", "pilot_url", required=True, metavar="PILOT_URL",
+              help="Where the Harbourmaster reaches this Pilot's service (`pilot serve`).")
+@json_option
+@guarded
+def pilot_join(home: Path, harbour_url: str, token: str, pilot_url: str, as_json: bool) -> None:
+    """Join a Harbourmaster: pin its issuer keys, register, remember it in pilot.json.
+
+    Fetches its JWKS and trusts those keys, registers this Pilot (id, --url,
+    incarnation, targets) and stores {url, token, pilot_url} in pilot.json,
+    which is kept readable by its owner only. From then on `pilot serve`
+    registers at start and every minute and delivers outcome reports there.
+    Nothing is written unless every step succeeded.
+    """
+    from marque.pilot.join import join
+
+    result = join(home, harbour_url, token, pilot_url)
+    if as_json:
+        emit_json(result)
+        return
+    out.say(f"Pilot {literal(result['pilot_id'])} ({literal(result['incarnation'])}) joined "
+            f"the Harbourmaster at {literal(result['harbour'])}, which reaches it at "
+            f"{literal(result['pilot_url'])}")
+    out.say("trusting its issuer key" + ("s " if len(result["trusted"]) != 1 else " ")
+            + literal(", ".join(result["trusted"])))
+    previous = result["previous_incarnation"]
+    if previous is not None and previous != result["incarnation"]:
+        out.say(f"it knew this Pilot as incarnation {literal(previous)}: marques pinned to it "
+                "can no longer run here, and the Harbourmaster reconciles their requests")

@@ -152,14 +152,17 @@ def _serve(home: Path, sock: socket.socket, tls_cert: Path | None, tls_key: Path
     """One worker: open the Pilot, serve on ``sock`` until told to stop, close it."""
     import uvicorn
 
-    from marque.pilot import PilotHome, open_pilot
+    from marque.pilot import PilotHome
+    from marque.pilot.harbour_link import open_linked_pilot
     from marque.pilot.http import PilotService
     from marque.pilot.reach import check_reachable
 
     pilot_home = PilotHome(home)
     config = pilot_home.load()
     dsns = {name: pilot_home.resolve(dsn) for name, dsn in config.targets.items()}
-    running = open_pilot(home, background=True)
+    # With a Harbourmaster joined: reports go there too, and the Pilot registers now and
+    # every minute (its failures are warnings on stderr, never fatal).
+    running = open_linked_pilot(home)
 
     def reachable(name: str) -> bool:
         check_reachable(name, dsns[name])

@@ -63,16 +63,25 @@ class Reconciler:
 
 
 class Reporter:
-    """A daemon thread that delivers a Pilot's outbox whenever there is news."""
+    """A daemon thread that delivers a Pilot's outbox whenever there is news.
+
+    A round that leaves reports undelivered (the logbook or the Harbourmaster
+    away) is retried after a pause that doubles from ``first_backoff`` up to
+    ``max_backoff``, until every report is acknowledged; news cuts a pause short.
+    """
 
     def __init__(
-        self, pilot: Pilot, *, idle_interval: float = 5.0, gather_seconds: float = 0.05
+        self, pilot: Pilot, *, idle_interval: float = 5.0, gather_seconds: float = 0.05,
+        first_backoff: float = 0.25, max_backoff: float = 5.0,
     ) -> None:
         self.pilot = pilot
         self.idle_interval = idle_interval
         # Wait this long after the first news so one logbook transaction (one
         # fsync) carries many outcomes rather than one each.
         self.gather_seconds = gather_seconds
+        self.first_backoff = first_backoff
+        self.max_backoff = max_backoff
+        self.delay = first_backoff
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="marque-reporter", daemon=True)
 
@@ -87,9 +96,16 @@ class Reporter:
                 self._stop.wait(self.gather_seconds)
             self.pilot.report_wanted.clear()
             try:
-                self.pilot.report()
-            except Exception:  # the logbook is away: the outbox keeps it for next time
-                self._stop.wait(self.idle_interval)
+                delivered = self.pilot.report()
+            except Exception:  # the outbox keeps every report for the next round
+                delivered = False
+            if delivered:
+                self.delay = self.first_backoff
+                continue
+            if self.pilot.report_wanted.wait(self.delay):
+                continue  # news: try at once (the pause does not grow)
+            self.delay = min(self.delay * 2, self.max_backoff)
+            self.pilot.report_wanted.set()  # undelivered reports are news of their own
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop after a last delivery round."""

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from marque.dsn import (
     check_shape,
@@ -170,9 +171,95 @@ class Settings:
 
 # -- pilot.json -------------------------------------------------------------------------
 
-_TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings", "previews")
+_TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings", "previews",
+              "harbour")
 #: How a target runs previews (DESIGN §10); a target not named in ``previews`` uses the first.
 PREVIEW_MODES = ("rollback", "explain")
+
+
+_HARBOUR_KEYS = ("url", "token", "pilot_url")
+#: Printable ASCII without spaces: what an HTTP bearer token may hold (RFC 6750's b64token,
+#: loosened to any visible character so a Harbourmaster may choose its alphabet).
+_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
+
+
+@dataclass(frozen=True)
+class HarbourLink:
+    """The Harbourmaster a Pilot joined (``pilot.json``'s ``harbour``; ``marque pilot join``).
+
+    ``token`` is this Pilot's bearer token there — a secret, which is why a
+    ``pilot.json`` holding one is written readable by its owner only.
+    ``pilot_url`` is where the Harbourmaster reaches this Pilot's service.
+    """
+
+    url: str
+    token: str
+    pilot_url: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The JSON form written to ``pilot.json``."""
+        return {"url": self.url, "token": self.token, "pilot_url": self.pilot_url}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "harbour") -> HarbourLink:
+        """A checked link; anything missing, unknown or malformed is ``ConfigInvalid``."""
+        if not isinstance(data, dict):
+            raise ConfigInvalid(f"{where} must be a JSON object {{url, token, pilot_url}}, "
+                                f"got {_show(data)}")
+        unknown = sorted(set(data) - set(_HARBOUR_KEYS))
+        if unknown:
+            raise ConfigInvalid(
+                f"{', '.join(f'{where}.{name}' for name in unknown)} "
+                f"{'is not a key' if len(unknown) == 1 else 'are not keys'} of {where} "
+                f"(known keys: {', '.join(_HARBOUR_KEYS)})"
+            )
+        missing = [name for name in _HARBOUR_KEYS if name not in data]
+        if missing:
+            raise ConfigInvalid(f"{', '.join(f'{where}.{name}' for name in missing)} "
+                                f"{'is' if len(missing) == 1 else 'are'} missing")
+        token = data["token"]
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            # Never echo what was found: it may be most of a secret.
+            raise ConfigInvalid(f"{where}.token must be a bearer token: 1..4096 visible ASCII "
+                                "characters, no spaces")
+        return cls(url=_config_url(data["url"], f"{where}.url"), token=token,
+                   pilot_url=_config_url(data["pilot_url"], f"{where}.pilot_url"))
+
+
+def check_http_url(value: object, what: str) -> str:
+    """``value`` if it is an absolute ``http(s)://host[:port][/path]`` URL; else
+    ``InvalidInput``. A trailing ``/`` is dropped, so paths append cleanly."""
+    problem = None
+    if not isinstance(value, str) or not value.isprintable() or " " in value:
+        problem = "is not a URL"
+    else:
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises for a port that is not a number in range
+        except ValueError:
+            problem = "is not a URL"
+        else:
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                problem = "is not an http:// or https:// URL with a host"
+            elif parts.query or parts.fragment:
+                problem = "must not carry a query or a fragment"
+            elif parts.username is not None or parts.password is not None:
+                problem = "must not carry credentials (the token is given on its own)"
+    if problem is not None:
+        raise InvalidInput(f"{what} must be an http:// or https:// URL, got {_show(value)}: "
+                           f"{problem}")
+    assert isinstance(value, str)
+    return value.rstrip("/")
+
+
+def _config_url(value: Any, where: str) -> str:
+    try:
+        checked = check_http_url(value, where)
+    except InvalidInput as exc:
+        raise ConfigInvalid(exc.message) from exc
+    if checked != value:
+        raise ConfigInvalid(f"{where} must not end with /, got {_show(value)}")
+    return checked
 
 
 @dataclass
@@ -189,6 +276,8 @@ class PilotConfig:
     settings: Settings = field(default_factory=Settings)
     #: Per-target preview mode (``rollback`` or ``explain``); absent means ``rollback``.
     previews: dict[str, str] = field(default_factory=dict)
+    #: The Harbourmaster this Pilot joined, if any; without one it journals locally only.
+    harbour: HarbourLink | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form written to ``pilot.json``."""
@@ -203,6 +292,8 @@ class PilotConfig:
             data["home_id"] = self.home_id
         if self.previews:
             data["previews"] = dict(self.previews)
+        if self.harbour is not None:
+            data["harbour"] = self.harbour.to_dict()
         return data
 
     @classmethod
@@ -246,6 +337,7 @@ class PilotConfig:
             issuers=[dict(jwk) for jwk in issuers],
             settings=Settings.from_dict(data.get("settings", {})),
             previews=dict(previews),
+            harbour=(HarbourLink.from_dict(data["harbour"]) if "harbour" in data else None),
         )
 
 
@@ -397,7 +489,11 @@ class PilotHome:
         )
 
     def save(self, config: PilotConfig) -> None:
-        """Write ``pilot.json`` atomically (write, fsync, rename); refuses an invalid one."""
+        """Write ``pilot.json`` atomically (write, fsync, rename); refuses an invalid one.
+
+        The file is readable by its owner only (0600): it holds target credentials and,
+        once the Pilot joined a Harbourmaster, its bearer token there.
+        """
         data = config.to_dict()
         PilotConfig.from_dict(data)  # never write what load would refuse
         self.make_dir()
@@ -407,6 +503,8 @@ class PilotHome:
             raise _cannot_write(self.path, exc) from exc
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                # mkstemp makes it 0600 already; said explicitly as the secrets depend on it.
+                os.fchmod(handle.fileno(), 0o600)
                 json.dump(data, handle, indent=2, sort_keys=True)
                 handle.write("\n")
                 handle.flush()
@@ -466,12 +564,14 @@ def sqlite_file(dsn: str) -> Path | None:
 __all__ = [
     "CONFIG_FILE",
     "DEFAULT_LEDGER_DSN",
+    "HarbourLink",
     "LEDGER_FILE",
     "LOGBOOK_FILE",
     "NAME_RULE",
     "PilotConfig",
     "PilotHome",
     "Settings",
+    "check_http_url",
     "check_name",
     "sqlite_file",
 ]

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from marque.crash import crash_point
 from marque.errors import (
@@ -29,7 +29,7 @@ from marque.errors import (
     OwnerGone,
 )
 from marque.harbour.logbook import Logbook
-from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger
+from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
 from marque.pilot.processes import ProcessRegistry
@@ -69,6 +69,13 @@ def check_nonce(nonce: str) -> str:
     return nonce
 
 
+class ReportSink(Protocol):
+    """Somewhere outcome reports go besides the local logbook (a Harbourmaster)."""
+
+    def deliver(self, entries: list[OutboxEntry]) -> None:
+        """Take the reports (outbox payloads); return only once they are acknowledged."""
+
+
 @dataclass
 class PilotOptions(Settings):
     """How strict and how patient a Pilot is: its :class:`Settings` (the one definition,
@@ -99,6 +106,9 @@ class Pilot:
         self.options = options or PilotOptions()
         self.processes = processes or ProcessRegistry(None)
         self.logbook = logbook
+        #: Where reports go besides the logbook; an outbox entry is acknowledged only once
+        #: every sink took it (see :mod:`marque.pilot.harbour_link`).
+        self.report_sinks: list[ReportSink] = []
         self.clock = clock
         self._inflight: dict[tuple[str, str], Inflight] = {}
         self._read_cache: dict[str, Marque] = {}
@@ -608,28 +618,28 @@ class Pilot:
         return changes
 
     def report(self) -> bool:
-        """Deliver queued outcome reports to the logbook; True if all were acknowledged."""
-        if self.logbook is None:
+        """Deliver queued outcome reports to the logbook and sinks; True if all were acked."""
+        if self.logbook is None and not self.report_sinks:
             return False
         try:
             return self._report_batches(self.logbook)
         except LedgerUnavailable:
             return False  # the outbox keeps every report for the next try
 
-    def _report_batches(self, logbook: Logbook) -> bool:
+    def _report_batches(self, logbook: Logbook | None) -> bool:
         while True:
             pending = self.ledger.outbox_pending(limit=REPORT_BATCH)
             if not pending:
                 return True
             try:
-                # One logbook transaction and one ledger transaction per batch.
-                logbook.append_all([
-                    (f"execution.{entry.status}",
-                     f"outcome/{entry.marque_id}/{entry.nonce}/{entry.attempt}/{entry.status}",
-                     entry.payload)
-                    for entry in pending
-                ])
-            except Exception:  # the logbook is unavailable: retried on the next report
+                # One logbook transaction and one ledger transaction per batch; a batch a
+                # sink refused is appended again next time, and the logbook's key dedups it.
+                if logbook is not None:
+                    logbook.append_all([(f"execution.{entry.status}", _report_key(entry),
+                                         entry.payload) for entry in pending])
+                for sink in self.report_sinks:
+                    sink.deliver(pending)
+            except Exception:  # a destination is unavailable: retried on the next report
                 for entry in pending:
                     self.ledger.outbox_failed(entry)
                 return False
@@ -775,6 +785,10 @@ class Pilot:
         # Attempts this run leaves claimed but unrecorded: leave it findable as dead, so
         # another process reconciles them from their stamps now, not after their lease.
         self.processes.close(leave_trace=bool(self._unrecorded))
+
+
+def _report_key(entry: OutboxEntry) -> str:
+    return f"outcome/{entry.marque_id}/{entry.nonce}/{entry.attempt}/{entry.status}"
 
 
 def _replayed(outcome: Outcome) -> Outcome:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,57 +25,16 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
+from marque.httpcommon import RequestIdMiddleware, problem
 from marque.outcome import Outcome
 from marque.pilot.core import Pilot
 from marque.token import unverified_claims
 
 NDJSON = "application/x-ndjson"
-PROBLEM = "application/problem+json"
 #: Executions and reads run here, never on the event loop.
 WORKER_THREADS = 64
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-def problem(exc: MarqueError, request_id: str | None = None) -> JSONResponse:
-    """The RFC 9457 problem document of a Marque error; its status comes from the class."""
-    body: dict[str, Any] = {
-        "type": f"urn:marque:error:{exc.code}",
-        "title": exc.code.replace("_", " "),
-        "status": exc.http_status,
-        "detail": exc.message,
-        "code": exc.code,
-    }
-    if exc.sqlstate:
-        body["sqlstate"] = exc.sqlstate
-    return JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
-
-
-class _RequestId:
-    """Every response carries ``X-Request-Id``: the caller's if it is sane, else a new one."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", [])
-                           if k.lower() != b"x-request-id"]
-                headers.append((b"x-request-id", request_id.encode("latin-1")))
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
 
 
 class _LedgerGauges:
@@ -141,7 +98,7 @@ class PilotService:
                 Route("/v1/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
-            middleware=[Middleware(_RequestId)],
+            middleware=[Middleware(RequestIdMiddleware)],
             exception_handlers={MarqueError: self._on_error},
         )
 

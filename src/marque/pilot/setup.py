@@ -35,11 +35,13 @@ from marque.pilot.home import (
     open_bound_ledger,
     refuse_unacknowledged_legacy_move,
 )
+from marque.pilot.join import join
 from marque.pilot.reach import check_reachable
 
 __all__ = [
     "add_target",
     "init_home",
+    "join",
     "list_targets",
     "move_home",
     "remove_target",
@@ -283,8 +285,10 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
     """Everything an operator needs to issue for and run this Pilot, secrets redacted.
 
     ``{pilot_id, incarnation, home, ledger, targets: {name: dsn}, issuers: [kid…],
-    settings: {…}}``. The ledger is opened (its identity is the incarnation),
-    so a home that is not its ledger's is ``home_mismatch`` here too.
+    settings: {…}}``, and ``harbour: {url, pilot_url}`` once it joined a
+    Harbourmaster (never its token). The ledger is opened (its identity
+    is the incarnation), so a home that is not its ledger's is ``home_mismatch``
+    here too.
     """
     pilot_home = PilotHome(home)
     config = pilot_home.load()
@@ -293,7 +297,7 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
         identity = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation}
     finally:
         ledger.close()
-    return {
+    shown = {
         **identity,
         "home": pilot_home.where(),
         "ledger": redact(pilot_home.ledger_dsn(config)),
@@ -302,3 +306,6 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
         "issuers": [str(jwk.get("kid")) for jwk in config.issuers],
         "settings": config.settings.to_dict(),
     }
+    if config.harbour is not None:
+        shown["harbour"] = {"url": config.harbour.url, "pilot_url": config.harbour.pilot_url}
+    return shown

@@ -17,7 +17,7 @@ and the state can never disagree.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marque.harbour.lifecycle import RequestState
@@ -26,7 +26,8 @@ from marque.harbour.principals import Principal, Role
 #: A Resolution's decisions.
 DECISIONS = ("approve", "reject")
 #: Fields of a request a transition may set alongside its new state.
-UPDATABLE_FIELDS = frozenset({"routing", "preview", "checkpoint_cid", "marque_id"})
+UPDATABLE_FIELDS = frozenset({"routing", "preview", "checkpoint_cid", "marque_id", "failure",
+                              "marque", "marque_expires_at"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class Request:
     version: int
     created_at: float
     updated_at: float
+    #: Why the request ended ``failed``/``expired``/``rejected``: ``{code, message}``.
+    failure: dict[str, Any] | None = None
+    #: The marque issued for the request (bound to its requester's key), and its ``exp``.
+    marque: str | None = field(default=None, repr=False)
+    marque_expires_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The stored fields as JSON."""
@@ -116,6 +122,9 @@ class PilotRecord:
     targets: list[str]
     registered_at: float
     last_seen: float
+    #: Each target's SQL dialect as the Pilot registered it (empty for a registration
+    #: made before dialects were recorded).
+    dialects: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -225,8 +234,12 @@ class HarbourStore(abc.ABC):
 
     @abc.abstractmethod
     def register_pilot(self, pilot_id: str, url: str, incarnation: str, targets: list[str], *,
-                       actor: str | None = None, now: float | None = None) -> str | None:
+                       actor: str | None = None, now: float | None = None,
+                       dialects: dict[str, str] | None = None) -> str | None:
         """Record a Pilot's registration; returns its previous incarnation, or None.
+
+        ``dialects`` maps each of ``targets`` to its SQL dialect (it must name
+        exactly the targets; ``InvalidInput`` otherwise).
 
         A changed incarnation writes ``finding.ledger_incarnation_changed`` and
         moves the Pilot's ``prepared``, ``executing`` and ``reconciliation``
@@ -296,8 +309,13 @@ class HarbourStore(abc.ABC):
     @abc.abstractmethod
     def seal_checkpoint(self, id: str, expected_version: int, *, checkpoint_cid: str,
                         body: dict[str, Any], expires_at: float, actor: str,
-                        now: float | None = None) -> Request:
-        """Store a sealed Checkpoint and move its request to ``awaiting_approval``."""
+                        now: float | None = None, kind: str | None = None,
+                        **updates: Any) -> Request:
+        """Store a sealed Checkpoint and move its request to ``awaiting_approval``.
+
+        ``updates`` may set the request's ``routing`` and ``preview`` in the same
+        move; ``kind`` names its logbook entry (default ``request.awaiting_approval``).
+        """
 
     @abc.abstractmethod
     def get_checkpoint(self, checkpoint_cid: str) -> Checkpoint:
@@ -323,6 +341,23 @@ class HarbourStore(abc.ABC):
     def record_report(self, marque_id: str, nonce: str, attempt: int, status: str,
                       body: dict[str, Any], *, now: float | None = None) -> bool:
         """Store a Pilot's execution report once; False if it was already stored."""
+
+    @abc.abstractmethod
+    def ingest_report(self, report: dict[str, Any], *, actor: str,
+                      now: float | None = None) -> tuple[bool, Request | None]:
+        """Store a Pilot's report and move its request per DESIGN §11.2, in ONE transaction.
+
+        ``report`` is the Pilot's outbox payload ``{marque_id, nonce, attempt,
+        status, rows_affected, error, pilot, cause}`` (checked by the caller).
+        Idempotent on ``(marque_id, nonce, attempt, status)``: a repeat returns
+        ``(False, request)`` and writes nothing. A new report appends
+        ``execution.<status>`` and, when the executions so far (the latest word
+        per nonce and attempt, ``executions.latest_attempts``) call for it,
+        moves the request (``executions.next_state``) — a request in
+        ``reconciliation`` only by a report from its Pilot's current ledger.
+        A report for a marque no request holds is stored and moves nothing
+        (``(True, None)``).
+        """
 
     @abc.abstractmethod
     def reports(self, marque_id: str) -> list[Report]:

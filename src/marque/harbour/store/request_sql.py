@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from marque.errors import Conflict, InvalidInput, NotFound
+from marque.harbour.executions import latest_attempts, next_state
 from marque.harbour.lifecycle import (
     PRIMITIVE_ONLY,
     ExpiryRefused,
@@ -41,12 +42,13 @@ from marque.harbour.store.base import (
     RequestDraft,
     Resolution,
 )
-from marque.harbour.store.schema import ACTIVE_PREDICATE, REQUEST_COLUMNS
+from marque.harbour.store.schema import ACTIVE_PREDICATE
+from marque.harbour.store.schema import CURRENT_REQUEST_COLUMNS as REQUEST_COLUMNS
 from marque.harbour.store.tx import Tx, dumps, loads
 
 S = RequestState
 _COLUMNS = ", ".join(REQUEST_COLUMNS)
-_JSON_FIELDS = frozenset({"change", "budget", "routing", "preview"})
+_JSON_FIELDS = frozenset({"change", "budget", "routing", "preview", "failure"})
 _IN_BLOCKING = ACTIVE_PREDICATE
 #: The states a compensating request is in once approved: leaving them settles the original.
 _COMPENSATION_RUNNING = frozenset({S.PREPARED, S.EXECUTING, S.RECONCILIATION})
@@ -130,7 +132,7 @@ class RequestRecords(HarbourStore):
                      draft.target, dumps(draft.change), dumps(draft.budget),
                      int(draft.ttl_seconds), draft.change_cid, draft.authority_scope_cid,
                      draft.logical_request_scope, draft.intent_fingerprint, None, None, None,
-                     None, draft.rolls_back, S.PREPARING.value, 1, at, at))
+                     None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None))
                 if inserted:
                     self._append_tx(tx, "request.preparing", actor or draft.principal, new_id, {
                         "request_id": draft.request_id, "principal": draft.principal,
@@ -250,7 +252,8 @@ class RequestRecords(HarbourStore):
         logged: dict[str, Any] = {
             "request_id": current.request_id, "from": current.state.value, "to": to.value,
             "version": int(moved[0][0]), "reason": reason,
-            **{name: updates[name] for name in ("checkpoint_cid", "marque_id") if name in updates},
+            **{name: updates[name] for name in ("checkpoint_cid", "marque_id", "failure",
+                                                "marque_expires_at") if name in updates},
         }
         if "routing" in updates:
             logged["routing"] = updates["routing"]
@@ -285,7 +288,11 @@ class RequestRecords(HarbourStore):
 
     def seal_checkpoint(self, id: str, expected_version: int, *, checkpoint_cid: str,
                         body: dict[str, Any], expires_at: float, actor: str,
-                        now: float | None = None) -> Request:
+                        now: float | None = None, kind: str | None = None,
+                        **updates: Any) -> Request:
+        unknown = set(updates) - (UPDATABLE_FIELDS - {"checkpoint_cid"})
+        if unknown:
+            raise InvalidInput(f"sealing a Checkpoint cannot set {', '.join(sorted(unknown))}")
         at = self._now(now)
         with self.transaction() as tx:
             current = self._get_tx(tx, id)
@@ -301,7 +308,8 @@ class RequestRecords(HarbourStore):
             journal: Journal = []
             moved = self._move_tx(tx, current, expected_version, S.AWAITING_APPROVAL, journal,
                                   actor=actor, now=at, body={"expires_at": float(expires_at)},
-                                  updates={"checkpoint_cid": checkpoint_cid})
+                                  kind=kind,
+                                  updates={**updates, "checkpoint_cid": checkpoint_cid})
             self._flush_tx(tx, journal, at)
             return moved
 
@@ -396,7 +404,9 @@ class RequestRecords(HarbourStore):
             _check_evidence(current, evidence)
             journal: Journal = []
             moved = self._move_tx(tx, current, expected_version, S.EXPIRED, journal, actor=actor,
-                                  now=at, reason=reason, kind="request.expired", body={
+                                  now=at, reason=reason, kind="request.expired",
+                                  updates={"failure": {"code": "request_expired",
+                                                       "message": reason}}, body={
                                      "marque_id": current.marque_id, "marque_exp": marque_exp,
                                      "skew_seconds": skew_seconds,
                                      "evidence": {"pilot": evidence.get("pilot"),
@@ -425,6 +435,60 @@ class RequestRecords(HarbourStore):
                 "status": status, "request": request}, at)
         return True
 
+    def ingest_report(self, report: dict[str, Any], *, actor: str,
+                      now: float | None = None) -> tuple[bool, Request | None]:
+        at = self._now(now)
+        marque_id, nonce = str(report["marque_id"]), str(report["nonce"])
+        attempt, status = int(report["attempt"]), str(report["status"])
+        with self.transaction() as tx:
+            row = tx.one(f"SELECT {_COLUMNS} FROM requests WHERE marque_id = ?", (marque_id,))
+            request = None if row is None else _request(row)
+            added = tx.execute(
+                "INSERT INTO reports (marque_id, nonce, attempt, status, body, request, "
+                "received_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
+                "RETURNING marque_id", (marque_id, nonce, attempt, status, dumps(report),
+                                        None if request is None else request.id, at))
+            if not added:
+                return False, request
+            journal: Journal = [(f"execution.{status}", actor,
+                                 marque_id if request is None else request.id, {
+                                     "marque_id": marque_id, "nonce": nonce, "attempt": attempt,
+                                     "status": status,
+                                     "rows_affected": report.get("rows_affected"),
+                                     "error": report.get("error"),
+                                     "pilot": report.get("pilot"), "cause": report.get("cause"),
+                                     "request": None if request is None else request.id})]
+            if request is not None and self._report_moves_tx(tx, request, report):
+                attempts = latest_attempts(
+                    loads(r[0]) for r in tx.execute(
+                        "SELECT body FROM reports WHERE marque_id = ? "
+                        "ORDER BY received_at, nonce, attempt", (marque_id,)))
+                to = next_state(request.state, attempts, request.budget,
+                                request.marque_expires_at, at)
+                if to is not None:
+                    request = self._move_tx(
+                        tx, request, request.version, to, journal, actor=actor, now=at,
+                        reason=f"execution report: nonce {nonce[:64]} attempt {attempt} "
+                               f"{status}",
+                        body={"marque_id": marque_id, "executions": attempts},
+                        updates=_failure_of(to, attempts))
+            self._flush_tx(tx, journal, at)
+        return True, request
+
+    def _report_moves_tx(self, tx: Tx, request: Request, report: dict[str, Any]) -> bool:
+        """Whether a report may move its request: only from the request's own Pilot, and
+        in ``reconciliation`` only from its current ledger, because after an incarnation
+        change only stamps settle it."""
+        pilot = report.get("pilot")
+        if not isinstance(pilot, dict) or pilot.get("id") != request.pilot_id:
+            return False
+        if request.state is not S.RECONCILIATION:
+            return True
+        row = tx.one("SELECT incarnation FROM pilots WHERE pilot_id = ?", (request.pilot_id,))
+        return (row is not None and isinstance(pilot, dict)
+                and pilot.get("incarnation") == row[0]
+                and pilot.get("id") == request.pilot_id)
+
     def reports(self, marque_id: str) -> list[Report]:
         with self.reading() as tx:
             rows = tx.execute("SELECT marque_id, nonce, attempt, status, body, request, "
@@ -449,6 +513,19 @@ class RequestRecords(HarbourStore):
                               actor=actor, now=now, reason="the Pilot's ledger changed incarnation",
                               body={"cause": "ledger_incarnation_changed",
                                     "previous_incarnation": previous})
+
+
+def _failure_of(to: RequestState, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``failure`` a report-driven move records (only a move to ``failed`` has one)."""
+    if to is not S.FAILED:
+        return {}
+    errors = [row["error"] for row in attempts if isinstance(row.get("error"), dict)]
+    last = errors[-1] if errors else {}
+    return {"failure": {
+        "code": last.get("code") or "aborted_not_applied",
+        "message": "every execution was provably not applied and the marque cannot run "
+                   "again" + (f"; last error: {last.get('message')}" if last.get("message")
+                              else "")}}
 
 
 def _state(value: RequestState | str) -> RequestState:

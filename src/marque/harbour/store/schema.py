@@ -51,7 +51,8 @@ _REQUEST_COLUMNS = """
     created_at DOUBLE PRECISION NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL"""
 
-#: Every column of ``requests``, in table order (both versions have the same ones).
+#: The columns of ``requests`` as versions 1 and 2 released them, in table order (frozen:
+#: version 2's table rebuild copies exactly these).
 REQUEST_COLUMNS = (
     "id", "request_id", "principal", "reason", "pilot_id", "target", "change", "budget",
     "ttl_seconds", "change_cid", "authority_scope_cid", "logical_request_scope",
@@ -161,10 +162,26 @@ _V2_POSTGRES = [
     _HISTORY_INDEX,
 ]
 
+# Version 3: what the Harbourmaster's flow keeps beyond the request's identity — why a
+# request ended (``failure``), the marque handed to its requester and when it expires,
+# and each registered target's SQL dialect (routing classifies statements in it). Only
+# columns are added, all nullable, so every existing row stays as it was. (The
+# ``requests_marque`` index ingestion looks reports up by exists since version 1.)
+_V3 = [
+    "ALTER TABLE requests ADD COLUMN failure TEXT",
+    "ALTER TABLE requests ADD COLUMN marque TEXT",
+    "ALTER TABLE requests ADD COLUMN marque_expires_at DOUBLE PRECISION",
+    "ALTER TABLE pilots ADD COLUMN dialects TEXT",
+    "CREATE INDEX reports_request ON reports (request)",
+]
+
+#: Every column of ``requests`` this code reads and writes, in table order.
+CURRENT_REQUEST_COLUMNS = (*REQUEST_COLUMNS, "failure", "marque", "marque_expires_at")
+
 MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_V1, _V2_SQLITE],
-    "postgres": [_V1, _V2_POSTGRES],
+    "sqlite": [_V1, _V2_SQLITE, _V3],
+    "postgres": [_V1, _V2_POSTGRES, _V3],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 2
+LATEST = 3

@@ -67,7 +67,10 @@ def _entry(row: tuple[Any, ...]) -> LogbookEntry:
 
 def _pilot(row: tuple[Any, ...]) -> PilotRecord:
     return PilotRecord(pilot_id=row[0], url=row[1], incarnation=row[2], targets=loads(row[3]),
-                       registered_at=row[4], last_seen=row[5])
+                       registered_at=row[4], last_seen=row[5], dialects=loads(row[6]) or {})
+
+
+_PILOT_COLUMNS = "pilot_id, url, incarnation, targets, registered_at, last_seen, dialects"
 
 
 class SqlHarbourStore(RequestRecords):
@@ -338,23 +341,29 @@ class SqlHarbourStore(RequestRecords):
     # -- pilots ------------------------------------------------------------------------
 
     def register_pilot(self, pilot_id: str, url: str, incarnation: str, targets: list[str], *,
-                       actor: str | None = None, now: float | None = None) -> str | None:
+                       actor: str | None = None, now: float | None = None,
+                       dialects: dict[str, str] | None = None) -> str | None:
         at = self._now(now)
         who = actor or pilot_id
+        if dialects is not None and (not isinstance(dialects, dict)
+                                     or set(dialects) != set(targets)):
+            raise InvalidInput("a Pilot's dialects must name exactly its targets")
         with self.transaction() as tx:
             # Lock the Pilot's row (if any) first: registrations of one Pilot take turns.
             tx.execute("UPDATE pilots SET last_seen = last_seen WHERE pilot_id = ?", (pilot_id,))
             row = tx.one("SELECT incarnation FROM pilots WHERE pilot_id = ?", (pilot_id,))
             previous = None if row is None else row[0]
             tx.execute(
-                "INSERT INTO pilots (pilot_id, url, incarnation, targets, registered_at, "
-                "last_seen) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pilot_id) DO UPDATE SET "
+                f"INSERT INTO pilots ({_PILOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (pilot_id) DO UPDATE SET "
                 "url = excluded.url, incarnation = excluded.incarnation, "
-                "targets = excluded.targets, last_seen = excluded.last_seen",
-                (pilot_id, url, incarnation, dumps(list(targets)), at, at))
+                "targets = excluded.targets, last_seen = excluded.last_seen, "
+                "dialects = excluded.dialects",
+                (pilot_id, url, incarnation, dumps(list(targets)), at, at, dumps(dialects)))
             journal: Journal = [("pilot.registered", who, pilot_id, {
                 "pilot_id": pilot_id, "url": url, "incarnation": incarnation,
-                "targets": list(targets), "previous_incarnation": previous})]
+                "targets": list(targets), "previous_incarnation": previous,
+                **({} if dialects is None else {"dialects": dict(dialects)})})]
             if previous is not None and previous != incarnation:
                 self._incarnation_changed_tx(tx, pilot_id, previous, incarnation, journal,
                                              actor=who, now=at)
@@ -363,16 +372,15 @@ class SqlHarbourStore(RequestRecords):
 
     def get_pilot(self, pilot_id: str) -> PilotRecord:
         with self.reading() as tx:
-            row = tx.one("SELECT pilot_id, url, incarnation, targets, registered_at, last_seen "
-                         "FROM pilots WHERE pilot_id = ?", (pilot_id,))
+            row = tx.one(f"SELECT {_PILOT_COLUMNS} FROM pilots WHERE pilot_id = ?",
+                         (pilot_id,))
         if row is None:
             raise NotFound(f"no Pilot {str(pilot_id)[:128]!r} is registered")
         return _pilot(row)
 
     def list_pilots(self) -> list[PilotRecord]:
         with self.reading() as tx:
-            rows = tx.execute("SELECT pilot_id, url, incarnation, targets, registered_at, "
-                              "last_seen FROM pilots ORDER BY pilot_id")
+            rows = tx.execute(f"SELECT {_PILOT_COLUMNS} FROM pilots ORDER BY pilot_id")
         return [_pilot(row) for row in rows]
 
 

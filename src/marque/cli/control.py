@@ -1,0 +1,446 @@
+"""The control-plane commands (DESIGN §9): requests, approvals and expiry over a Harbourmaster.
+
+``marque request`` asks for a change; ``marque requests`` lists and shows
+requests and (for an admin) expires one; ``marque approve`` and ``marque
+reject`` resolve a request's Checkpoint. All of them talk to a Harbourmaster
+service (``--harbour URL``, ``--token T``, or ``MARQUE_HARBOUR`` and
+``MARQUE_TOKEN``) through :class:`marque.harbour.client.HarbourClient`.
+
+The one subtle part is ``marque request``'s retry. A POST whose answer was
+lost may still have created the request, so the command never sends a second,
+different request: it fixes the caller request id *before* the first attempt
+(generating and printing one when none was given) and retries only with that
+same id — the Harbourmaster answers a retried intent with the request it
+already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from marque.cli.common import (
+    emit_event_json,
+    emit_json,
+    err,
+    fail,
+    guarded,
+    json_option,
+    literal,
+    one_line,
+    out,
+    parse_duration,
+    when,
+)
+from marque.cli.issue import ISOLATION_LEVELS
+from marque.errors import HarbourUnavailable, InvalidInput, MarqueError, Unauthenticated
+from marque.harbour.lifecycle import RequestState
+
+if TYPE_CHECKING:
+    from marque.harbour.client import HarbourClient
+
+F = Callable[..., Any]
+
+#: Pauses between retries of a ``POST /v1/requests`` whose answer did not arrive (≈ 16 s).
+SUBMIT_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+harbour_option = click.option(
+    "--harbour", "harbour_url", envvar="MARQUE_HARBOUR", default=None, metavar="URL",
+    help="The Harbourmaster service (`marque harbour serve`); default: $MARQUE_HARBOUR.")
+token_option = click.option(
+    "--token", envvar="MARQUE_TOKEN", default=None,
+    help="Your principal's bearer token; default: $MARQUE_TOKEN (prefer the variable: a "
+         "command line is visible to other users of the machine).")
+
+
+def harbour_options(func: F) -> F:
+    """``--harbour`` and ``--token`` (with their environment defaults)."""
+    return harbour_option(token_option(func))
+
+
+def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
+    """A client for the Harbourmaster the options name; refuses locally when one is missing."""
+    from marque.harbour.client import HarbourClient
+
+    if not harbour_url:
+        raise InvalidInput("no Harbourmaster: give --harbour URL or set MARQUE_HARBOUR")
+    if not token:
+        raise Unauthenticated("no token: give --token or set MARQUE_TOKEN (the token "
+                              "`marque harbour principal add` printed)")
+    return HarbourClient(harbour_url, token)
+
+
+def checked_id(value: str) -> str:
+    """A request id (``rq_…`` or a caller request id) checked before anything is sent."""
+    from marque.harbour.identity import check_request_id
+
+    return check_request_id(value)
+
+
+# -- printing a request ---------------------------------------------------------------
+
+
+_STATE_STYLE = {"awaiting_approval": "yellow", "prepared": "green", "executing": "cyan",
+                "verified": "bold green", "reconciliation": "magenta", "failed": "red",
+                "rejected": "red", "expired": "dim"}
+
+
+def print_request(request: dict[str, Any]) -> None:
+    """One request as an operator reads it: where it stands and what it waits for."""
+    state = str(request.get("state"))
+    out.say(f"request {one_line(request.get('id'))} [{_STATE_STYLE.get(state, 'white')}]"
+            f"{one_line(state)}[/] (request id {one_line(request.get('request_id'))}, "
+            f"by {one_line(request.get('principal'))})")
+    out.say(f"  pilot {one_line(request.get('pilot_id'))} target "
+            f"{one_line(request.get('target'))}, change {one_line(request.get('change_cid'))}")
+    change = request.get("change") or {}
+    for statement in change.get("statements", []):
+        params = statement.get("params") or []
+        out.say(f"  sql: {one_line(statement.get('sql'))}"
+                + (f"  params {one_line(json.dumps(params))}" if params else ""))
+    budget = request.get("budget") or {}
+    if budget:
+        out.say(f"  budget: {budget.get('executions')} execution(s), max {budget.get('max_rows')}"
+                f" rows, {budget.get('attempts_per_nonce')} attempt(s) per nonce; ttl "
+                f"{request.get('ttl_seconds')} s")
+    if request.get("reason"):
+        out.say(f"  reason: {literal(request['reason'])}")
+    routing = request.get("routing")
+    if routing:
+        out.say(f"  routing: {one_line(routing.get('outcome'))}"
+                + (f", {routing.get('approvals')} approval(s) needed"
+                   if routing.get("approvals") else ""))
+    _print_preview(request.get("preview"))
+    checkpoint = request.get("checkpoint")
+    if checkpoint:
+        out.say(f"  checkpoint {one_line(checkpoint.get('cid'))}, open until "
+                f"{when(checkpoint.get('expires_at'))}")
+    for resolution in request.get("resolutions") or []:
+        out.say(f"  {one_line(resolution.get('decision'))} by "
+                f"{one_line(resolution.get('approver'))} at {when(resolution.get('at'))}"
+                + (f": {literal(resolution['reason'])}" if resolution.get("reason") else ""))
+    marque = request.get("marque")
+    if marque:
+        out.say(f"  marque {one_line(marque.get('marque_id'))}, valid until "
+                f"{when(marque.get('expires_at'))}")
+    for execution in request.get("executions") or []:
+        error = execution.get("error") or {}
+        out.say(f"  execution nonce {one_line(execution.get('nonce'))} attempt "
+                f"{execution.get('attempt')}: {one_line(execution.get('status'))}"
+                + (f", rows_affected={execution['rows_affected']}"
+                   if execution.get("rows_affected") is not None else "")
+                + (f" ({one_line(error.get('code'))})" if error else ""))
+    failure = request.get("failure")
+    if failure:
+        out.say(f"  [red]{one_line(failure.get('code'))}[/]: {literal(failure.get('message'))}")
+    _print_next_step(request)
+
+
+def _print_preview(preview: dict[str, Any] | None) -> None:
+    if not preview:
+        return
+    within = "within" if preview.get("within_max_rows") else "OVER"
+    out.say(f"  preview ({one_line(preview.get('mode'))}): {preview.get('total_rows')} row(s), "
+            f"{within} max_rows {preview.get('max_rows')}")
+    for statement in preview.get("statements") or []:
+        out.say(f"    {statement.get('rows')} row(s): {one_line(statement.get('sql'))}")
+        sample = statement.get("sample") or {}
+        if sample.get("columns"):
+            out.say("      " + " | ".join(one_line(c) for c in sample["columns"]))
+            for row in sample.get("rows") or []:
+                out.say("      " + " | ".join(one_line(v) for v in row))
+
+
+def _print_next_step(request: dict[str, Any]) -> None:
+    rid = one_line(request.get("id"))
+    state = request.get("state")
+    if state == "awaiting_approval":
+        out.say(f"  waiting for approval: an approver runs `marque approve {rid}` "
+                f"(or `marque reject {rid} --reason …`)")
+    elif state == "prepared":
+        out.say(f"  ready: `marque exec --request {rid} --key YOUR_KEY --nonce N`")
+    elif state == "preparing":
+        out.say("  still preparing (the Pilot's preview did not complete): send the same "
+                "request again with the same --request-id to resume it")
+
+
+# -- marque request ----------------------------------------------------------------------
+
+
+def change_body(sql: tuple[str, ...], param: tuple[str, ...], isolation: str,
+                statement_timeout: str | None) -> dict[str, Any]:
+    """The ``change`` of a request body, checked locally as the Pilot will check it."""
+    from marque.change import Change, Statement
+
+    if len(param) > len(sql):
+        raise InvalidInput(f"{len(param)} --param given for {len(sql)} --sql")
+    statements = []
+    for index, text in enumerate(sql):
+        values: Any = []
+        if index < len(param):
+            try:
+                values = json.loads(param[index])
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"--param {index + 1} is not JSON: {exc.msg}") from exc
+            if not isinstance(values, list):
+                raise InvalidInput(f"--param {index + 1} must be a JSON array")
+        statements.append(Statement(text, tuple(values)))
+    timeout_ms = None if statement_timeout is None else parse_duration(statement_timeout) * 1000
+    change = Change(tuple(statements), isolation=isolation, statement_timeout_ms=timeout_ms)
+    body: dict[str, Any] = {"statements": [s.to_claim() for s in change.statements],
+                            "isolation": change.isolation}
+    if timeout_ms is not None:
+        body["statement_timeout_ms"] = timeout_ms
+    return body
+
+
+def submit_with_retry(client: HarbourClient, body: dict[str, Any], request_id: str,
+                      on_retry: Callable[[HarbourUnavailable, float], None],
+                      delays: tuple[float, ...] = SUBMIT_RETRY_DELAYS
+                      ) -> tuple[dict[str, Any], bool]:
+    """``POST /v1/requests``, retried under the SAME request id while no answer arrives.
+
+    Only :class:`HarbourUnavailable` is retried (nothing answered, or the
+    answer was lost): a second POST with the same id and intent is answered
+    with the request the first created, if it did, so no retry can make a
+    second request. Everything the Harbourmaster *answered* is final.
+    """
+    for delay in (*delays, None):
+        try:
+            return client.submit(body, request_id)
+        except HarbourUnavailable as exc:
+            if delay is None:
+                raise
+            on_retry(exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@click.command("request")
+@click.option("--pilot", "pilot_id", required=True,
+              help="The Pilot (its pilot_id, as registered with the Harbourmaster) that runs "
+                   "the change.")
+@click.option("--target", required=True, help="The target's name as that Pilot knows it.")
+@click.option("--sql", "sql", multiple=True, required=True,
+              help="One statement; repeat for more (run in order, in one transaction). SQLite "
+                   "uses ? placeholders, PostgreSQL %s.")
+@click.option("--param", "param", multiple=True,
+              help="A JSON array of parameters for the n-th --sql (in order).")
+@click.option("--executions", type=int, required=True,
+              help="How many distinct nonces may run the marque (its budget).")
+@click.option("--max-rows", type=int, required=True,
+              help="The most rows all statements together may affect (or return, for a read).")
+@click.option("--attempts", type=int, default=3, show_default=True,
+              help="Attempts per nonce after attempts that were provably not applied.")
+@click.option("--isolation", type=click.Choice(ISOLATION_LEVELS), default="read_committed",
+              show_default=True, help="The target transaction's isolation level.")
+@click.option("--statement-timeout", default=None,
+              help="The statement timeout for this change (e.g. 30s); default: the Pilot's.")
+@click.option("--ttl", default="15m", show_default=True,
+              help="How long the marque lives once issued: 90s, 15m, 2h, 1d (routing may cap "
+                   "it).")
+@click.option("--reason", default=None, help="Why: shown to approvers and kept in the logbook.")
+@click.option("--request-id", default=None,
+              help="Your id for this request, your retry key: the same id and intent answers "
+                   "the same request, never a second one. Default: a new one, printed.")
+@harbour_options
+@json_option
+@guarded
+def request_(pilot_id: str, target: str, sql: tuple[str, ...], param: tuple[str, ...],
+             executions: int, max_rows: int, attempts: int, isolation: str,
+             statement_timeout: str | None, ttl: str, reason: str | None,
+             request_id: str | None, harbour_url: str | None, token: str | None,
+             as_json: bool) -> None:
+    """Ask the Harbourmaster for a change; prints the request object.
+
+    Routing decides at once: a read the config allows gets its marque now; a
+    change that needs approval gets an exact preview from the Pilot and waits
+    for an approver. A lost answer is retried with the same request id.
+    """
+    from marque.change import Budget
+    from marque.harbour.identity import new_request_id
+
+    if request_id is not None:
+        checked_id(request_id)
+    budget = Budget(executions, max_rows, attempts)
+    body: dict[str, Any] = {
+        "pilot_id": pilot_id, "target": target,
+        "change": change_body(sql, param, isolation, statement_timeout),
+        "budget": budget.to_claim(), "ttl_seconds": parse_duration(ttl),
+    }
+    if reason is not None:
+        body["reason"] = reason
+    client = connect(harbour_url, token)
+    generated = request_id is None
+    rid = new_request_id() if request_id is None else request_id
+    if generated:
+        # Said before the first attempt: whatever happens next, the caller can retry it.
+        if as_json:
+            emit_event_json({"event": "request_id", "request_id": rid, "generated": True})
+        else:
+            err.say(f"request id {one_line(rid)} (generated: to retry this request, pass "
+                    f"--request-id {one_line(rid)})")
+
+    def on_retry(exc: HarbourUnavailable, delay: float) -> None:
+        if as_json:
+            emit_event_json({"event": "retrying", "request_id": rid, "after": exc.message,
+                             "delay_seconds": delay})
+        else:
+            err.say(f"[yellow]no answer[/] ({literal(exc.message)}); retrying with the same "
+                    f"request id in {delay:g} s")
+
+    try:
+        request, created = submit_with_retry(client, body, rid, on_retry)
+    except MarqueError as exc:
+        extra = {"request_id": rid}
+        if isinstance(exc.detail.get("id"), str):
+            extra["id"] = exc.detail["id"]
+        if not as_json and isinstance(exc, HarbourUnavailable):
+            err.say(f"gave up; the request may or may not exist: retry with --request-id "
+                    f"{one_line(rid)} (never without it)")
+        fail(exc, as_json, extra)
+    finally:
+        client.close()
+    if as_json:
+        emit_json(request)
+        return
+    if not created:
+        out.say("[dim](this request id already names this request: nothing new was made)[/]")
+    print_request(request)
+
+
+# -- marque requests ---------------------------------------------------------------------
+
+
+_STATES = tuple(state.value for state in RequestState)
+state_option = click.option("--state", type=click.Choice(_STATES), default=None,
+                            help="Only requests in this state.")
+
+
+def _list(state: str | None, harbour_url: str | None, token: str | None,
+          as_json: bool) -> None:
+    client = connect(harbour_url, token)
+    try:
+        requests = client.list_requests(state)
+    finally:
+        client.close()
+    if as_json:
+        emit_json({"requests": requests})
+        return
+    if not requests:
+        out.say("no requests" + (f" in state {state}" if state else ""))
+    for item in requests:
+        failure = item.get("failure") or {}
+        out.say(f"{one_line(item.get('id'))}  {one_line(item.get('state')):<18} "
+                f"{one_line(item.get('principal'))} → {one_line(item.get('pilot_id'))}/"
+                f"{one_line(item.get('target'))}  {when(item.get('created_at'))}"
+                f"  {one_line(item.get('request_id'))}"
+                + (f"  ({one_line(failure.get('code'))})" if failure else ""))
+
+
+@click.group("requests", invoke_without_command=True)
+@state_option
+@harbour_options
+@json_option
+@click.pass_context
+def requests(ctx: click.Context, state: str | None, harbour_url: str | None,
+             token: str | None, as_json: bool) -> None:
+    """List requests (`marque requests [--state S]`), show one, or expire one (admin)."""
+    if ctx.invoked_subcommand is None:
+        guarded(_list)(state=state, harbour_url=harbour_url, token=token, as_json=as_json)
+
+
+@requests.command("list")
+@state_option
+@harbour_options
+@json_option
+@guarded
+def requests_list(state: str | None, harbour_url: str | None, token: str | None,
+                  as_json: bool) -> None:
+    """The requests you may see, newest first (a requester sees their own)."""
+    _list(state, harbour_url, token, as_json)
+
+
+@requests.command("show")
+@click.argument("id_", metavar="ID")
+@harbour_options
+@json_option
+@guarded
+def requests_show(id_: str, harbour_url: str | None, token: str | None,
+                  as_json: bool) -> None:
+    """One request by its rq_ id or by your own request id: preview, checkpoint, approvals,
+    executions."""
+    client = connect(harbour_url, token)
+    try:
+        request = client.get_request(checked_id(id_))
+    finally:
+        client.close()
+    if as_json:
+        emit_json(request)
+        return
+    print_request(request)
+
+
+@requests.command("expire")
+@click.argument("id_", metavar="ID")
+@click.option("--reason", required=True, help="Why it is expired (kept in the logbook).")
+@harbour_options
+@json_option
+@guarded
+def requests_expire(id_: str, reason: str, harbour_url: str | None, token: str | None,
+                    as_json: bool) -> None:
+    """Admin: expire a request (a prepared one only once the Pilot's evidence shows it can no
+    longer run)."""
+    _resolve(lambda client, rid: client.expire(rid, reason), id_, harbour_url, token, as_json)
+
+
+# -- marque approve / reject -------------------------------------------------------------
+
+
+def _resolve(call: Callable[[HarbourClient, str], dict[str, Any]], id_: str,
+             harbour_url: str | None, token: str | None, as_json: bool) -> None:
+    client = connect(harbour_url, token)
+    try:
+        request = call(client, checked_id(id_))
+    except MarqueError as exc:
+        fail(exc, as_json, {"id": id_})
+    finally:
+        client.close()
+    if as_json:
+        emit_json(request)
+        return
+    print_request(request)
+
+
+@click.command("approve")
+@click.argument("id_", metavar="ID")
+@click.option("--reason", default=None, help="Why you approve (kept with the Resolution).")
+@harbour_options
+@json_option
+@guarded
+def approve(id_: str, reason: str | None, harbour_url: str | None, token: str | None,
+            as_json: bool) -> None:
+    """Approve a request's Checkpoint; the last approval needed issues its marque."""
+    _resolve(lambda client, rid: client.approve(rid, reason), id_, harbour_url, token, as_json)
+
+
+@click.command("reject")
+@click.argument("id_", metavar="ID")
+@click.option("--reason", required=True, help="Why you reject it (required; the requester "
+                                              "sees it).")
+@harbour_options
+@json_option
+@guarded
+def reject(id_: str, reason: str, harbour_url: str | None, token: str | None,
+           as_json: bool) -> None:
+    """Reject a request's Checkpoint: the request ends `rejected`, no marque."""
+    if not reason.strip():
+        raise InvalidInput("--reason must say why (it is shown to the requester)")
+    _resolve(lambda client, rid: client.reject(rid, reason), id_, harbour_url, token, as_json)
+
+
+COMMANDS = (request_, requests, approve, reject)

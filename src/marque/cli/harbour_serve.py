@@ -1,0 +1,135 @@
+"""``marque harbour serve``: the Harbourmaster's HTTP service (DESIGN §10, §11) on uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from marque.cli.common import emit_json, err, guarded, json_option, literal
+from marque.cli.harbour import harbour, harbour_home_option
+from marque.cli.serve import GRACEFUL_SECONDS, _bind, _is_loopback, _server_class, parse_listen
+from marque.errors import InvalidInput, MarqueError
+
+if TYPE_CHECKING:
+    from marque.harbour.service import Harbourmaster
+
+log = logging.getLogger(__name__)
+
+#: How often requests in ``reconciliation`` are offered to their Pilot's stamps.
+SWEEP_SECONDS = 30.0
+
+
+class ReconciliationSweep:
+    """A thread that settles requests in ``reconciliation`` from stamps, periodically.
+
+    Several processes of one Harbourmaster may sweep at once: settling is the
+    core's compare-and-set on the request's version, so the loser re-reads and
+    changes nothing. A Pilot that cannot be reached leaves its requests as
+    they are until a later sweep.
+    """
+
+    def __init__(self, harbourmaster: Harbourmaster, every: float = SWEEP_SECONDS) -> None:
+        self._harbourmaster = harbourmaster
+        self._every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="marque-harbour-sweep",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Begin sweeping (the first sweep waits one period)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the sweep in progress, if any."""
+        self._stop.set()
+        self._thread.join(timeout=GRACEFUL_SECONDS)
+
+    def sweep(self) -> int:
+        """Offer every request in ``reconciliation`` to its stamps once; how many were tried."""
+        waiting = self._harbourmaster.store.list_requests("reconciliation")
+        for stored in waiting:
+            if self._stop.is_set():
+                break
+            try:
+                self._harbourmaster.settle_from_stamps(stored.id)
+            except MarqueError as exc:  # unreachable Pilot, a race lost: try again later
+                log.info("reconciliation of %s not settled: %s", stored.id, exc.message)
+        return len(waiting)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self.sweep()
+            except Exception:  # the sweep must outlive a bad moment of the store
+                log.exception("reconciliation sweep failed")
+
+
+@harbour.command("serve")
+@harbour_home_option
+@click.option("--listen", default="127.0.0.1:8760", show_default=True, metavar="HOST:PORT",
+              help="Where to listen; port 0 picks a free port (printed once listening).")
+@click.option("--tls-cert", type=click.Path(path_type=Path), default=None,
+              help="PEM certificate: serve HTTPS (with --tls-key).")
+@click.option("--tls-key", type=click.Path(path_type=Path), default=None,
+              help="PEM private key of --tls-cert.")
+@json_option
+@guarded
+def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | None,
+                  as_json: bool) -> None:
+    """Serve this Harbourmaster over HTTP until SIGTERM or SIGINT.
+
+    Once listening it prints {url, harbour_id} (one JSON line with --json).
+    SIGTERM stops taking requests, lets those in progress finish, then exits.
+    Several processes may serve one PostgreSQL-backed home at once.
+    """
+    import uvicorn
+
+    from marque.harbour.home import HarbourHome
+    from marque.harbour.http import HarbourService
+    from marque.harbour.service import Harbourmaster
+
+    host, port = parse_listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidInput("--tls-cert and --tls-key go together")
+    # Opened before anything is bound: a bad home or an unreachable store is one clear error.
+    harbourmaster = Harbourmaster.open(HarbourHome(home))
+    sock: socket.socket | None = None
+    try:
+        sock = _bind(host, port)
+        scheme = "https" if tls_cert else "http"
+        shown_host = f"[{host}]" if ":" in host else host
+        url = f"{scheme}://{shown_host}:{sock.getsockname()[1]}"
+        if not _is_loopback(host) and tls_cert is None:
+            err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: "
+                    "tokens, marques and previews cross the network in clear text (use "
+                    "--tls-cert/--tls-key)")
+        service = HarbourService(harbourmaster)
+        server = _server_class()(uvicorn.Config(
+            service.app, log_level="warning", lifespan="off", access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_SECONDS,
+            ssl_certfile=str(tls_cert) if tls_cert else None,
+            ssl_keyfile=str(tls_key) if tls_key else None,
+        ))
+        harbour_id = harbourmaster.store.harbour_id
+        if as_json:
+            emit_json({"url": url, "harbour_id": harbour_id})
+        else:
+            err.say(f"Harbourmaster {literal(harbour_id)} serving on {literal(url)}")
+        sys.stdout.flush()
+        sweep = ReconciliationSweep(harbourmaster)
+        sweep.start()
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sweep.stop()
+            service.close()
+    finally:
+        if sock is not None:
+            sock.close()
+        harbourmaster.close()

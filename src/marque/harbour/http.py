@@ -1,0 +1,356 @@
+"""The Harbourmaster's HTTP service (DESIGN §10, §11): its synchronous core, in worker threads.
+
+A route reads the bearer token and the body, calls the
+:class:`~marque.harbour.service.Harbourmaster` every other caller uses, and
+answers its dict as JSON or its error as a problem document
+(:func:`marque.httpcommon.problem`). Who may do what is decided by the core,
+never here, so the HTTP API and any other caller obey the same rules; the one
+exception is ``/metrics``, which the core does not serve. A route only checks
+that a body is a JSON object and that the members it reads have their types.
+
+The core blocks (on the store, and on a Pilot while a preview runs), so each
+call runs in a worker thread; the event loop only parses and writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Info
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from marque.errors import Forbidden, InvalidInput, MarqueError, Unauthenticated
+from marque.harbour.lifecycle import RequestState
+from marque.harbour.principals import Principal, Role
+from marque.httpcommon import RequestIdMiddleware, problem
+
+if TYPE_CHECKING:
+    from marque.harbour.service import Harbourmaster
+
+__all__ = ["HarbourService"]
+
+log = logging.getLogger(__name__)
+
+#: Core calls run here, never on the event loop. A submit may wait on a Pilot's preview.
+WORKER_THREADS = 32
+#: ``GET /v1/logbook``'s page size: the default, and the most one page holds.
+LOGBOOK_PAGE = 100
+LOGBOOK_PAGE_MAX = 1000
+#: Who may scrape ``/metrics`` (DESIGN §11.7): the roles that may read everything.
+_METRICS_ROLES = (Role.AUDITOR, Role.ADMIN)
+_FINDING_PREFIX = "finding."
+
+
+def _bearer(request: Request) -> str | None:
+    """The bearer token of ``Authorization``; None when the header is absent."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("send `Authorization: Bearer <token>` with a principal's token")
+    return token.strip()
+
+
+async def _json_object(request: Request, shape: str, *, optional: bool = False
+                       ) -> dict[str, Any]:
+    """The body as a JSON object; anything else is ``input_invalid`` naming ``shape``."""
+    raw = await request.body()
+    if optional and not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidInput(f"the body must be a JSON object {shape}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput(f"the body must be a JSON object {shape}")
+    return body
+
+
+def _reason(body: dict[str, Any], *, required: bool) -> str | None:
+    reason = body.get("reason")
+    if reason is None and not required:
+        return None
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("`reason` must be a non-empty string"
+                           + (" (it is required here)" if required else ""))
+    return reason
+
+
+def _int_param(request: Request, name: str, default: int, minimum: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidInput(f"`{name}` must be an integer, got {value[:40]!r}") from None
+    if number < minimum:
+        raise InvalidInput(f"`{name}` must be at least {minimum}")
+    return number
+
+
+def _json_safe(detail: dict[str, Any]) -> dict[str, Any]:
+    """The members of an error's detail a problem document can carry (JSON values only)."""
+    safe: dict[str, Any] = {}
+    for key, value in detail.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        safe[str(key)] = value
+    return safe
+
+
+class _StoreFigures:
+    """Metrics read from the store at scrape time: requests by state, findings by kind.
+
+    Findings are counted from the logbook, so every process of a scaled-out
+    Harbourmaster reports the same monotonic totals. The logbook only grows,
+    so each scrape reads just the findings after the last one seen.
+    """
+
+    def __init__(self, harbourmaster: Harbourmaster) -> None:
+        self._harbourmaster = harbourmaster
+        self._lock = threading.Lock()  # one scrape at a time advances the cursor
+        self._findings_after = 0
+        self._findings: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._harbourmaster.store
+        try:
+            counts = {state.value: 0 for state in RequestState}
+            for stored in store.list_requests():
+                counts[stored.state.value] = counts.get(stored.state.value, 0) + 1
+            findings = self._count_findings()
+        except MarqueError:
+            return  # the store is away: no figures rather than wrong ones
+        requests = GaugeMetricFamily("marque_harbour_requests", "Requests held, by state",
+                                     labels=["state"])
+        for state, count in sorted(counts.items()):
+            requests.add_metric([state], count)
+        yield requests
+        waiting = GaugeMetricFamily("marque_harbour_approvals_waiting",
+                                    "Requests whose Checkpoint awaits approval")
+        waiting.add_metric([], counts.get(RequestState.AWAITING_APPROVAL.value, 0))
+        yield waiting
+        total = CounterMetricFamily("marque_harbour_findings", "Findings logged, by kind",
+                                    labels=["kind"])
+        for kind, count in sorted(findings.items()):
+            total.add_metric([kind], count)
+        yield total
+
+    def _count_findings(self) -> dict[str, int]:
+        store = self._harbourmaster.store
+        with self._lock:
+            while True:
+                page = store.logbook_entries(after=self._findings_after, limit=LOGBOOK_PAGE_MAX,
+                                             kind_prefix=_FINDING_PREFIX)
+                for entry in page:
+                    kind = entry.kind[len(_FINDING_PREFIX):]
+                    self._findings[kind] = self._findings.get(kind, 0) + 1
+                    self._findings_after = entry.seq
+                if len(page) < LOGBOOK_PAGE_MAX:
+                    return dict(self._findings)
+
+
+class HarbourService:
+    """The ASGI app of one Harbourmaster process, plus the threads and metrics it owns."""
+
+    def __init__(self, harbourmaster: Harbourmaster) -> None:
+        self.harbourmaster = harbourmaster
+        self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="marque-harbour")
+        self.registry = CollectorRegistry()
+        self.reports_ingested = Counter(
+            "marque_harbour_reports_ingested", "Execution reports newly stored by this process",
+            registry=self.registry)
+        info = Info("marque_harbour", "This Harbourmaster's identity", registry=self.registry)
+        info.info({"harbour_id": harbourmaster.store.harbour_id})
+        self.registry.register(_StoreFigures(harbourmaster))
+        self.app = Starlette(
+            routes=[
+                Route("/v1/requests", self.post_request, methods=["POST"]),
+                Route("/v1/requests", self.list_requests, methods=["GET"]),
+                Route("/v1/requests/{id}", self.get_request, methods=["GET"]),
+                Route("/v1/requests/{id}/approve", self.approve, methods=["POST"]),
+                Route("/v1/requests/{id}/reject", self.reject, methods=["POST"]),
+                Route("/v1/requests/{id}/expire", self.expire, methods=["POST"]),
+                Route("/v1/requests/{id}/marque", self.marque, methods=["GET"]),
+                Route("/v1/pilots", self.register_pilot, methods=["POST"]),
+                Route("/v1/pilots", self.list_pilots, methods=["GET"]),
+                Route("/v1/reports", self.post_reports, methods=["POST"]),
+                Route("/v1/logbook", self.logbook, methods=["GET"]),
+                Route("/v1/logbook/head", self.logbook_head, methods=["GET"]),
+                Route("/.well-known/jwks.json", self.jwks, methods=["GET"]),
+                Route("/v1/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+            ],
+            middleware=[Middleware(RequestIdMiddleware)],
+            exception_handlers={MarqueError: self._on_error},
+        )
+
+    def close(self) -> None:
+        """Let calls in progress finish, then release the threads."""
+        self._pool.shutdown(wait=True)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    async def _on_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, MarqueError)
+        response = problem(exc, getattr(request.state, "request_id", None),
+                           extra=_json_safe(exc.detail))
+        if isinstance(exc, Unauthenticated):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="marque-harbour"'
+        return response
+
+    async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        def run() -> Any:
+            try:
+                return func(*args)
+            except MarqueError:
+                raise
+            except Exception as exc:  # a fault of ours: said as a problem, logged in full
+                log.exception("unexpected error in %s", getattr(func, "__name__", func))
+                raise MarqueError(f"internal error: {type(exc).__name__}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
+    async def _principal(self, request: Request) -> Principal:
+        token = _bearer(request)
+        principal: Principal = await self._in_thread(self.harbourmaster.authenticate, token)
+        return principal
+
+    # -- requests --------------------------------------------------------------------
+
+    async def post_request(self, request: Request) -> Response:
+        """``POST /v1/requests``: 201 a new request, 200 the same intent again."""
+        principal = await self._principal(request)
+        # The raw field: the core parses it (an RFC 8941 string) with the body's request_id.
+        key = request.headers.get("idempotency-key")
+        body = await _json_object(request, "{request_id?, pilot_id, target, change, budget, "
+                                           "ttl_seconds, reason?, rolls_back?}")
+        found, created = await self._in_thread(self.harbourmaster.submit, principal, body, key)
+        return JSONResponse(found, status_code=201 if created else 200)
+
+    async def list_requests(self, request: Request) -> Response:
+        """``GET /v1/requests[?state=S]``: newest first; a requester sees only their own."""
+        principal = await self._principal(request)
+        state = request.query_params.get("state") or None
+        found = await self._in_thread(self.harbourmaster.list_requests, principal, state)
+        return JSONResponse({"requests": found})
+
+    async def get_request(self, request: Request) -> Response:
+        """``GET /v1/requests/{id}`` (a ``rq_`` id, or the caller's own request id)."""
+        principal = await self._principal(request)
+        found = await self._in_thread(self.harbourmaster.get_request, principal,
+                                      request.path_params["id"])
+        return JSONResponse(found)
+
+    async def approve(self, request: Request) -> Response:
+        """``POST /v1/requests/{id}/approve {reason?}``."""
+        principal = await self._principal(request)
+        reason = _reason(await _json_object(request, "{reason?}", optional=True),
+                         required=False)
+        found = await self._in_thread(self.harbourmaster.approve, principal,
+                                      request.path_params["id"], reason)
+        return JSONResponse(found)
+
+    async def reject(self, request: Request) -> Response:
+        """``POST /v1/requests/{id}/reject {reason}``."""
+        principal = await self._principal(request)
+        reason = _reason(await _json_object(request, "{reason}"), required=True)
+        found = await self._in_thread(self.harbourmaster.reject, principal,
+                                      request.path_params["id"], reason)
+        return JSONResponse(found)
+
+    async def expire(self, request: Request) -> Response:
+        """``POST /v1/requests/{id}/expire {reason}`` (admin)."""
+        principal = await self._principal(request)
+        reason = _reason(await _json_object(request, "{reason}"), required=True)
+        found = await self._in_thread(self.harbourmaster.expire, principal,
+                                      request.path_params["id"], reason)
+        return JSONResponse(found)
+
+    async def marque(self, request: Request) -> Response:
+        """``GET /v1/requests/{id}/marque``: the marque, for the requester who owns it."""
+        principal = await self._principal(request)
+        found = await self._in_thread(self.harbourmaster.marque_for, principal,
+                                      request.path_params["id"])
+        return JSONResponse(found)
+
+    # -- pilots and reports ----------------------------------------------------------
+
+    async def register_pilot(self, request: Request) -> Response:
+        """``POST /v1/pilots {pilot_id, url, incarnation, targets}``."""
+        principal = await self._principal(request)
+        body = await _json_object(request, "{pilot_id, url, incarnation, targets}")
+        found = await self._in_thread(self.harbourmaster.register_pilot, principal, body)
+        return JSONResponse(found)
+
+    async def list_pilots(self, request: Request) -> Response:
+        """``GET /v1/pilots``."""
+        principal = await self._principal(request)
+        found = await self._in_thread(self.harbourmaster.list_pilots, principal)
+        return JSONResponse({"pilots": found})
+
+    async def post_reports(self, request: Request) -> Response:
+        """``POST /v1/reports {pilot_id, reports}``: idempotent; ``{acknowledged, new}``."""
+        principal = await self._principal(request)
+        body = await _json_object(request, "{pilot_id, reports: [...]}")
+        found = await self._in_thread(self.harbourmaster.ingest_reports, principal, body)
+        new = found.get("new") if isinstance(found, dict) else None
+        if isinstance(new, int) and new > 0:
+            self.reports_ingested.inc(new)
+        return JSONResponse(found)
+
+    # -- logbook, keys, health, metrics ----------------------------------------------
+
+    async def logbook(self, request: Request) -> Response:
+        """``GET /v1/logbook?after=SEQ&limit=N&kind=PREFIX``: ``{entries, next_after}``."""
+        principal = await self._principal(request)
+        after = _int_param(request, "after", 0, 0)
+        # More than a page's worth is answered with a full page: next_after continues.
+        limit = min(_int_param(request, "limit", LOGBOOK_PAGE, 1), LOGBOOK_PAGE_MAX)
+        kind = request.query_params.get("kind", "")
+        found = await self._in_thread(self.harbourmaster.logbook, principal, after, limit, kind)
+        return JSONResponse(found)
+
+    async def logbook_head(self, request: Request) -> Response:
+        """``GET /v1/logbook/head``: ``{seq, hash, at, signed}``."""
+        principal = await self._principal(request)
+        found = await self._in_thread(self.harbourmaster.logbook_head, principal)
+        return JSONResponse(found)
+
+    async def jwks(self, request: Request) -> Response:
+        """``GET /.well-known/jwks.json``: the issuer's public keys, to anyone."""
+        found = await self._in_thread(self.harbourmaster.jwks)
+        return JSONResponse(found)
+
+    async def health(self, request: Request) -> Response:
+        """``GET /v1/health``: ``{harbour_id, store}``, 503 when the store cannot be read."""
+        try:
+            found: dict[str, Any] = await self._in_thread(self.harbourmaster.health)
+        except MarqueError:
+            found = {"harbour_id": self.harbourmaster.store.harbour_id,
+                     "store": "unavailable"}
+        return JSONResponse(found, status_code=200 if found.get("store") == "ok" else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        """``GET /metrics`` in Prometheus text format (auditor, admin)."""
+        principal = await self._principal(request)
+        if not any(principal.has(role) for role in _METRICS_ROLES):
+            raise Forbidden("metrics are for an auditor or an admin")
+        text = await self._in_thread(generate_latest, self.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)

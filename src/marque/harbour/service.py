@@ -1,0 +1,683 @@
+"""The Harbourmaster's synchronous core (DESIGN §11): every endpoint's behaviour, once.
+
+The HTTP service, the CLI and tests call :class:`Harbourmaster`; each method
+checks the caller's roles itself (§11.7), so every caller gets the same rules,
+and raises only :class:`~marque.errors.MarqueError` subclasses.
+
+Nothing here is guarded by a lock in this process. Every change of state is one
+store operation — a compare-and-set on the request's version with its logbook
+entry in the same transaction — so several processes on one PostgreSQL store
+behave as one Harbourmaster. Where two callers race (two approvals completing
+one Checkpoint, two retries resuming one preparation), both may do the work
+(sign a marque, ask for a preview) but only the first compare-and-set stores
+it; the loser reads the request again and answers what is stored. A marque
+that lost is never stored nor handed out, so exactly one marque exists per
+request.
+
+Contacting a Pilot (previews, evidence) happens between store operations,
+never inside a transaction: an unreachable Pilot is ``pilot_unavailable`` and
+leaves the request where it was, for a retry to resume.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from marque.change import Budget, Change
+from marque.cid import cid
+from marque.client import PilotClient
+from marque.errors import (
+    AccountConfigInvalid,
+    AccountDenied,
+    AccountNoMatch,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    MarqueError,
+    NotFound,
+    PreviewFailed,
+    RequestExpired,
+    RevalidationFailed,
+    Unauthenticated,
+    UnknownTarget,
+)
+from marque.harbour.checkpoint import (
+    CHECKPOINT_EXPIRED,
+    Checkpoint,
+    Resolution,
+    TallyState,
+    check_resolution,
+    require_revalidated,
+    revalidate,
+    seal_checkpoint,
+    seal_resolution,
+    tally,
+)
+from marque.harbour.heads import sign_head
+from marque.harbour.home import HarbourHome, open_home_store
+from marque.harbour.identity import authority_scope_cid, logical_request_scope, request_identity
+from marque.harbour.intake import read_registration, read_reports, read_submission
+from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
+from marque.harbour.lifecycle import IntentConflict, RequestState, StaleVersion
+from marque.harbour.principals import Principal, Role
+from marque.harbour.routing import ALLOW, DELEGATE, Decision, evaluate, parse_config
+from marque.harbour.routing import require_permitted as _require_permitted
+from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
+from marque.harbour.views import pilot_object, request_object
+from marque.token import unverified_claims
+
+S = RequestState
+#: How long a sealed Checkpoint waits for its approvals by default.
+CHECKPOINT_TTL_SECONDS = 86_400
+#: Sample rows a preview shows per statement.
+PREVIEW_SAMPLE_ROWS = 5
+#: Clock skew allowed between this Harbourmaster and its Pilots when a marque's expiry
+#: decides something (the Pilots' own default).
+SKEW_SECONDS = 60.0
+#: The most logbook entries one page holds.
+MAX_LOGBOOK_PAGE = 1000
+
+_READERS = (Role.APPROVER, Role.AUDITOR, Role.ADMIN)
+
+
+def _require(principal: Principal, *roles: Role) -> None:
+    """Refuse a principal holding none of ``roles`` (403, never 404: it is authenticated)."""
+    if not any(principal.has(role) for role in roles):
+        raise Forbidden(f"{principal.name} may not do this: it needs the role "
+                        f"{' or '.join(r.value for r in roles)}",
+                        detail={"principal": principal.name,
+                                "roles": sorted(r.value for r in roles)})
+
+
+def _failure(code: str, message: str) -> dict[str, Any]:
+    return {"code": code, "message": message}
+
+
+class Harbourmaster:
+    """One Harbourmaster: its store, its issuer, and the flow of DESIGN §11."""
+
+    def __init__(self, store: HarbourStore, issuer: Issuer, *,
+                 clock: Callable[[], float] = time.time,
+                 pilot_client_factory: Callable[[str], PilotClient] | None = None,
+                 checkpoint_ttl_seconds: int = CHECKPOINT_TTL_SECONDS,
+                 skew_seconds: float = SKEW_SECONDS) -> None:
+        self.store = store
+        self.issuer = issuer
+        self.clock = clock
+        self.pilot_client_factory = pilot_client_factory or (lambda url: PilotClient(url))
+        if checkpoint_ttl_seconds <= 0:
+            raise InvalidInput("checkpoint_ttl_seconds must be positive")
+        self.checkpoint_ttl_seconds = checkpoint_ttl_seconds
+        self.skew_seconds = skew_seconds
+
+    @classmethod
+    def open(cls, home: HarbourHome) -> Harbourmaster:
+        """The Harbourmaster of a home: its store (opened, migrated) and its issuer key."""
+        config = home.load()
+        key = home.issuer_key()
+        store = open_home_store(home, config)
+        try:
+            return cls(store, Issuer(key, config.issuer))
+        except BaseException:
+            store.close()
+            raise
+
+    def close(self) -> None:
+        """Release the store."""
+        self.store.close()
+
+    def _now(self) -> float:
+        return float(self.clock())
+
+    # -- principals -----------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> Principal:
+        """The principal holding ``token``; ``Unauthenticated`` if none, unknown or revoked."""
+        if not token:
+            raise Unauthenticated("send `Authorization: Bearer <token>`: this endpoint needs "
+                                  "a principal's token")
+        return self.store.authenticate(token)
+
+    # -- reading requests ---------------------------------------------------------------
+
+    def _visible(self, principal: Principal, request: Request) -> bool:
+        if any(principal.has(role) for role in _READERS):
+            return True
+        return principal.has(Role.REQUESTER) and request.principal == principal.name
+
+    def _find(self, principal: Principal, id_or_request_id: str) -> Request:
+        """A request the caller may see, by ``rq_`` id or by the caller's own request id.
+
+        Another requester's request is ``NotFound``, exactly like a missing one, so
+        request ids never leak.
+        """
+        if not isinstance(id_or_request_id, str) or not id_or_request_id:
+            raise NotFound("no such request")
+        if id_or_request_id.startswith("rq_"):
+            try:
+                request = self.store.get_request(id_or_request_id)
+            except NotFound:
+                request = None
+        else:
+            try:
+                scope = logical_request_scope(
+                    authority_scope_cid(self.store.harbour_id, principal.name),
+                    id_or_request_id)
+            except MarqueError:
+                scope = None
+            request = None if scope is None else self.store.find_active(scope)
+        if request is None or not self._visible(principal, request):
+            raise NotFound(f"no request {id_or_request_id[:64]!r} that you may see",
+                           detail={"id": id_or_request_id[:64]})
+        return request
+
+    def _object(self, request: Request) -> dict[str, Any]:
+        return request_object(self.store, request)
+
+    def list_requests(self, principal: Principal, state: str | None = None) -> list[dict[str, Any]]:
+        """Requests newest first (a requester sees only their own), optionally of one state."""
+        _require(principal, Role.REQUESTER, *_READERS)
+        only = None if any(principal.has(role) for role in _READERS) else principal.name
+        return [self._object(r) for r in self.store.list_requests(state, principal=only)]
+
+    def get_request(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:
+        """One request object: by ``rq_`` id, or the caller's own request id (its active one)."""
+        _require(principal, Role.REQUESTER, *_READERS)
+        return self._object(self._find(principal, id_or_request_id))
+
+    def marque_for(self, principal: Principal, id: str) -> dict[str, Any]:
+        """The marque of the caller's own request, with where to execute it."""
+        _require(principal, Role.REQUESTER)
+        request = self._find(principal, id)
+        if request.principal != principal.name:
+            raise NotFound(f"no request {id[:64]!r} that you may see", detail={"id": id[:64]})
+        if request.marque is None:
+            raise Conflict(f"request {request.id} is {request.state}: no marque has been issued "
+                           "for it", detail={"id": request.id, "state": request.state.value})
+        pilot = self.store.get_pilot(request.pilot_id)
+        claims = unverified_claims(request.marque) or {}
+        incarnation = (claims.get("pilot") or {}).get("incarnation")
+        return {"marque": request.marque, "marque_id": request.marque_id,
+                "expires_at": request.marque_expires_at,
+                "pilot": {"id": pilot.pilot_id, "url": pilot.url, "incarnation": incarnation},
+                "target": request.target}
+
+    # -- submitting -----------------------------------------------------------------------
+
+    def submit(self, principal: Principal, body: dict[str, Any],
+               idempotency_key: str | None) -> tuple[dict[str, Any], bool]:
+        """Accept a request (DESIGN §11.2): ``(request object, created)``.
+
+        A repeat of the active request's intent answers it (resuming a
+        preparation left ``preparing``); another intent under the same id is
+        ``IntentConflict``. Deny and no-match are stored ``failed`` and raised
+        with ``detail["id"]``; so is a refused preview (``preview_failed``).
+        """
+        _require(principal, Role.REQUESTER)
+        sub = read_submission(body, idempotency_key)
+        identity = request_identity(self.store.harbour_id, principal.name, sub.request_id,
+                                    sub.change, sub.budget, sub.ttl_seconds, sub.pilot_id,
+                                    sub.target)
+        active = self.store.find_active(identity.logical_request_scope)
+        if active is not None:
+            return self._repeat(active, identity.intent_fingerprint, sub.request_id), False
+        pilot = self._pilot(sub.pilot_id)
+        if sub.target not in pilot.targets:
+            raise UnknownTarget(f"Pilot {pilot.pilot_id} does not serve a target named "
+                                f"{sub.target[:64]!r}", detail={"pilot_id": pilot.pilot_id,
+                                                                "target": sub.target[:64]})
+        if self.store.get_principal(principal.name).public_jwk is None:
+            raise Forbidden(f"principal {principal.name} has no registered public key, so no "
+                            "marque can be bound to it: an admin registers one first",
+                            detail={"principal": principal.name})
+        decision = self._route(principal.name, pilot, sub.target, sub.change)
+        # Routing decides read_only, which is part of the change and so of its CID.
+        change = replace(sub.change, access="read_only") if decision.all_read else sub.change
+        if decision.outcome == DELEGATE:
+            check_ttl(sub.ttl_seconds, decision.max_ttl_seconds)
+        draft = RequestDraft(
+            request_id=sub.request_id, principal=principal.name, pilot_id=sub.pilot_id,
+            target=sub.target, change=change.to_claim(), budget=sub.budget.to_claim(),
+            ttl_seconds=sub.ttl_seconds, change_cid=change.change_cid,
+            authority_scope_cid=identity.authority_scope_cid,
+            logical_request_scope=identity.logical_request_scope,
+            intent_fingerprint=identity.intent_fingerprint, reason=sub.reason,
+            rolls_back=sub.rolls_back)
+        request, created = self.store.create_request(draft, actor=principal.name,
+                                                     now=self._now())
+        if not created:  # another submission of the same intent won the insert
+            return self._repeat(request, identity.intent_fingerprint, sub.request_id), False
+        return self._object(self._prepare(request, decision)), True
+
+    def _repeat(self, active: Request, fingerprint: str, request_id: str) -> dict[str, Any]:
+        if active.intent_fingerprint != fingerprint:
+            raise IntentConflict(
+                f"request id {request_id[:64]!r} is already used by request {active.id} with a "
+                "different change; choose a new request id, or repeat that request's exact "
+                "change", detail={"id": active.id, "request": active.id})
+        if active.state is S.PREPARING:
+            active = self._prepare(active, None)
+        return self._object(active)
+
+    def _pilot(self, pilot_id: str) -> PilotRecord:
+        try:
+            return self.store.get_pilot(pilot_id)
+        except NotFound:
+            raise InvalidInput(f"no Pilot {pilot_id[:64]!r} is registered with this "
+                               "Harbourmaster", detail={"pilot_id": pilot_id[:64]}) from None
+
+    def _route(self, principal: str, pilot: PilotRecord, target: str,
+               change: Change) -> Decision:
+        """Route by the adopted config, re-derived from its source (never a stale parse)."""
+        adopted = self.store.current_routing_config()
+        if adopted is None:
+            raise AccountConfigInvalid("no routing config is adopted: nothing can be routed")
+        config = parse_config(adopted.source)
+        if config.config_cid != adopted.config_cid:
+            raise AccountConfigInvalid(
+                f"the adopted routing config {adopted.config_cid} no longer re-derives to its "
+                f"CID (it gives {config.config_cid}): nothing is routed by it",
+                detail={"config_cid": adopted.config_cid, "derived": config.config_cid})
+        dialect = pilot.dialects.get(target)
+        if dialect is None:
+            raise InvalidInput(f"Pilot {pilot.pilot_id} registered target {target[:64]!r} "
+                               "without its dialect; it must register again",
+                               detail={"pilot_id": pilot.pilot_id, "target": target[:64]})
+        return evaluate(config, principal, target, [s.sql for s in change.statements], dialect)
+
+    def _prepare(self, request: Request, decision: Decision | None) -> Request:
+        """Take a ``preparing`` request on: refuse it, issue at once, or seek approval."""
+        change = Change.from_claim(request.change)
+        pilot = self._pilot(request.pilot_id)
+        if decision is None:  # resuming: route again, as nothing was sealed yet
+            decision = self._route(request.principal, pilot, request.target,
+                                   replace(change, access=None))
+            if decision.permitted and decision.all_read != change.read_only:
+                return self._end(request, S.FAILED, "revalidation_failed",
+                                 "the routing decision changed while the request was being "
+                                 "prepared; ask again", actor=request.principal,
+                                 routing=decision.to_dict())
+        routing = decision.to_dict()
+        if not decision.permitted:
+            try:
+                _require_permitted(decision)
+            except (AccountDenied, AccountNoMatch) as refusal:
+                failed = self._end(request, S.FAILED, refusal.code, refusal.message,
+                                   actor=request.principal, routing=routing)
+                raise type(refusal)(refusal.message,
+                                    detail={"id": failed.id, "routing": routing}) from None
+        if decision.outcome == ALLOW:
+            return self._issue(request, change, approval=approval_for_allow(decision.config_cid),
+                               max_ttl=decision.max_ttl_seconds, actor=request.principal,
+                               routing=routing)
+        return self._seek_approval(request, change, pilot, decision)
+
+    def _seek_approval(self, request: Request, change: Change, pilot: PilotRecord,
+                       decision: Decision) -> Request:
+        """A preview through the Pilot, then the sealed Checkpoint (``awaiting_approval``)."""
+        budget = Budget.from_claim(request.budget)
+        token = self.issuer.preview_token(
+            pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
+            change=change, sample_rows=PREVIEW_SAMPLE_ROWS, max_rows=budget.max_rows)
+        client = self.pilot_client_factory(pilot.url)
+        try:
+            preview = client.preview(token)
+        except PreviewFailed as exc:
+            failed = self._end(request, S.FAILED, exc.code, exc.message,
+                               actor=request.principal, routing=decision.to_dict())
+            raise PreviewFailed(exc.message, sqlstate=exc.sqlstate,
+                                detail={"id": failed.id}) from None
+        finally:
+            client.close()
+        mismatch = _preview_mismatch(preview, change, pilot, request.target)
+        if mismatch:
+            message = f"the Pilot's preview does not describe this change ({mismatch})"
+            failed = self._end(request, S.FAILED, "preview_failed", message,
+                               actor=request.principal, routing=decision.to_dict())
+            raise PreviewFailed(message, detail={"id": failed.id})
+        now = self._now()
+        checkpoint = seal_checkpoint(
+            logical_request_scope=request.logical_request_scope,
+            intent_fingerprint=request.intent_fingerprint, change_cid=change.change_cid,
+            preview_cid=preview["preview_cid"], config_cid=decision.config_cid,
+            approvals=decision.approvals, pilot_id=pilot.pilot_id,
+            incarnation=pilot.incarnation, target=request.target,
+            expires_at=now + self.checkpoint_ttl_seconds)
+        try:
+            return self.store.seal_checkpoint(
+                request.id, request.version, checkpoint_cid=checkpoint.cid,
+                body=checkpoint.body, expires_at=float(checkpoint.expires_at_epoch),
+                actor=request.principal, now=now, kind="checkpoint.sealed",
+                routing=decision.to_dict(), preview=preview)
+        except StaleVersion:
+            return self.store.get_request(request.id)
+
+    def _end(self, request: Request, to: RequestState, code: str, message: str, *,
+             actor: str, **updates: Any) -> Request:
+        """Move ``request`` to an end state with its ``failure``; a lost race re-reads."""
+        try:
+            return self.store.transition(request.id, request.version, to, actor=actor,
+                                         now=self._now(), reason=message,
+                                         failure=_failure(code, message), **updates)
+        except StaleVersion:
+            return self.store.get_request(request.id)
+
+    def _issue(self, request: Request, change: Change, *, approval: dict[str, Any],
+               max_ttl: int | None, actor: str, checkpoint: Checkpoint | None = None,
+               routing: dict[str, Any] | None = None) -> Request:
+        """Sign the request's marque and store it with ``prepared``, or lose the race."""
+        requester = self.store.get_principal(request.principal)
+        extra: dict[str, Any] = {} if routing is None else {"routing": routing}
+        if requester.revoked:
+            return self._end(request, S.FAILED, "revalidation_failed",
+                             f"the requester {requester.name} was revoked", actor=actor, **extra)
+        pilot = self.store.get_pilot(request.pilot_id)
+        try:
+            token = self.issuer.marque(
+                requester=requester.name, requester_jwk=requester.public_jwk,
+                pilot_id=request.pilot_id,
+                incarnation=checkpoint.incarnation if checkpoint else pilot.incarnation,
+                target=request.target, change=change, budget=Budget.from_claim(request.budget),
+                ttl_seconds=request.ttl_seconds, max_ttl_seconds=max_ttl,
+                logical_request_scope=request.logical_request_scope, approval=approval,
+                checkpoint=checkpoint)
+        except (Forbidden, RevalidationFailed, InvalidInput) as exc:
+            return self._end(request, S.FAILED, "revalidation_failed", exc.message, actor=actor,
+                             **extra)
+        claims = unverified_claims(token) or {}
+        expires_at = float(claims["exp"])
+        try:
+            return self.store.transition(
+                request.id, request.version, S.PREPARED, actor=actor, now=self._now(),
+                kind="marque.issued",
+                body={"marque_id": claims["jti"], "expires_at": expires_at,
+                      "approval": approval},
+                marque_id=claims["jti"], marque=token, marque_expires_at=expires_at, **extra)
+        except StaleVersion:
+            return self.store.get_request(request.id)
+
+    # -- approvals --------------------------------------------------------------------------
+
+    def approve(self, principal: Principal, id: str, reason: str | None) -> dict[str, Any]:
+        """An approver's approval; completing the Checkpoint revalidates and issues."""
+        return self._resolve(principal, id, "approve", reason)
+
+    def reject(self, principal: Principal, id: str, reason: str) -> dict[str, Any]:
+        """An approver's rejection (a reason is required): the request ends ``rejected``."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInput("a reject needs a reason: say why, so the requester can act on it")
+        return self._resolve(principal, id, "reject", reason)
+
+    def _sealed(self, request: Request) -> tuple[Checkpoint, list[Resolution]]:
+        assert request.checkpoint_cid is not None
+        stored = self.store.get_checkpoint(request.checkpoint_cid)
+        checkpoint = Checkpoint.from_body(stored.body, stored.checkpoint_cid)
+        resolutions = [Resolution.from_body(r.body, r.resolution_cid)
+                       for r in self.store.resolutions(request.checkpoint_cid)]
+        return checkpoint, resolutions
+
+    def _resolve(self, principal: Principal, id: str, decision: str,
+                 reason: str | None) -> dict[str, Any]:
+        _require(principal, Role.APPROVER)
+        request = self._find(principal, id)
+        if request.checkpoint_cid is None:
+            raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
+                           detail={"id": request.id, "state": request.state.value})
+        checkpoint, existing = self._sealed(request)
+        mine = [r for r in existing if r.approver == principal.name]
+        if mine:
+            return self._already(principal, request, mine[0], decision)
+        if request.state is not S.AWAITING_APPROVAL:
+            raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
+                           detail={"id": request.id, "state": request.state.value})
+        now = self._now()
+        if reason is not None and not reason.strip():
+            reason = None
+        resolution = seal_resolution(checkpoint, decision=decision, approver=principal.name,
+                                     reason=reason, at=now)
+        try:
+            check_resolution(checkpoint, resolution, requester=request.principal,
+                             self_approval_allowed=self._self_approval(request),
+                             existing=existing)
+        except RequestExpired as exc:
+            ended = self._end(request, S.EXPIRED, "request_expired", exc.message,
+                              actor=principal.name)
+            raise RequestExpired(exc.message, detail={"id": ended.id}) from None
+        stored, _ = self.store.add_resolution(
+            checkpoint.cid, resolution_cid=resolution.cid, approver=principal.name,
+            decision=decision, body=resolution.body, now=now)
+        if stored.decision != decision:  # a concurrent submission of theirs won
+            raise _already_decided(principal, request, stored.decision)
+        return self._object(self._settle(self.store.get_request(request.id), principal.name))
+
+    def _already(self, principal: Principal, request: Request, mine: Resolution,
+                 decision: str) -> dict[str, Any]:
+        """A repeated resolution: the same decision is answered (and completes the
+        Checkpoint if a crash interrupted that); a different one is refused."""
+        if mine.decision.value != decision:
+            raise _already_decided(principal, request, mine.decision.value)
+        return self._object(self._settle(request, principal.name))
+
+    @staticmethod
+    def _self_approval(request: Request) -> bool:
+        return bool((request.routing or {}).get("self_approval"))
+
+    def _settle(self, request: Request, actor: str) -> Request:
+        """Act on the tally of an ``awaiting_approval`` request (else return it as it is)."""
+        if request.state is not S.AWAITING_APPROVAL:
+            return request
+        checkpoint, resolutions = self._sealed(request)
+        counted = tally(checkpoint, resolutions, requester=request.principal,
+                        self_approval_allowed=self._self_approval(request))
+        if counted.state is TallyState.PENDING:
+            return request
+        if counted.state is TallyState.REJECTED:
+            return self._end(request, S.REJECTED, "delegation_rejected",
+                             f"rejected by {counted.rejected_by}: {counted.reject_reason}",
+                             actor=actor)
+        now = self._now()
+        adopted = self.store.current_routing_config()
+        try:
+            pilot: PilotRecord | None = self.store.get_pilot(request.pilot_id)
+        except NotFound:
+            pilot = None
+        check: dict[str, Any] = {
+                 "adopted_config_cid": None if adopted is None else adopted.config_cid,
+                 "pilot_id": request.pilot_id,
+                 "pilot_incarnation": None if pilot is None else pilot.incarnation,
+                 "target": request.target, "now": now,
+                 "pilot_targets": None if pilot is None else pilot.targets}
+        failed = revalidate(checkpoint, **check)
+        if failed == [CHECKPOINT_EXPIRED]:
+            return self._end(request, S.EXPIRED, "request_expired",
+                             f"checkpoint {checkpoint.cid} expired at {checkpoint.expires_at} "
+                             "before its approvals completed", actor=actor)
+        if failed:
+            try:
+                require_revalidated(checkpoint, **check)
+            except RevalidationFailed as exc:
+                return self._end(request, S.FAILED, exc.code, exc.message, actor=actor)
+        max_ttl = (request.routing or {}).get("max_ttl_seconds")
+        return self._issue(request, Change.from_claim(request.change),
+                           approval=approval_for_checkpoint(checkpoint, counted),
+                           checkpoint=checkpoint, max_ttl=max_ttl, actor=actor)
+
+    # -- expiry and settlement ------------------------------------------------------------------
+
+    def expire(self, principal: Principal, id: str, reason: str) -> dict[str, Any]:
+        """The admin's expiry (ADR-038): of an expired Checkpoint's request, of a prepared
+        request whose marque provably never ran (the Pilot's evidence), or settling a
+        ``reconciliation`` request from stamps."""
+        _require(principal, Role.ADMIN)
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInput("expiring a request needs a reason")
+        request = self._find(principal, id)
+        now = self._now()
+        if request.state is S.AWAITING_APPROVAL:
+            assert request.checkpoint_cid is not None
+            sealed = self.store.get_checkpoint(request.checkpoint_cid)
+            if now < sealed.expires_at:
+                raise Conflict(f"request {request.id}'s Checkpoint is open until "
+                               f"{sealed.expires_at}: it cannot be expired yet",
+                               detail={"id": request.id, "reason": "checkpoint_unexpired"})
+            return self._object(self._end(request, S.EXPIRED, "request_expired", reason,
+                                          actor=principal.name))
+        if request.state is S.PREPARED:
+            exp = request.marque_expires_at if request.marque_expires_at is not None \
+                else math.inf
+            # An unexpired marque is refused by the store before any evidence is read, so
+            # the Pilot is asked only when its answer can matter.
+            evidence = self._evidence(request) if now >= exp + self.skew_seconds else {}
+            return self._object(self.store.expire_prepared(
+                request.id, request.version, evidence=evidence, now=now,
+                skew_seconds=self.skew_seconds, marque_exp=exp, reason=reason,
+                actor=principal.name))
+        if request.state is S.RECONCILIATION:
+            return self.settle_from_stamps(request.id)
+        raise Conflict(f"request {request.id} is {request.state}: there is nothing to expire",
+                       detail={"id": request.id, "state": request.state.value,
+                               "reason": "not_expirable"})
+
+    def _evidence(self, request: Request) -> dict[str, Any]:
+        """The Pilot's evidence for the request's marque, fetched with a query token."""
+        assert request.marque_id is not None
+        pilot = self.store.get_pilot(request.pilot_id)
+        token = self.issuer.query_token(pilot_id=pilot.pilot_id, marque_id=request.marque_id)
+        client = self.pilot_client_factory(pilot.url)
+        try:
+            return client.evidence(request.marque_id, token)
+        finally:
+            client.close()
+
+    def settle_from_stamps(self, request_id: str) -> dict[str, Any]:
+        """Settle a ``reconciliation`` request from the stamps its target holds (§11.5).
+
+        A stamp of its marque → ``verified``; none on a reachable target and the
+        marque past its ``exp`` (plus skew) → ``expired``; otherwise it stays.
+        Any other state is answered as it is. ``PilotUnavailable`` if the Pilot
+        cannot be asked.
+        """
+        request = self.store.get_request(request_id)
+        if request.state is not S.RECONCILIATION or request.marque_id is None:
+            return self._object(request)
+        evidence = self._evidence(request)
+        pilot = evidence.get("pilot")
+        if evidence.get("marque_id") != request.marque_id or not isinstance(pilot, dict) \
+                or pilot.get("id") != request.pilot_id:
+            return self._object(request)
+        stamps = [s for s in evidence.get("stamps") or []
+                  if isinstance(s, dict) and s.get("marque_id", request.marque_id)
+                  == request.marque_id]
+        now = self._now()
+        seen = {"stamps": len(stamps), "target_reachable": evidence.get("target_reachable"),
+                "pilot": pilot}
+        updates: dict[str, Any] = {}
+        if stamps:
+            to = S.VERIFIED
+        elif (evidence.get("target_reachable") is True and request.marque_expires_at is not None
+              and now >= request.marque_expires_at + self.skew_seconds):
+            to = S.EXPIRED
+            updates["failure"] = _failure("request_expired",
+                                          "no stamp of its marque on a reachable target, and "
+                                          "the marque has expired: it never ran")
+        else:
+            return self._object(request)
+        try:
+            moved = self.store.transition(request.id, request.version, to, actor="harbourmaster",
+                                          now=now, reason="settled from the target's stamps",
+                                          kind="reconciliation.settled",
+                                          body={"evidence": seen}, **updates)
+        except StaleVersion:
+            moved = self.store.get_request(request.id)
+        return self._object(moved)
+
+    # -- Pilots ---------------------------------------------------------------------------------
+
+    def register_pilot(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """A Pilot's (re-)registration, by the ``pilot`` principal of the same name."""
+        _require(principal, Role.PILOT)
+        pilot_id, url, incarnation, dialects = read_registration(body)
+        if pilot_id != principal.name:
+            raise Forbidden(f"principal {principal.name} may register only the Pilot "
+                            f"{principal.name}, not {pilot_id[:64]!r}",
+                            detail={"pilot_id": pilot_id[:64]})
+        previous = self.store.register_pilot(pilot_id, url, incarnation, sorted(dialects),
+                                             actor=principal.name, now=self._now(),
+                                             dialects=dialects)
+        return {"pilot_id": pilot_id, "registered": True, "previous_incarnation": previous,
+                "issuer": {"jwks": self.issuer.jwks}}
+
+    def list_pilots(self, principal: Principal) -> list[dict[str, Any]]:
+        """Every registered Pilot."""
+        _require(principal, *_READERS)
+        return [pilot_object(p) for p in self.store.list_pilots()]
+
+    def ingest_reports(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
+        """A Pilot's execution reports: each stored once, moving its request (§11.2)."""
+        _require(principal, Role.PILOT)
+        pilot_id, reports = read_reports(body)
+        if pilot_id != principal.name or any(r["pilot"]["id"] != pilot_id for r in reports):
+            raise Forbidden(f"principal {principal.name} may report only for the Pilot "
+                            f"{principal.name}", detail={"pilot_id": pilot_id[:64]})
+        new = 0
+        for report in reports:
+            added, _ = self.store.ingest_report(report, actor=principal.name, now=self._now())
+            new += int(added)
+        return {"acknowledged": len(reports), "new": new}
+
+    # -- logbook and identity --------------------------------------------------------------------
+
+    def logbook(self, principal: Principal, after: int = 0, limit: int = 100,
+                kind: str = "") -> dict[str, Any]:
+        """A page of the logbook: ``{entries, next_after}``."""
+        _require(principal, Role.AUDITOR, Role.ADMIN)
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise InvalidInput("after must be a sequence number of at least 0")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit must be at least 1")
+        entries = self.store.logbook_entries(after=after, limit=min(limit, MAX_LOGBOOK_PAGE),
+                                             kind_prefix=kind or "")
+        return {"entries": [e.to_dict() for e in entries],
+                "next_after": entries[-1].seq if entries else after}
+
+    def logbook_head(self, principal: Principal) -> dict[str, Any]:
+        """The logbook's head, signed with the issuer key: ``{seq, hash, at, signed}``."""
+        _require(principal, Role.AUDITOR, Role.ADMIN)
+        head = self.store.logbook_head()
+        signed = None if head.get("at") is None else sign_head(head, self.issuer.key)
+        return {**head, "signed": signed}
+
+    def jwks(self) -> dict[str, Any]:
+        """The issuer's public keys, which Pilots pin."""
+        return self.issuer.jwks
+
+    def health(self) -> dict[str, Any]:
+        """``{harbour_id, store: "ok"}``; the store's own error if it cannot be read."""
+        self.store.logbook_head()
+        return {"harbour_id": self.store.harbour_id, "store": "ok"}
+
+
+def _already_decided(principal: Principal, request: Request, decided: str) -> Conflict:
+    return Conflict(f"{principal.name} already decided {decided} on request {request.id}'s "
+                    "Checkpoint; a Resolution cannot be changed",
+                    detail={"id": request.id, "decision": decided})
+
+
+def _preview_mismatch(preview: Any, change: Change, pilot: PilotRecord, target: str) -> str:
+    """What makes ``preview`` not this change's preview on this Pilot ("" if nothing)."""
+    if not isinstance(preview, dict) or not isinstance(preview.get("preview_cid"), str):
+        return "it is not a preview object"
+    body = {k: v for k, v in preview.items() if k != "preview_cid"}
+    if cid(body) != preview["preview_cid"]:
+        return "its preview_cid does not match its content"
+    if preview.get("change_cid") != change.change_cid:
+        return "another change_cid"
+    if preview.get("pilot") != {"id": pilot.pilot_id, "incarnation": pilot.incarnation}:
+        return "another Pilot or ledger incarnation"
+    if preview.get("target") != target:
+        return "another target"
+    return ""

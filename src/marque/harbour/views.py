@@ -1,0 +1,78 @@
+"""The JSON the Harbourmaster answers with: the request object and a registered Pilot.
+
+One shape for every caller (the HTTP API, the CLI's ``--json``): fields not
+reached yet are ``null`` or ``[]``, never missing. A request's executions are
+read from its stored reports (the latest word per nonce and attempt).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marque.harbour.executions import latest_attempts
+from marque.harbour.store.base import HarbourStore, PilotRecord, Request
+
+_ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code")
+
+
+def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
+    """The request object of the service contract for ``request``."""
+    checkpoint = None
+    resolutions: list[dict[str, Any]] = []
+    if request.checkpoint_cid is not None:
+        sealed = store.get_checkpoint(request.checkpoint_cid)
+        checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
+                      "expires_at": sealed.expires_at}
+        resolutions = [
+            {"resolution_cid": r.resolution_cid, "approver": r.approver,
+             "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
+            for r in store.resolutions(request.checkpoint_cid)
+        ]
+    executions: list[dict[str, Any]] = []
+    if request.marque_id is not None:
+        executions = latest_attempts(r.body for r in store.reports(request.marque_id))
+    routing = None
+    if request.routing is not None:
+        routing = {name: request.routing.get(name) for name in _ROUTING_SHOWN}
+    marque = None
+    if request.marque_id is not None:
+        marque = {"marque_id": request.marque_id, "expires_at": request.marque_expires_at}
+    return {
+        "id": request.id,
+        "request_id": request.request_id,
+        "state": request.state.value,
+        "version": request.version,
+        "principal": request.principal,
+        "reason": request.reason,
+        "pilot_id": request.pilot_id,
+        "target": request.target,
+        "change": request.change,
+        "budget": request.budget,
+        "ttl_seconds": request.ttl_seconds,
+        "change_cid": request.change_cid,
+        "logical_request_scope": request.logical_request_scope,
+        "intent_fingerprint": request.intent_fingerprint,
+        "routing": routing,
+        "preview": request.preview,
+        "checkpoint": checkpoint,
+        "resolutions": resolutions,
+        "marque": marque,
+        "marque_id": request.marque_id,
+        "executions": executions,
+        "failure": request.failure,
+        "rolls_back": request.rolls_back,
+        "created_at": request.created_at,
+        "updated_at": request.updated_at,
+    }
+
+
+def pilot_object(pilot: PilotRecord) -> dict[str, Any]:
+    """A registered Pilot: ``targets`` maps each target to ``{dialect}`` (null if unknown)."""
+    return {
+        "pilot_id": pilot.pilot_id,
+        "url": pilot.url,
+        "incarnation": pilot.incarnation,
+        "targets": {name: {"dialect": pilot.dialects.get(name)} for name in pilot.targets},
+        "registered_at": pilot.registered_at,
+        "last_seen": pilot.last_seen,
+    }

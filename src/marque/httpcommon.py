@@ -1,0 +1,75 @@
+"""What Marque's HTTP services share: problem documents and ``X-Request-Id`` (DESIGN §10).
+
+The Pilot's service and the Harbourmaster's answer errors the same way — an
+RFC 9457 problem document whose status comes from the error's class — and
+both put an ``X-Request-Id`` on every response, so one request can be traced
+across a client, a Harbourmaster and a Pilot. Keeping both here means the two
+services cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from marque.errors import MarqueError
+
+__all__ = ["PROBLEM", "RequestIdMiddleware", "problem"]
+
+PROBLEM = "application/problem+json"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: The members every problem document has; extras never replace them.
+_STANDARD = frozenset({"type", "title", "status", "detail", "code", "sqlstate"})
+
+
+def problem(exc: MarqueError, request_id: str | None = None, *,
+            extra: Mapping[str, Any] | None = None) -> JSONResponse:
+    """The RFC 9457 problem document of a Marque error; its status comes from the class.
+
+    ``extra`` adds members (e.g. the ``id`` of a request stored as failed); it
+    cannot override the standard ones. ``request_id`` is accepted for callers
+    that have it at hand: the middleware puts it on the response's header.
+    """
+    body: dict[str, Any] = {
+        "type": f"urn:marque:error:{exc.code}",
+        "title": exc.code.replace("_", " "),
+        "status": exc.http_status,
+        "detail": exc.message,
+        "code": exc.code,
+    }
+    if exc.sqlstate:
+        body["sqlstate"] = exc.sqlstate
+    for key, value in (extra or {}).items():
+        if key not in _STANDARD:
+            body[key] = value
+    return JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
+
+
+class RequestIdMiddleware:
+    """Every response carries ``X-Request-Id``: the caller's if it is sane, else a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() != b"x-request-id"]
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

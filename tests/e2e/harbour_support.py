@@ -1,0 +1,215 @@
+"""Support for tests of the Harbourmaster as a service: real homes, real processes.
+
+A :class:`Harbour` is a home made by ``marque harbour init`` with principals
+added through the CLI; a :class:`HarbourServer` is a ``marque harbour serve``
+process on a free loopback port; a :class:`PilotBank` is a Pilot home (made by
+the CLI) serving a SQLite bank target and trusting a Harbourmaster's issuer
+key, run as ``marque pilot serve``. Nothing is mocked.
+
+This module imports nothing from the other test helpers, so a test anywhere
+(``tests/pg`` included, as ``e2e.harbour_support``) can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MARQUE = Path(sys.executable).parent / "marque"
+TIMEOUT = 30  # seconds, for any single CLI call or HTTP call
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a CLI subprocess: no stray crash point, no Harbourmaster defaults."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MARQUE_CRASH_AT", "MARQUE_HARBOUR", "MARQUE_TOKEN")}
+    env["COLUMNS"] = "200"
+    env.update(extra or {})
+    return env
+
+
+def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
+    """Run ``marque ARGS --json``, which must succeed; its one JSON object."""
+    proc = subprocess.run([str(MARQUE), *map(str, args), "--json"], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=cli_env(), cwd=cwd,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    body = json.loads(proc.stdout)
+    assert isinstance(body, dict), proc.stdout
+    return body
+
+
+class Harbour:
+    """A Harbourmaster's home, made by ``marque harbour init``, and its principals' tokens."""
+
+    def __init__(self, home: Path, *, store: str | None = None,
+                 routing: str | None = None) -> None:
+        self.home = home
+        args: list[Any] = ["harbour", "init", "--home", home]
+        if store is not None:
+            args += ["--store", store]
+        if routing is not None:
+            home.parent.mkdir(parents=True, exist_ok=True)
+            config = home.parent / f"{home.name}-routing.toml"
+            config.write_text(routing)
+            args += ["--routing", config]
+        made = cli_json(*args)
+        self.harbour_id: str = made["harbour_id"]
+        self.tokens: dict[str, str] = {"admin": made["admin_token"]}
+
+    @property
+    def issuer_key(self) -> Path:
+        """The private issuer key (``pilot trust`` keeps only its public part)."""
+        return self.home / "issuer.jwk"
+
+    def add(self, name: str, *roles: str, key: Path | None = None) -> str:
+        """Add a principal; returns (and remembers) its token."""
+        args: list[Any] = ["harbour", "principal", "add", "--home", self.home, name]
+        for role in roles:
+            args += ["--role", role]
+        if key is not None:
+            args += ["--key", key]
+        token: str = cli_json(*args)["token"]
+        self.tokens[name] = token
+        return token
+
+    def revoke(self, name: str) -> None:
+        """Revoke a principal (its token is kept here, to show it no longer works)."""
+        cli_json("harbour", "principal", "revoke", "--home", self.home, name)
+
+    def set_routing(self, text: str) -> dict[str, Any]:
+        """Adopt a routing config (TOML text)."""
+        config = self.home / "routing-next.toml"
+        config.write_text(text)
+        return cli_json("harbour", "routing", "set", "--home", self.home, config)
+
+
+class HarbourServer:
+    """A ``marque harbour serve`` process on a free loopback port."""
+
+    def __init__(self, home: Path, *, port: int = 0) -> None:
+        self.proc = subprocess.Popen(
+            [str(MARQUE), "harbour", "serve", "--home", str(home), "--listen",
+             f"127.0.0.1:{port}", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True, env=cli_env())
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=TIMEOUT)
+            raise AssertionError(self.proc.stderr.read() if self.proc.stderr else "no output")
+        self.ready: dict[str, Any] = json.loads(line)
+        self.url: str = self.ready["url"]
+        self.harbour_id: str = self.ready["harbour_id"]
+
+    def call(self, method: str, path: str, token: str | None = None,
+             **kwargs: Any) -> httpx.Response:
+        """One HTTP call, with ``Authorization: Bearer token`` when a token is given."""
+        headers = dict(kwargs.pop("headers", None) or {})
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.request(method, self.url + path, headers=headers, timeout=TIMEOUT,
+                             **kwargs)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Stop the process (SIGTERM: gracefully); its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        status = self.proc.wait(timeout=60)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return status
+
+
+class PilotBank:
+    """A Pilot home serving a SQLite ``bank`` (accounts 1→100, 2→100), trusting ``harbour``.
+
+    ``holder_pub`` is a requester's public key (give it to ``Harbour.add``);
+    ``start()`` runs ``marque pilot serve`` and returns its URL.
+    """
+
+    def __init__(self, root: Path, harbour: Harbour, *, pilot_id: str = "p1") -> None:
+        self.root = root
+        self.pilot_id = pilot_id
+        self.home = root / "pilot"
+        self.bank = root / "bank.db"
+        self.holder_key = root / "holder.jwk"
+        self.holder_pub = root / "holder.pub.jwk"
+        root.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.bank)
+        with conn:
+            conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+            conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
+        conn.close()
+        made = cli_json("keys", "new", "--out", self.holder_key)
+        self.holder_pub.write_text(json.dumps(made["public_jwk"]))
+        self.incarnation: str = cli_json("pilot", "init", "--home", self.home, "--pilot-id",
+                                         pilot_id)["incarnation"]
+        cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
+        cli_json("pilot", "target", "add", "--home", self.home, "bank",
+                 f"sqlite:///{self.bank.resolve()}")
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        """Run ``marque pilot serve`` on a free loopback port; its URL."""
+        self.proc = subprocess.Popen(
+            [str(MARQUE), "pilot", "serve", "--home", str(self.home), "--listen",
+             "127.0.0.1:0", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True, env=cli_env(), cwd=self.root)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
+        self.url = json.loads(line)["url"]
+        return self.url
+
+    def registration(self) -> dict[str, Any]:
+        """The body of ``POST /v1/pilots`` for this Pilot."""
+        return {"pilot_id": self.pilot_id, "url": self.url, "incarnation": self.incarnation,
+                "targets": {"bank": {"dialect": "sqlite"}}}
+
+    def stop(self) -> None:
+        """Stop ``pilot serve`` (SIGTERM), if it runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        if self.proc is not None:
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+    def balances(self) -> dict[int, int]:
+        """The bank's balances, read directly."""
+        conn = sqlite3.connect(self.bank)
+        try:
+            return dict(conn.execute("SELECT id, balance FROM accounts ORDER BY id"))
+        finally:
+            conn.close()
+
+
+READ = "SELECT balance FROM accounts WHERE id = 1"
+DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
+
+
+def request_body(sql: str, *, pilot_id: str = "p1", request_id: str | None = None,
+                 max_rows: int = 1, ttl_seconds: int = 600) -> dict[str, Any]:
+    """A ``POST /v1/requests`` body for one statement against ``bank``."""
+    body: dict[str, Any] = {
+        "pilot_id": pilot_id, "target": "bank",
+        "change": {"statements": [{"sql": sql, "params": []}]},
+        "budget": {"executions": 1, "max_rows": max_rows},
+        "ttl_seconds": ttl_seconds, "reason": "a test",
+    }
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body

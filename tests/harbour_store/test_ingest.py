@@ -1,0 +1,115 @@
+"""Migration 3's fields and report ingestion: one transaction, idempotent, §11.2's moves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from marque.errors import InvalidInput
+from marque.harbour.store.base import HarbourStore
+
+from .conftest import T0, assert_chain_verifies, make_draft
+
+
+def _report(status: str, nonce: str = "n-1", attempt: int = 1, *, marque_id: str = "mq_1",
+            incarnation: str = "inc-1", pilot: str = "pilot-1") -> dict[str, Any]:
+    return {"marque_id": marque_id, "nonce": nonce, "attempt": attempt, "status": status,
+            "rows_affected": 1 if status == "applied" else None,
+            "error": None if status != "aborted_not_applied" else
+            {"code": "guard_failed", "message": "no", "sqlstate": None},
+            "pilot": {"id": pilot, "incarnation": incarnation}, "cause": "executed"}
+
+
+def _prepared(store: HarbourStore, request_id: str = "req-1", *, executions: int = 1,
+              exp: float = T0 + 600) -> str:
+    store.register_pilot("pilot-1", "http://127.0.0.1:1", "inc-1", ["bank"],
+                         dialects={"bank": "sqlite"}, now=T0)
+    draft = make_draft(request_id)
+    draft = type(draft)(**{**draft.__dict__, "budget": {
+        "executions": executions, "max_rows": 1, "attempts_per_nonce": 1}})
+    request, _ = store.create_request(draft, now=T0)
+    moved = store.transition(request.id, 1, "prepared", actor="hm", now=T0,
+                             kind="marque.issued", marque_id=f"mq_{request_id}",
+                             marque="a.b.c", marque_expires_at=exp)
+    assert moved.marque == "a.b.c" and moved.marque_expires_at == exp
+    return moved.id
+
+
+def test_pilot_dialects_are_stored_and_must_name_its_targets(store: HarbourStore) -> None:
+    store.register_pilot("p", "http://x", "i", ["bank", "crm"],
+                         dialects={"bank": "sqlite", "crm": "postgres"}, now=T0)
+    assert store.get_pilot("p").dialects == {"bank": "sqlite", "crm": "postgres"}
+    with pytest.raises(InvalidInput):
+        store.register_pilot("p", "http://x", "i", ["bank"], dialects={"crm": "sqlite"})
+    store.register_pilot("q", "http://y", "i", ["bank"], now=T0)
+    assert store.get_pilot("q").dialects == {}
+
+
+def test_a_report_moves_its_request_once_in_the_same_transaction(store: HarbourStore) -> None:
+    rid = _prepared(store)
+    report = _report("applied", marque_id="mq_req-1")
+    new, request = store.ingest_report(report, actor="pilot-1", now=T0 + 1)
+    assert new and request is not None and request.state.value == "verified"
+    again, same = store.ingest_report(report, actor="pilot-1", now=T0 + 2)
+    assert not again and same is not None and same.version == request.version
+    kinds = [e.kind for e in assert_chain_verifies(store)]
+    assert kinds.count("execution.applied") == 1 and kinds.count("request.verified") == 1
+    assert [r.status for r in store.reports("mq_req-1")] == ["applied"]
+    assert store.get_request(rid).state.value == "verified"
+
+
+def test_indeterminate_then_applied_and_the_failed_rule(store: HarbourStore) -> None:
+    rid = _prepared(store, "req-x", executions=2)
+    _, request = store.ingest_report(_report("indeterminate", marque_id="mq_req-x"),
+                                     actor="pilot-1", now=T0 + 1)
+    assert request is not None and request.state.value == "reconciliation"
+    _, request = store.ingest_report(_report("applied", marque_id="mq_req-x"),
+                                     actor="pilot-1", now=T0 + 2)
+    assert request is not None and request.state.value == "verified"
+
+    other = _prepared(store, "req-y", executions=2)
+    _, request = store.ingest_report(_report("aborted_not_applied", marque_id="mq_req-y"),
+                                     actor="pilot-1", now=T0 + 1)
+    assert request is not None and request.state.value == "executing"  # a nonce is left
+    _, request = store.ingest_report(
+        _report("aborted_not_applied", "n-2", marque_id="mq_req-y"), actor="pilot-1",
+        now=T0 + 2)
+    assert request is not None and request.state.value == "failed"
+    assert request.failure is not None and request.failure["code"] == "guard_failed"
+    assert {rid, other} == {r.id for r in store.list_requests()}
+
+
+def test_reports_of_an_unknown_marque_or_another_pilot_move_nothing(store: HarbourStore) -> None:
+    rid = _prepared(store, "req-z")
+    assert store.ingest_report(_report("applied", marque_id="mq_nobody"), actor="p",
+                               now=T0) == (True, None)
+    new, request = store.ingest_report(_report("applied", marque_id="mq_req-z", pilot="evil"),
+                                       actor="evil", now=T0)
+    assert new and request is not None and request.state.value == "prepared"
+    assert store.get_request(rid).state.value == "prepared"
+
+
+def test_after_an_incarnation_change_only_the_current_ledger_moves_it(
+        store: HarbourStore) -> None:
+    rid = _prepared(store, "req-w")
+    store.register_pilot("pilot-1", "http://127.0.0.1:1", "inc-2", ["bank"],
+                         dialects={"bank": "sqlite"}, now=T0 + 1)
+    assert store.get_request(rid).state.value == "reconciliation"
+    _, request = store.ingest_report(_report("applied", marque_id="mq_req-w"),
+                                     actor="pilot-1", now=T0 + 2)
+    assert request is not None and request.state.value == "reconciliation"
+
+
+def test_sealing_a_checkpoint_stores_routing_and_preview_under_its_kind(
+        store: HarbourStore) -> None:
+    request, _ = store.create_request(make_draft("req-s"), now=T0)
+    moved = store.seal_checkpoint(
+        request.id, 1, checkpoint_cid="sha256:" + "c" * 64, body={"b": 1},
+        expires_at=T0 + 60, actor="alice", now=T0, kind="checkpoint.sealed",
+        routing={"outcome": "delegate"}, preview={"preview_cid": "sha256:" + "d" * 64})
+    assert moved.routing == {"outcome": "delegate"} and moved.preview is not None
+    assert assert_chain_verifies(store)[-1].kind == "checkpoint.sealed"
+    with pytest.raises(InvalidInput):
+        store.seal_checkpoint(moved.id, moved.version, checkpoint_cid="sha256:" + "e" * 64,
+                              body={}, expires_at=T0, actor="a", state="x")
