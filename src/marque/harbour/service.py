@@ -191,7 +191,9 @@ class Harbourmaster:
 
     def marque_for(self, principal: Principal, id: str) -> dict[str, Any]:
         """The marque of the caller's own request, with where to execute it."""
-        _require(principal, Role.REQUESTER)
+        # Anyone but its requester is told there is no such request: ids never leak.
+        if not principal.has(Role.REQUESTER):
+            raise NotFound(f"no request {id[:64]!r} that you may see", detail={"id": id[:64]})
         request = self._find(principal, id)
         if request.principal != principal.name:
             raise NotFound(f"no request {id[:64]!r} that you may see", detail={"id": id[:64]})
