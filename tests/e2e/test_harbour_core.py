@@ -328,6 +328,29 @@ def test_the_loser_of_a_completion_race_answers_the_winners_marque(harbour: Harb
     assert len(issued) == 1
 
 
+def test_an_approval_after_the_deciding_one_finishes_an_interrupted_issuance(
+        harbour: Harbour) -> None:
+    """The deciding Resolution was stored but its completer stopped before issuing: the next
+    approver is told ``conflict`` (theirs does not count) and the marque is issued then."""
+    request, _ = harbour.hm.submit(harbour.alice, harbour.body(WRITE, "req-cut"), None)
+    stale = harbour.hm.store.get_request(request["id"])
+    checkpoint = harbour.hm.store.get_checkpoint(stale.checkpoint_cid or "")
+    from marque.harbour.checkpoint import Checkpoint, seal_resolution
+
+    sealed = Checkpoint.from_body(checkpoint.body, checkpoint.checkpoint_cid)
+    resolution = seal_resolution(sealed, decision="approve", approver="bob", at=time.time())
+    harbour.hm.store.add_resolution(sealed.cid, resolution_cid=resolution.cid,
+                                    approver="bob", decision="approve", body=resolution.body)
+    assert harbour.hm.store.get_request(request["id"]).state.value == "awaiting_approval"
+    with pytest.raises(Conflict):
+        harbour.hm.approve(harbour.carol, request["id"], None)
+    final = harbour.hm.get_request(harbour.admin, request["id"])
+    assert final["state"] == "prepared" and final["marque_id"] is not None
+    assert [r["approver"] for r in final["resolutions"]] == ["bob"]
+    issued = [e for e in harbour.kinds("marque.issued") if e["subject"] == request["id"]]
+    assert len(issued) == 1
+
+
 def test_access_is_checked_by_the_core(harbour: Harbour) -> None:
     request, _ = harbour.hm.submit(harbour.alice, harbour.body(READ, "req-a"), None)
     other, _ = harbour.hm.store.add_principal("dave", ["requester"], actor="admin")

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
@@ -132,29 +131,33 @@ def test_sixteen_concurrent_posts_of_one_request_id_across_two_processes_make_on
     assert pair.marques_issued(rid) == (1 if sql == READ else 0)
 
 
-def _approve_on_both(pair: Pair, rid: str, approvers: tuple[str, str]) -> list[Any]:
+def _approve_on_both(pair: Pair, rid: str, approvers: tuple[str, str]) -> list[httpx.Response]:
     calls = [
         (lambda server=server, who=who: server.call(
             "POST", f"/v1/requests/{rid}/approve", pair.harbour.tokens[who],
             json={"reason": f"approved by {who}"}))
         for server, who in zip(pair.servers, approvers, strict=True)
     ]
-    answers = _all_at_once(calls)
-    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
-    return [a.json() for a in answers]
+    return _all_at_once(calls)
 
 
 def test_two_concurrent_completing_approvals_one_per_process_issue_one_marque(
         pair: Pair) -> None:
-    """Each approval alone completes the Checkpoint (one approver needed): both answer 200
-    with the prepared request, and exactly one marque exists."""
+    """Each approval alone completes the Checkpoint (one approver needed): an approval stored
+    in the same moment answers 200 with the prepared request, one that arrives after the
+    Checkpoint was decided is a 409 ``conflict`` saying so; either way exactly one marque."""
     posted = pair.servers[0].call("POST", "/v1/requests", pair.harbour.tokens["alice"],
                                   json=request_body(DEBIT, request_id="race-1"))
     assert posted.status_code == 201 and posted.json()["state"] == "awaiting_approval"
     rid = posted.json()["id"]
     answers = _approve_on_both(pair, rid, ("carol", "frank"))
-    assert {a["state"] for a in answers} == {"prepared"}
-    marque_ids = {a["marque_id"] for a in answers}
+    texts = [a.text for a in answers]
+    assert sorted(a.status_code for a in answers) in ([200, 200], [200, 409]), texts
+    late = [a.json() for a in answers if a.status_code == 409]
+    assert all(p["code"] == "conflict" for p in late), texts
+    granted = [a.json() for a in answers if a.status_code == 200]
+    assert {a["state"] for a in granted} == {"prepared"}
+    marque_ids = {a["marque_id"] for a in granted}
     assert len(marque_ids) == 1 and None not in marque_ids
     assert pair.marques_issued(rid) == 1
     marque = pair.servers[1].call("GET", f"/v1/requests/{rid}/marque",
@@ -171,7 +174,9 @@ def test_two_concurrent_approvals_that_together_complete_a_checkpoint_issue_one_
                                   json=request_body(DEBIT, request_id="race-2"))
     assert posted.status_code == 201, posted.text
     rid = posted.json()["id"]
-    _approve_on_both(pair, rid, ("carol", "frank"))
+    answers = _approve_on_both(pair, rid, ("carol", "frank"))
+    # Two are needed, so neither approval can come after the Checkpoint was decided.
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
     final = pair.servers[0].call("GET", f"/v1/requests/{rid}",
                                  pair.harbour.tokens["carol"]).json()
     assert final["state"] == "prepared", final

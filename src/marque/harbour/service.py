@@ -445,6 +445,12 @@ class Harbourmaster:
             check_resolution(checkpoint, resolution, requester=request.principal,
                              self_approval_allowed=self._self_approval(request),
                              existing=existing)
+        except Conflict:
+            # Others' Resolutions already decided it: this one is not counted. Finish what
+            # their completion may have left undone (a crash between storing the deciding
+            # Resolution and issuing), so a decided Checkpoint never stays waiting.
+            self._settle(request, principal.name)
+            raise
         except RequestExpired as exc:
             ended = self._end(request, S.EXPIRED, "request_expired", exc.message,
                               actor=principal.name)
