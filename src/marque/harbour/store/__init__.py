@@ -7,6 +7,7 @@ from marque.errors import InvalidInput
 from marque.harbour.store.base import (
     AdoptedConfig,
     Checkpoint,
+    ConsoleSession,
     HarbourStore,
     LogbookEntry,
     PilotRecord,
@@ -18,6 +19,7 @@ from marque.harbour.store.base import (
 
 __all__ = [
     "Checkpoint",
+    "ConsoleSession",
     "HarbourStore",
     "LogbookEntry",
     "PilotRecord",

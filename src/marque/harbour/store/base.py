@@ -170,6 +170,19 @@ class LogbookEntry:
                 "hash": self.hash}
 
 
+@dataclass(frozen=True)
+class ConsoleSession:
+    """A web console session (DESIGN §12), as stored: never its id, only the id's SHA-256."""
+
+    session_hash: str
+    principal: str
+    #: The secret this session's CSRF tokens are derived from (see ``console/csrf.py``).
+    csrf_secret: str = field(repr=False)
+    created_at: float
+    expires_at: float
+    revoked_at: float | None = None
+
+
 class HarbourStore(abc.ABC):
     """The Harbourmaster's store. All methods are safe to call from threads.
 
@@ -378,3 +391,32 @@ class HarbourStore(abc.ABC):
     @abc.abstractmethod
     def logbook_head(self) -> dict[str, Any]:
         """The chain's head: ``{seq, hash, at}`` (``seq`` 0 and the genesis hash when empty)."""
+
+    # -- console sessions ----------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
+                       expires_at: float, now: float | None = None) -> ConsoleSession:
+        """Store a new console session for a principal that exists and is not revoked.
+
+        ``session_hash`` is the SHA-256 of the session id the browser holds; a
+        revoked or unknown principal is ``Unauthenticated`` and nothing is stored.
+        """
+
+    @abc.abstractmethod
+    def get_session(self, session_hash: str, *,
+                    now: float | None = None) -> tuple[ConsoleSession, Principal]:
+        """A live session and its principal, read in one statement.
+
+        ``Unauthenticated`` for an unknown, expired or logged-out session, and for
+        one whose principal has been revoked since; ``detail["reason"]`` says which
+        (``unknown``, ``expired``, ``revoked``, ``principal_revoked``).
+        """
+
+    @abc.abstractmethod
+    def revoke_session(self, session_hash: str, *, now: float | None = None) -> bool:
+        """End a session (logout); False if it was unknown or already ended."""
+
+    @abc.abstractmethod
+    def purge_sessions(self, *, before: float) -> int:
+        """Delete sessions that expired before ``before``; how many went."""

@@ -178,10 +178,26 @@ _V3 = [
 #: Every column of ``requests`` this code reads and writes, in table order.
 CURRENT_REQUEST_COLUMNS = (*REQUEST_COLUMNS, "failure", "marque", "marque_expires_at")
 
+# Version 4: the web console's sessions (DESIGN §12). Kept in the store, not in one
+# process, so every ``harbour serve`` sharing a PostgreSQL store knows every session.
+# Only the SHA-256 of a session id is stored (a leaked store opens no session); the CSRF
+# secret its forms are signed with is per session. A new table, so no row is touched.
+_V4 = [
+    """CREATE TABLE console_sessions (
+        session_hash TEXT PRIMARY KEY,
+        principal TEXT NOT NULL,
+        csrf_secret TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION)""",
+    "CREATE INDEX console_sessions_principal ON console_sessions (principal)",
+    "CREATE INDEX console_sessions_expires ON console_sessions (expires_at)",
+]
+
 MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3],
-    "postgres": [_V1, _V2_POSTGRES, _V3],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 3
+LATEST = 4

@@ -1,0 +1,121 @@
+"""The web console's sessions in the Harbourmaster's store (DESIGN §12), for both engines.
+
+A session lives in the store, not in a process, so that every ``harbour
+serve`` sharing one PostgreSQL store honours a login made through any of
+them, and a logout made through one ends it everywhere. The browser holds a
+random session id; the store keeps only its SHA-256 (``session_hash``), so
+whoever reads the store cannot open a session.
+
+Whether a session still works is decided by one ``SELECT`` joining the
+session to its principal: unknown, expired, logged out, or belonging to a
+principal revoked since are each ``Unauthenticated`` with a ``reason``, so
+revoking a principal ends its console sessions at once, with no sweep.
+Nothing here writes the logbook: a session changes no request, no Pilot and
+no principal.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any
+
+from marque.errors import InvalidInput, Unauthenticated
+from marque.harbour.principals import Principal, hashes_equal, parse_roles
+from marque.harbour.store.base import ConsoleSession, HarbourStore
+from marque.harbour.store.tx import Tx, loads
+
+_SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
+                   "s.revoked_at"
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def _session(row: tuple[Any, ...]) -> ConsoleSession:
+    return ConsoleSession(session_hash=row[0], principal=row[1], csrf_secret=row[2],
+                          created_at=row[3], expires_at=row[4], revoked_at=row[5])
+
+
+def _check_hash(session_hash: str) -> None:
+    if not isinstance(session_hash, str) or len(session_hash) != 64 \
+            or not set(session_hash) <= _HEX64:
+        raise InvalidInput("a session is stored by the SHA-256 of its id (64 hex digits)")
+
+
+class SessionRecords(HarbourStore):
+    """Console session operations, over the hooks ``sql.SqlHarbourStore`` provides."""
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
+        """A write transaction."""
+
+    @abc.abstractmethod
+    def reading(self) -> contextlib.AbstractContextManager[Tx]:
+        """A read-only transaction."""
+
+    @abc.abstractmethod
+    def _now(self, now: float | None) -> float:
+        """``now``, or the store's clock."""
+
+    def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
+                       expires_at: float, now: float | None = None) -> ConsoleSession:
+        _check_hash(session_hash)
+        if not isinstance(csrf_secret, str) or len(csrf_secret) < 32:
+            raise InvalidInput("a session's CSRF secret must be at least 32 characters")
+        at = self._now(now)
+        if expires_at <= at:
+            raise InvalidInput("a session must expire after it starts")
+        with self.transaction() as tx:
+            # One statement: the principal must exist and be unrevoked as the row goes in.
+            row = tx.one(
+                "INSERT INTO console_sessions (session_hash, principal, csrf_secret, "
+                "created_at, expires_at) SELECT ?, name, ?, ?, ? FROM principals "
+                "WHERE name = ? AND revoked_at IS NULL RETURNING session_hash",
+                (session_hash, csrf_secret, at, float(expires_at), principal))
+        if row is None:
+            raise Unauthenticated(f"no unrevoked principal named {str(principal)[:128]!r} can "
+                                  "hold a console session", detail={"reason": "principal"})
+        return ConsoleSession(session_hash=session_hash, principal=principal,
+                              csrf_secret=csrf_secret, created_at=at,
+                              expires_at=float(expires_at))
+
+    def get_session(self, session_hash: str, *,
+                    now: float | None = None) -> tuple[ConsoleSession, Principal]:
+        if not isinstance(session_hash, str) or len(session_hash) != 64:
+            raise Unauthenticated("no such console session", detail={"reason": "unknown"})
+        at = self._now(now)
+        with self.reading() as tx:
+            row = tx.one(
+                f"SELECT {_SESSION_COLUMNS}, p.name, p.roles, p.public_jwk, p.revoked_at, "
+                "p.created_at FROM console_sessions s JOIN principals p ON p.name = s.principal "
+                "WHERE s.session_hash = ?", (session_hash,))
+        # The index found the row; the constant-time comparison is what decides.
+        if row is None or not hashes_equal(row[0], session_hash):
+            raise Unauthenticated("no such console session", detail={"reason": "unknown"})
+        session = _session(row[:6])
+        if session.revoked_at is not None:
+            raise Unauthenticated("this console session was ended by logging out",
+                                  detail={"reason": "revoked"})
+        if at >= session.expires_at:
+            raise Unauthenticated("this console session has expired",
+                                  detail={"reason": "expired"})
+        principal = Principal(name=row[6], roles=parse_roles(loads(row[7])),
+                              public_jwk=loads(row[8]), revoked_at=row[9], created_at=row[10])
+        if principal.revoked:
+            raise Unauthenticated(f"principal {principal.name} was revoked: its console "
+                                  "sessions no longer work",
+                                  detail={"reason": "principal_revoked"})
+        return session, principal
+
+    def revoke_session(self, session_hash: str, *, now: float | None = None) -> bool:
+        at = self._now(now)
+        with self.transaction() as tx:
+            ended = tx.execute("UPDATE console_sessions SET revoked_at = ? "
+                               "WHERE session_hash = ? AND revoked_at IS NULL "
+                               "RETURNING session_hash", (at, session_hash))
+        return bool(ended)
+
+    def purge_sessions(self, *, before: float) -> int:
+        with self.transaction() as tx:
+            gone = tx.execute("DELETE FROM console_sessions WHERE expires_at < ? "
+                              "RETURNING session_hash", (float(before),))
+        return len(gone)
