@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -34,6 +33,7 @@ from marque.cli.common import (
 )
 from marque.cli.control import connect, harbour_option, harbour_options, token_option
 from marque.errors import HarbourUnavailable, InvalidInput, LogbookBroken
+from marque.harbour.remote_logbook import pages, saved_head_over_http, verify_over_http
 
 if TYPE_CHECKING:
     from marque.harbour.client import HarbourClient
@@ -42,8 +42,6 @@ any_home_option = click.option(
     "--home", type=click.Path(path_type=Path), default=None,
     help="A Harbourmaster's home (its store's logbook) or a Pilot's home (its own logbook); "
          "not with --harbour.")
-#: Entries fetched per ``GET /v1/logbook`` (the API's maximum).
-PAGE = 1000
 #: How often ``logbook tail --follow`` asks for new entries, in seconds.
 FOLLOW_INTERVAL = 1.0
 
@@ -92,8 +90,8 @@ def logbook_verify(ctx: click.Context, home: Path | None, harbour_url: str | Non
         else:
             client = connect(harbour_url, token)
             try:
-                head = None if saved is None else _saved_head_over_http(client, saved)
-                result = _verify_over_http(client, head)
+                head = None if saved is None else saved_head_over_http(client, saved)
+                result = verify_over_http(client, head)
             finally:
                 client.close()
     except LogbookBroken as exc:
@@ -104,81 +102,6 @@ def logbook_verify(ctx: click.Context, home: Path | None, harbour_url: str | Non
         return
     out.say(f"intact: {result['entries']} entries"
             + (f", reaching the saved head at seq {head['seq']}" if head else ""))
-
-
-def _trusted_keys(client: HarbourClient) -> Any:
-    """The Harbourmaster's issuer keys, from its JWKS."""
-    from marque.token import TrustedKeys
-
-    keys = client.jwks().get("keys")
-    if not isinstance(keys, list) or not keys:
-        raise InvalidInput(f"the Harbourmaster at {client.url} publishes no issuer key")
-    return TrustedKeys(keys)
-
-
-def _saved_head_over_http(client: HarbourClient, saved: dict[str, Any]) -> dict[str, Any]:
-    """A saved head's signed claims, the signature checked against the Harbourmaster's JWKS."""
-    from marque.harbour.chain import check_head
-    from marque.harbour.heads import verify_head
-
-    signed = saved.get("signed")
-    if not isinstance(signed, str):
-        raise InvalidInput("a Harbourmaster's saved head must carry its signature (`signed`), "
-                           "as `marque logbook head` writes it")
-    return check_head(verify_head(signed, _trusted_keys(client)))
-
-
-def _pages(client: HarbourClient, walked: dict[str, Any], kind: str | None = None,
-           after: int = 0) -> Iterator[dict[str, Any]]:
-    """Every entry after ``after``, page by page; ``walked`` tracks the last one seen."""
-    while True:
-        page = client.logbook(after=after, limit=PAGE, kind=kind)
-        entries = page.get("entries") or []
-        for entry in entries:
-            if isinstance(entry, dict):
-                walked.update(seq=entry.get("seq"), hash=entry.get("hash"), at=entry.get("at"))
-            yield entry
-        next_after = page.get("next_after")
-        if not entries or not isinstance(next_after, int) or next_after <= after:
-            return
-        after = next_after
-
-
-def _verify_over_http(client: HarbourClient, head: dict[str, Any] | None) -> dict[str, Any]:
-    """Fetch and verify the whole chain; it must also reach the head the service holds now."""
-    from marque.harbour.chain import GENESIS, verify_against_head, verify_entries
-
-    # Taken first: entries appended while we read lie beyond it, and still verify.
-    current = client.logbook_head()
-    at_current: dict[str, Any] = {}
-    walked: dict[str, Any] = {"seq": 0, "hash": GENESIS, "at": None}
-
-    def entries() -> Iterator[dict[str, Any]]:
-        for entry in _pages(client, walked):
-            if isinstance(entry, dict) and entry.get("seq") == current.get("seq"):
-                at_current["hash"] = entry.get("hash")
-            yield entry
-
-    found = verify_entries(entries()) if head is None else verify_against_head(entries(), head)
-    if found is not None:
-        raise LogbookBroken(f"the logbook's chain breaks at seq {found.seq}: {found.reason}",
-                            detail=found.to_dict())
-    # The service's own head row is a head saved by every append: a chain that stops short
-    # of it lost its tail, even when no head was saved elsewhere.
-    seq = current.get("seq")
-    if isinstance(seq, int) and walked["seq"] < seq:
-        missing = walked["seq"] + 1
-        raise LogbookBroken(
-            f"the logbook's chain ends at seq {walked['seq']} but the Harbourmaster's head is "
-            f"at seq {seq}: the entries from seq {missing} on were removed",
-            detail={"seq": missing, "kind": "truncated",
-                    "reason": f"the Harbourmaster's head records seq {seq}"})
-    if isinstance(seq, int) and seq > 0 and at_current.get("hash") != current.get("hash"):
-        raise LogbookBroken(
-            f"entry {seq} is not the one the Harbourmaster's head records: its tail was "
-            "rewritten", detail={"seq": seq, "kind": "rewritten",
-                                 "reason": "the head records another hash"})
-    return {"entries": walked["seq"], "head": dict(walked)}
 
 
 @logbook.command("head")
@@ -252,7 +175,7 @@ def logbook_tail(harbour_url: str | None, token: str | None, after: int, kind: s
     client = connect(harbour_url, token)
     try:
         if not follow:
-            entries = list(_pages(client, {}, kind, after))
+            entries = list(pages(client, {}, kind, after))
             last = max([after, *(e["seq"] for e in entries if isinstance(e.get("seq"), int))])
             if as_json:
                 emit_json({"entries": entries, "next_after": last})
@@ -278,7 +201,7 @@ def _follow(client: HarbourClient, kind: str | None, after: int,
     try:
         while True:
             try:
-                for entry in _pages(client, {}, kind, last):
+                for entry in pages(client, {}, kind, last):
                     reached = True
                     _print_entry(entry, as_json)
                     streamed += 1
