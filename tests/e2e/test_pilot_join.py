@@ -388,6 +388,70 @@ def test_serve_registers_at_start_and_a_new_incarnation_is_a_finding(
     assert "warning" not in second.stderr()
 
 
+def test_a_ledger_wiped_with_an_unreported_outcome_is_settled_from_the_targets_stamps(
+        harbour: Harbour, server: HarbourServer, bank: PilotBank,
+        pilots: list[LinkedPilot]) -> None:
+    """One marque ran while the Harbourmaster was away, then the ledger (and its unreported
+    outcome) was wiped: the new incarnation is the finding, both pinned requests go to
+    reconciliation, the Pilot refuses their old marques, and the stamps settle them — the
+    one that ran is verified, the one that never ran stays waiting (its marque unexpired)."""
+    harbour.add("alice", "requester", key=bank.holder_pub)
+    port = free_port()
+    assert join(bank, server, harbour.tokens[PILOT], f"http://127.0.0.1:{port}"
+                ).returncode == 0
+    first = LinkedPilot(bank, port)
+    pilots.append(first)
+    first.start()
+    ran = prepared_read(server, harbour, bank, "alice")
+    idle = prepared_read(server, harbour, bank, "alice")
+    harbour_port = int(server.url.rsplit(":", 1)[1])
+    server.stop()
+    assert execute(bank, first.url, ran, "n-1")["status"] == "applied"
+    assert [acked for *_, acked in outbox(bank)] == [None]  # never reported
+    first.stop()
+
+    for suffix in ("", "-wal", "-shm"):
+        (bank.home / f"ledger.sqlite3{suffix}").unlink(missing_ok=True)
+    again = cli_json("pilot", "init", "--home", bank.home, "--pilot-id", PILOT)
+    assert again["incarnation"] != bank.incarnation
+
+    back = HarbourServer(harbour.home, port=harbour_port)
+    try:
+        second = LinkedPilot(bank, port)
+        pilots.append(second)
+        assert second.start()["incarnation"] == again["incarnation"]
+        findings = logbook(back, harbour, "finding.ledger_incarnation_changed")
+        assert len(findings) == 1, findings
+        assert request_state(back, harbour, ran["id"]) == "reconciliation"
+        assert request_state(back, harbour, idle["id"]) == "reconciliation"
+
+        key = json.loads(bank.holder_key.read_text())
+        for old in (ran, idle):
+            proof = make_proof(key, old["marque"], nonce="n-2", pilot_id=bank.pilot_id)
+            refused = httpx.post(f"{second.url}/v1/executions", timeout=TIMEOUT,
+                                 json={"marque": old["marque"], "nonce": "n-2", "proof": proof})
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["code"] == "wrong_incarnation"
+
+        for request, state in ((ran, "verified"), (idle, "reconciliation")):
+            settled = back.call("POST", f"/v1/requests/{request['id']}/expire",
+                                harbour.tokens["admin"], json={"reason": "ledger was wiped"})
+            assert settled.status_code == 200, settled.text
+            assert settled.json()["state"] == state
+        kinds = [e["kind"] for e in logbook(back, harbour, "reconciliation.")
+                 if e["subject"] == ran["id"]]
+        assert kinds == ["reconciliation.settled"]
+    finally:
+        back.stop()
+    # Nothing ran twice: the read's stamp is the only one the target holds for it.
+    conn = sqlite3.connect(bank.bank)
+    try:
+        stamps = conn.execute("SELECT marque_id, nonce FROM marque_stamps").fetchall()
+    finally:
+        conn.close()
+    assert stamps == [(ran["marque_id"], "n-1")]
+
+
 def test_serve_without_a_reachable_harbourmaster_serves_and_warns(
         harbour: Harbour, server: HarbourServer, bank: PilotBank,
         pilots: list[LinkedPilot]) -> None:
