@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from marque.errors import Forbidden, InvalidInput, MarqueError, Unauthenticated
+from marque.harbour.console import Console
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
 from marque.httpcommon import RequestIdMiddleware, problem
@@ -179,6 +180,8 @@ class HarbourService:
         info = Info("marque_harbour", "This Harbourmaster's identity", registry=self.registry)
         info.info({"harbour_id": harbourmaster.store.harbour_id})
         self.registry.register(_StoreFigures(harbourmaster))
+        # The web console (DESIGN §12): its pages at `/`, over the same core, in the same threads.
+        self.console = Console(harbourmaster, self._in_thread)
         self.app = Starlette(
             routes=[
                 Route("/v1/requests", self.post_request, methods=["POST"]),
@@ -196,6 +199,7 @@ class HarbourService:
                 Route("/.well-known/jwks.json", self.jwks, methods=["GET"]),
                 Route("/v1/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
+                *self.console.routes,
             ],
             middleware=[Middleware(RequestIdMiddleware)],
             exception_handlers={MarqueError: self._on_error},
