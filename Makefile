@@ -21,6 +21,7 @@ lint: $(STAMP)
 
 test: lint
 	./scripts/ensure-postgres
+	./scripts/ensure-chromium
 	$(BIN)/python -m pytest -q
 
 # Benchmarks (bench/README.md): `make bench`, or `make bench QUICK=1` for a run under two minutes.

@@ -1,6 +1,7 @@
 /* Marque console: progressive enhancement only. Every action is a plain form that
    works without this file; with it, a running request's page keeps itself current by
-   fetching its /live fragment (server-rendered, escaped HTML) every POLL_MS. */
+   fetching its /live fragment (server-rendered, escaped HTML) every POLL_MS and
+   swapping in each of its parts (data-live-part names the region it replaces). */
 (function () {
   "use strict";
   var POLL_MS = 1500;
@@ -33,7 +34,14 @@
       .then(function (html) {
         if (html === null) { return; }
         if (html) {
-          live.innerHTML = html;
+          // The fragment is server-rendered and escaped; each part replaces its region.
+          var fresh = document.createElement("template");
+          fresh.innerHTML = html;
+          var parts = fresh.content.querySelectorAll("[data-live-part]");
+          for (var i = 0; i < parts.length; i += 1) {
+            var region = document.getElementById(parts[i].getAttribute("data-live-part"));
+            if (region) { region.innerHTML = parts[i].innerHTML; }
+          }
           var status = live.querySelector("[data-testid=status]");
           var state = status ? status.getAttribute("data-state") : first;
           live.setAttribute("data-state", state);
