@@ -69,6 +69,9 @@ def test_two_approvers_approve_and_the_execution_appears_without_a_reload(
     executions = dave.page.get_by_test_id("executions")
     assert "n1" in executions.inner_text() and "applied" in executions.inner_text()
     assert executions.get_by_test_id("rows").first.inner_text() == "1"
+    timeline = [" ".join(t.split()) for t in executions.locator(".events li").all_text_contents()]
+    assert any(line.startswith("claimed") for line in timeline), timeline
+    assert any(line.startswith("committed") for line in timeline), timeline
     assert dave.page.evaluate("window.__sameDocument") is True, "the page was reloaded"
     assert world.bank.balances()[1] == 90
 
