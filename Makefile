@@ -24,6 +24,14 @@ test: lint
 	./scripts/ensure-chromium
 	$(BIN)/python -m pytest -q
 
+# The reliability campaign (tests/soak/README.md): `make soak` is bounded (at most 15
+# minutes here); `make soak FULL=1` runs the fault matrix's full counts (hours).
+.PHONY: soak
+
+soak: $(STAMP)
+	./scripts/ensure-postgres
+	$(BIN)/python tests/soak/run.py $(if $(FULL),--full,)
+
 # Benchmarks (bench/README.md): `make bench`, or `make bench QUICK=1` for a run under two minutes.
 BENCH_STAMP := $(VENV)/.bench-installed
 

@@ -176,6 +176,7 @@ class Pilot:
         applied, indeterminate, in progress — is an :class:`Outcome`.
         """
         marque, jti = self.verify(token, proof, nonce)
+        crash_point("after_verify")
         key = (marque.marque_id, nonce)
         with self._inflight_lock:
             running = self._inflight.get(key)
@@ -230,6 +231,7 @@ class Pilot:
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)
+        crash_point("after_outcome_recorded")
         record = recorded
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
@@ -494,6 +496,7 @@ class Pilot:
             # Every target Marque supports holds stamps; one that cannot would need a
             # human to record evidence (DESIGN §4) and must not reach this line.
             evidence = found[1].reconcile(found[0])
+        crash_point("after_reconcile_evidence")
         self._log_reconciliation(record, evidence, cause)
         self._check_stamp_against_ledger(record, evidence)
         target_attempt = found[0] if found else TargetAttempt(
@@ -643,6 +646,7 @@ class Pilot:
                 for entry in pending:
                     self.ledger.outbox_failed(entry)
                 return False
+            crash_point("before_report_ack")
             self.ledger.outbox_ack_all(pending, self.clock())
             if len(pending) < REPORT_BATCH:
                 return True

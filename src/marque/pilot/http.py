@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from marque.crash import crash_point
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
 from marque.httpcommon import RequestIdMiddleware, problem
 from marque.outcome import Outcome
@@ -157,6 +158,7 @@ class PilotService:
                     if kind == "event":
                         chunk.append(_line(item))
                     elif kind == "outcome":
+                        crash_point("stream_before_outcome")
                         chunk.append(_line({"event": "outcome", "outcome": item.to_dict()}))
                         yield b"".join(chunk)
                         return
@@ -168,6 +170,7 @@ class PilotService:
                         break
                     kind, item = queue.get_nowait()
                 yield b"".join(chunk)
+                crash_point("stream_after_first_chunk")
                 kind, item = await queue.get()
 
         return StreamingResponse(lines(), media_type=NDJSON)

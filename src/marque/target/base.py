@@ -292,6 +292,7 @@ class SqlTarget(Target):
         committing = False
         txid: int | None = None
         try:
+            crash_point("after_begin")
             inserted, first = self._stamp_then(conn, attempt, emit)
             if not inserted:
                 raise StampConflict(f"{attempt.marque_id}/{attempt.nonce} already has a stamp")
@@ -300,6 +301,7 @@ class SqlTarget(Target):
             emit("fence_checked", stamp="inserted",
                  **({"txid": txid} if txid is not None else {}),
                  **({"access": change.access} if change.access is not None else {}))
+            crash_point("after_stamp")
             self._check_guards(conn, change, "before", emit)
             total = 0
             result: dict[str, Any] | None = None
@@ -323,6 +325,7 @@ class SqlTarget(Target):
                     committing = True
                     raise RuntimeError(f"statement {index} ended the Pilot's transaction")
                 emit("statement_finished", index=index, rows=count)
+                crash_point("after_statement")
                 if total > attempt.max_rows:
                     raise MaxRowsExceeded(
                         f"statements affected {total} rows; the marque allows at most "

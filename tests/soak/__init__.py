@@ -1,0 +1,1 @@
+"""The reliability campaign (`make soak`): faults on a schedule, a history, a checker."""
