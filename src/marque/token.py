@@ -370,6 +370,13 @@ def _json_object(raw: bytes, what: str, error: type[MarqueError]) -> dict[str, A
         raise error(f"{what} is not valid JSON") from exc
     if not isinstance(value, dict):
         raise error(f"{what} must be a JSON object")
+    try:
+        # I-JSON (RFC 7493 §2.1): every string is Unicode text. An escaped unpaired
+        # surrogate ("\ud800") parses in Python but is read differently elsewhere.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError) as exc:
+        raise error(f"{what} holds a string that is not Unicode text (an unpaired "
+                    "surrogate)") from exc
     return value
 
 
@@ -454,7 +461,9 @@ def unverified_claims(token: str) -> dict[str, Any] | None:
     try:
         payload = _b64url_decode(token.strip().split(".")[1])
         claims = json.loads(payload)
-    except (IndexError, ValueError):
+    except (IndexError, ValueError, RecursionError):
+        # RecursionError: a payload nested deeper than the parser goes. Found by the
+        # reliability campaign (row 13): it escaped as a 500 from POST /v1/executions.
         return None
     return claims if isinstance(claims, dict) else None
 

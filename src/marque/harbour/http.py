@@ -73,7 +73,7 @@ async def _json_object(request: Request, shape: str, *, optional: bool = False
         return {}
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise InvalidInput(f"the body must be a JSON object {shape}") from None
     if not isinstance(body, dict):
         raise InvalidInput(f"the body must be a JSON object {shape}")

@@ -181,7 +181,7 @@ class PilotService:
         """``POST /v1/executions {marque, nonce, proof}``."""
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             return problem(InvalidInput("the body must be a JSON object {marque, nonce, proof}"))
         if not isinstance(body, dict):
             return problem(InvalidInput("the body must be a JSON object {marque, nonce, proof}"))
@@ -218,7 +218,7 @@ class PilotService:
 
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             body = None
         token = body.get("preview") if isinstance(body, dict) else None
         if not isinstance(token, str):
