@@ -8,7 +8,10 @@ message that ends with ``COMMIT``. When armed it then either
   server sees the client vanish mid-transaction and rolls back; or
 * ``drop_after_commit``: forwards COMMIT, lets the server answer, swallows the
   answer and closes the client side — the commit happened, the client never
-  hears of it.
+  hears of it; or
+* ``drop_during_reply``: forwards COMMIT and then only the first ``reply_bytes``
+  bytes of the server's answer (cut inside a message or between two), then
+  closes the client side — the client hears part of the answer, never all of it.
 
 Each arming fires once. Connect with ``sslmode=disable&gssencmode=disable`` so
 the first packet is the plain startup message.
@@ -23,6 +26,7 @@ import threading
 from urllib.parse import urlsplit, urlunsplit
 
 STAMP_INSERT = b"INSERT INTO marque.stamps"
+MODES = ("drop_before_commit", "drop_after_commit", "drop_during_reply")
 
 
 class PgProxy:
@@ -33,6 +37,7 @@ class PgProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._armed: str | None = None
+        self._reply_bytes = 1
         self._lock = threading.Lock()
         self.fired = threading.Event()
         self._stopping = False
@@ -51,17 +56,25 @@ class PgProxy:
         user = (netloc[0] + "@") if len(netloc) == 2 else ""
         return proxy, urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
 
-    def arm(self, mode: str) -> None:
-        """Make the next stamped COMMIT go wrong the way ``mode`` says."""
-        assert mode in ("drop_before_commit", "drop_after_commit")
+    def arm(self, mode: str, *, reply_bytes: int = 1) -> None:
+        """Make the next stamped COMMIT go wrong the way ``mode`` says (``reply_bytes``:
+        how much of the answer ``drop_during_reply`` lets through, at least 1)."""
+        assert mode in MODES, mode
+        assert reply_bytes >= 1
         with self._lock:
             self._armed = mode
+            self._reply_bytes = reply_bytes
             self.fired.clear()
 
-    def _take(self) -> str | None:
+    def disarm(self) -> None:
+        """Forget an arming that has not fired (the COMMIT it waited for never came)."""
+        with self._lock:
+            self._armed = None
+
+    def _take(self) -> tuple[str | None, int]:
         with self._lock:
             mode, self._armed = self._armed, None
-            return mode
+            return mode, self._reply_bytes
 
     def sever(self) -> None:
         """Cut every connection through the proxy now, and refuse new ones until restored:
@@ -105,6 +118,8 @@ class PgProxy:
         muted = threading.Event()
         swallowed = threading.Event()
         done = threading.Event()
+        #: While not None: how many more bytes of the answer reach the client (then cut).
+        allowance: list[int | None] = [None]
 
         def downstream() -> None:
             try:
@@ -112,7 +127,14 @@ class PgProxy:
                     data = server.recv(65536)
                     if not data:
                         break
-                    if muted.is_set():
+                    left = allowance[0]
+                    if left is not None:
+                        client.sendall(data[:left])
+                        allowance[0] = left - min(left, len(data))
+                        if allowance[0] == 0:
+                            swallowed.set()
+                            break  # the rest of the answer never arrives
+                    elif muted.is_set():
                         swallowed.set()
                     else:
                         client.sendall(data)
@@ -124,7 +146,7 @@ class PgProxy:
 
         threading.Thread(target=downstream, daemon=True).start()
         try:
-            self._upstream(client, server, muted, swallowed, done)
+            self._upstream(client, server, muted, swallowed, done, allowance)
         except OSError:
             pass
         finally:
@@ -136,7 +158,7 @@ class PgProxy:
 
     def _upstream(self, client: socket.socket, server: socket.socket,
                   muted: threading.Event, swallowed: threading.Event,
-                  done: threading.Event) -> None:
+                  done: threading.Event, allowance: list[int | None]) -> None:
         head = _recv_exact(client, 4)
         if head is None:
             return
@@ -162,7 +184,7 @@ class PgProxy:
                 stamped = True
             if stamped and kind == b"Q" and _ends_with_commit(payload):
                 stamped = False
-                mode = self._take()
+                mode, reply_bytes = self._take()
                 if mode == "drop_before_commit":
                     self.fired.set()
                     return  # closes both sides; COMMIT never reaches the server
@@ -170,6 +192,12 @@ class PgProxy:
                     muted.set()
                     server.sendall(header + payload)
                     # Let the server finish the commit and answer into the void.
+                    swallowed.wait(5)
+                    self.fired.set()
+                    return
+                if mode == "drop_during_reply":
+                    allowance[0] = reply_bytes
+                    server.sendall(header + payload)
                     swallowed.wait(5)
                     self.fired.set()
                     return
