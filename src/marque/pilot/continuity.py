@@ -3,17 +3,28 @@
 A ledger restored from an old copy keeps its incarnation but forgets
 attempts. The stamps the targets hold for this incarnation remember them, so a
 stamp the ledger does not know means the ledger went back in time.
+
+A target that cannot be read at start cannot vouch either way, so it is not
+taken on trust: it stays *unchecked* (``Pilot.continuity_unchecked``) and
+every execution on it first checks it again (:func:`ensure_continuity`) —
+refused as ``ledger_unavailable``, nothing claimed, while it still cannot be
+read. Otherwise a ledger restored while a target was down would spend, once
+the target is back, budget the target's stamps say was already spent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
+
+from marque.errors import LedgerUnavailable
 
 if TYPE_CHECKING:
     from marque.pilot.core import Pilot
 
 
-def check_continuity(pilot: Pilot) -> dict[str, Any] | None:
+def check_continuity(pilot: Pilot, only: Collection[str] | None = None
+                     ) -> dict[str, Any] | None:
     """DESIGN §5: the targets' stamps are the anchor outside the ledger.
 
     A stamp of this incarnation, for a marque still live, that the ledger
@@ -21,29 +32,60 @@ def check_continuity(pilot: Pilot) -> dict[str, Any] | None:
     old copy). Its budgets cannot be trusted, so the Pilot rotates to a
     new incarnation — refusing every outstanding marque — and records
     the finding. Returns the finding, or None.
+
+    ``only``: check just these targets (a target unchecked at start, now
+    asked again). Targets that cannot be read are left in
+    ``pilot.continuity_unchecked``; a rotation empties it, as the new
+    incarnation has no stamps anywhere yet.
     """
     live_after = pilot.clock() - pilot.options.skew_seconds
     unknown: list[dict[str, Any]] = []
     unchecked: list[str] = []
+    checked: list[str] = []
     for name, target in pilot.targets.items():
+        if only is not None and name not in only:
+            continue
         try:
             stamps = target.stamps(pilot.incarnation, live_after)
-        except Exception:  # an unreachable target cannot vouch either way
+        except Exception:  # an unreachable target cannot vouch either way: asked again later
             unchecked.append(name)
             continue
+        checked.append(name)
         for stamp in stamps:
             if not _knows(pilot, stamp):
                 unknown.append({"target": name, **stamp})
+    pilot.continuity_unchecked = (pilot.continuity_unchecked - set(checked)) | set(unchecked)
     if not unknown:
         return None
     old = pilot.incarnation
     new = pilot.ledger.rotate_incarnation(pilot.clock())
+    pilot.continuity_unchecked = set()
     finding = {"finding": "ledger_regressed", "old_incarnation": old,
                "new_incarnation": new, "pilot_id": pilot.pilot_id,
                "unknown_stamps": unknown, "unchecked_targets": unchecked}
     if pilot.logbook is not None:
         pilot.logbook.append("finding.ledger_regressed", f"finding/rotate/{old}", finding)
     return finding
+
+
+def ensure_continuity(pilot: Pilot, target: str) -> None:
+    """Before a claim on ``target``: if its stamps were never read since start, read them now.
+
+    A rotation that follows makes the marque at hand ``wrong_incarnation``
+    (the caller checks the marque again); a target that still cannot be read
+    is ``LedgerUnavailable`` — nothing claimed, the same nonce safe to retry.
+    """
+    with pilot.continuity_lock:
+        if target in pilot.continuity_unchecked:
+            check_continuity(pilot, only=(target,))
+    if target in pilot.continuity_unchecked:
+        raise LedgerUnavailable(
+            f"this Pilot could not read target {target}'s stamps since it started, so it cannot "
+            "tell whether its ledger was restored from an older copy (DESIGN §5); executions "
+            f"on {target} wait until they can be read. Nothing was claimed: retry with the same "
+            "nonce once the target is reachable",
+            detail={"target": target, "reason": "continuity_unchecked"})
+
 
 def _knows(pilot: Pilot, stamp: dict[str, Any]) -> bool:
     """Whether the ledger holds the attempt a stamp names — or held it and reaped it.

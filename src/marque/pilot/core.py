@@ -9,6 +9,7 @@ never by a guess.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -32,6 +33,7 @@ from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
+from marque.pilot.continuity import ensure_continuity
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
 from marque.target import Evidence, StampConflict, Target, TargetAttempt
@@ -118,6 +120,9 @@ class Pilot:
         self._inflight_lock = threading.Lock()
         #: Observations the ledger could not record, by attempt, with their events.
         self._unrecorded: dict[tuple[str, str, int], tuple[Observation, list[dict[str, Any]]]] = {}
+        #: Targets whose stamps the continuity check could not read yet (DESIGN §5).
+        self.continuity_unchecked: set[str] = set()
+        self.continuity_lock = threading.Lock()
 
     @property
     def pilot_id(self) -> str:
@@ -148,14 +153,13 @@ class Pilot:
                 if len(self._read_cache) >= READ_CACHE_SIZE:
                     self._read_cache.pop(next(iter(self._read_cache)))
                 self._read_cache[token] = marque
-        check_marque(
-            marque,
-            pilot_id=self.pilot_id,
-            incarnation=self.incarnation,
-            targets=self.targets.keys(),
-            now=now,
-            skew_seconds=self.options.skew_seconds,
-        )
+        check = functools.partial(check_marque, marque, pilot_id=self.pilot_id,
+                                  targets=self.targets.keys(), now=now,
+                                  skew_seconds=self.options.skew_seconds)
+        check(incarnation=self.incarnation)
+        if marque.target in self.continuity_unchecked:
+            ensure_continuity(self, marque.target)
+            check(incarnation=self.incarnation)  # a rotation just now refuses it
         jti = verify_proof(
             proof,
             marque,

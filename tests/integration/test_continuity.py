@@ -1,0 +1,97 @@
+"""A ledger restored from an older copy while a target is unreachable (found by soak row 9).
+
+The start-up continuity check (DESIGN §5) reads each target's stamps; a
+target it cannot read used to be skipped for good, so a ledger restored
+while that target was down kept its incarnation and, once the target was
+back, spent again the budget the target's stamps say was already spent: a
+marque of two executions applied three times. Now such a target stays
+unchecked, and the first execution on it checks it again before claiming.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from marque.errors import LedgerUnavailable, WrongIncarnation
+from marque.pilot import open_pilot
+
+from .conftest import Env, marque_id_of
+
+DEBIT_1 = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
+
+
+def _ledger_files(env: Env) -> list[Path]:
+    base = env.home / "ledger.sqlite3"
+    return [base, base.with_name(base.name + "-wal"), base.with_name(base.name + "-shm")]
+
+
+def _snapshot(env: Env, where: Path) -> None:
+    where.mkdir()
+    for path in _ledger_files(env):
+        if path.exists():
+            shutil.copy(path, where / path.name)
+
+
+def _restore(env: Env, where: Path) -> None:
+    for path in _ledger_files(env):
+        path.unlink(missing_ok=True)
+    for saved in where.iterdir():
+        shutil.copy(saved, env.home / saved.name)
+
+
+def test_a_restored_ledger_is_caught_once_an_unreachable_target_is_back(env: Env) -> None:
+    """Restored while the bank was away: the Pilot starts, refuses the bank's marques as
+    ledger_unavailable (nothing claimed) while it is away, and once it is back the first
+    execution finds the unknown stamp, rotates, and the old marque is wrong_incarnation —
+    its budget is never spent a third time."""
+    token = env.issue([DEBIT_1], executions=2)
+    assert env.run(token, "n-1").status == "applied"
+    old = env.pilot.incarnation
+    env.pilot.close()
+    _snapshot(env, env.home.parent / "copy")
+    env.pilot = open_pilot(env.home)
+    assert env.run(token, "n-2").status == "applied"
+    env.pilot.close()
+    _restore(env, env.home.parent / "copy")
+
+    away = env.bank_path.with_name("bank-away.db")
+    env.bank_path.rename(away)
+    env.pilot = open_pilot(env.home)  # the bank cannot vouch: unchecked, not trusted
+    assert env.pilot.incarnation == old
+    assert env.pilot.continuity_unchecked == {"bank"}
+    with pytest.raises(LedgerUnavailable) as waiting:
+        env.run(token, "n-3")
+    assert waiting.value.detail["reason"] == "continuity_unchecked"
+    assert env.pilot.ledger.attempts(marque_id_of(token), "n-3") == []
+
+    away.rename(env.bank_path)
+    with pytest.raises(WrongIncarnation):
+        env.run(token, "n-3")
+    assert env.pilot.incarnation != old
+    assert env.pilot.continuity_unchecked == set()
+    assert env.balances()[1] == 80  # two debits, as the budget allows
+    assert env.pilot.logbook is not None
+    [finding] = env.pilot.logbook.entries("finding.ledger_regressed")
+    assert finding["body"]["old_incarnation"] == old
+
+
+def test_an_unreachable_target_that_comes_back_to_an_intact_ledger_just_runs(env: Env) -> None:
+    """No restore: a target away at start is checked on its first execution, finds nothing
+    unknown, and the marque runs under the same incarnation."""
+    token = env.issue([DEBIT_1], executions=2)
+    assert env.run(token, "n-1").status == "applied"
+    old = env.pilot.incarnation
+    env.pilot.close()
+    away = env.bank_path.with_name("bank-away.db")
+    env.bank_path.rename(away)
+    env.pilot = open_pilot(env.home)
+    assert env.pilot.continuity_unchecked == {"bank"}
+    away.rename(env.bank_path)
+
+    assert env.run(token, "n-2").status == "applied"
+    assert env.pilot.incarnation == old
+    assert env.pilot.continuity_unchecked == set()
+    assert env.balances()[1] == 80
