@@ -19,14 +19,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from pgcluster import PgCluster, create_database
 
 from marque.change import Budget, Change, Statement
 from marque.pilot.setup import add_target
 from marque.token import issue_marque, public_jwk, unverified_claims
-from pgcluster import PgCluster, create_database
 from soak.world import TARGET, Op, SoakWorld
 
-__all__ = ["EFFECT", "LockHolder", "attempts_of", "backends", "effect", "fresh_database",
+__all__ = ["EFFECT", "LockHolder", "attempts_of", "backends", "effect", "fresh_database", "query",
            "pg_op", "point_target", "private_cluster", "run_sql", "stamps_of", "wait_until"]
 
 #: The effect row every operation inserts (psycopg placeholders: a PostgreSQL target).
@@ -152,3 +152,17 @@ class LockHolder:
         [(count,)] = query(dsn, "SELECT count(*) FROM pg_stat_activity "
                                 "WHERE %s = ANY(pg_blocking_pids(pid))", (self.pid,))
         return int(count)
+
+
+def check_first_attempts(world: SoakWorld, expected: dict[str, tuple[str, str, str]],
+                         violations: list[str]) -> None:
+    """Attempt 1 of each marque in ``expected`` ended ``(status, code, sqlstate)`` in the
+    ledger: the error the target answered with is recorded, with its SQLSTATE."""
+    held = {m: a for (m, _, number), a in attempts_of(world).items() if number == 1}
+    for marque_id, (status, code, sqlstate) in sorted(expected.items()):
+        attempt = held.get(marque_id)
+        error = (attempt or {}).get("error") or {}
+        found = ((attempt or {}).get("status"), error.get("code"), error.get("sqlstate"))
+        if found != (status, code, sqlstate):
+            violations.append(f"{marque_id}: attempt 1 recorded {found}, expected "
+                              f"{(status, code, sqlstate)}")
