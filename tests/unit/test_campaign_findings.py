@@ -37,7 +37,7 @@ def _marque(keys: dict[str, dict]) -> str:
 
 
 def test_unverified_claims_of_a_deeply_nested_payload_is_none(keys: dict[str, dict]) -> None:
-    """A payload nested past the parser's depth is no label (it was a 500 at POST /v1/executions)."""
+    """A payload nested past the parser's depth has no label (it was a 500 from the service)."""
     header, _, _ = parts(_marque(keys))
     deep = _signed_raw(json.dumps(header), b"[" * 100_000 + b"]" * 100_000, keys["issuer"])
     assert unverified_claims(deep) is None
