@@ -64,7 +64,7 @@ def settle(world: SoakWorld, rounds: int = 3) -> list[str]:
     return notes
 
 
-def _ledger_rows(world: SoakWorld, sql: str) -> list[tuple[Any, ...]]:
+def ledger_rows(world: SoakWorld, sql: str) -> list[tuple[Any, ...]]:
     if world.ledger_dsn is None or world.ledger_dsn.startswith("sqlite"):
         path = world.home / "ledger.sqlite3" if world.ledger_dsn is None \
             else world.ledger_dsn.removeprefix("sqlite:///")
@@ -84,10 +84,10 @@ def final_state(world: SoakWorld, notes: list[str] | None = None) -> FinalState:
     """Read the effects, the ledger's attempts and the Pilot's logbook as they are now."""
     attempts = {
         (m, n, a): {"status": s, "error": json.loads(e) if e else None, "settled_at": t}
-        for m, n, a, s, e, t in _ledger_rows(
+        for m, n, a, s, e, t in ledger_rows(
             world, "SELECT marque_id, nonce, attempt, status, error, settled_at FROM attempts")
     }
-    [(unacked,)] = _ledger_rows(world, "SELECT count(*) FROM outbox WHERE acked_at IS NULL")
+    [(unacked,)] = ledger_rows(world, "SELECT count(*) FROM outbox WHERE acked_at IS NULL")
     conn = sqlite3.connect(world.home / "logbook.sqlite3")
     conn.row_factory = sqlite3.Row
     try:

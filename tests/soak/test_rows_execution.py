@@ -15,7 +15,7 @@ from soak.run import load_scenarios, run_one
 
 ROWS = load_scenarios()
 #: Cases per row in the fast form.
-FAST = {"sigkill": 14}
+FAST = {"sigkill": 14, "duplicate_nonce": 6, "reconcilers_race": 4, "combined": 4}
 
 
 @pytest.mark.parametrize("name", sorted(FAST))
@@ -26,4 +26,5 @@ def test_a_row_of_the_matrix_holds_every_invariant(name: str, tmp_path: Path,
     result = run_one(row, count=FAST[name], seed=1, out=tmp_path, full=False,
                      pg_admin_dsn=pg_admin_dsn if row.needs_pg else None)
     assert result.violations == [], result.to_dict()
-    assert result.cases == FAST[name]
+    # Hypothesis may run an example or two beyond max_examples; never fewer.
+    assert result.cases >= FAST[name]

@@ -219,11 +219,13 @@ class Answer:
     code: str | None = None
     attempt: int | None = None
     recorded: bool | None = None
+    replayed: bool | None = None
     events: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
         return {"status": self.status, "code": self.code, "attempt": self.attempt,
-                "recorded": self.recorded, "events": list(self.events)}
+                "recorded": self.recorded, "replayed": self.replayed,
+                "events": list(self.events)}
 
 
 #: Outcome statuses as Jepsen answer types: unknown is never a failure.
@@ -257,7 +259,8 @@ def post_execution(url: str, world: SoakWorld, op: Op, nonce: str, *,
                     return Answer(_TYPES.get(status, "info"), status=status,
                                   code=(outcome.get("error") or {}).get("code"),
                                   attempt=outcome.get("attempt"),
-                                  recorded=outcome.get("recorded"), events=tuple(events))
+                                  recorded=outcome.get("recorded"),
+                                  replayed=outcome.get("replayed"), events=tuple(events))
                 if kind == "error":
                     return Answer("info", status="error",
                                   code=(event.get("error") or {}).get("code"),
