@@ -10,6 +10,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── LedgerExists         ledger_exists
     │   ├── LedgerMissing        ledger_missing
     │   ├── HomeMismatch         home_mismatch         ledger opened from another home
+    │   ├── LedgerNotDurable     ledger_not_durable    its engine would not keep commits
     │   ├── RequestIdInvalid     request_id_invalid
     │   ├── Unauthenticated      unauthenticated       (HTTP 401)
     │   ├── Forbidden            forbidden             (HTTP 403)
@@ -133,6 +134,12 @@ class ConfigInvalid(UsageError, code="config_invalid"):
 class HomeMismatch(UsageError, code="home_mismatch"):
     """A ledger was opened from a home it was not initialised for (a copy, or an
     unacknowledged move): two homes must never run on one incarnation."""
+
+
+class LedgerNotDurable(UsageError, code="ledger_not_durable"):
+    """The ledger's engine is set up so that a commit may not survive a crash (SQLite not in
+    WAL with ``synchronous=FULL``, PostgreSQL without ``fsync`` or ``synchronous_commit``):
+    the Pilot refuses to start on it unless ``pilot.json`` says ``"durability": "warn"``."""
 
 
 class RequestIdInvalid(UsageError, code="request_id_invalid"):

@@ -23,7 +23,8 @@ DESIGN_CODES = {
 # Marque's own additions (documented in docs/errors.md).
 OWN_CODES = {
     "input_invalid": 2, "config_invalid": 2, "ledger_exists": 2, "ledger_missing": 2,
-    "home_mismatch": 2, "nonce_reaped": 2, "ledger_corrupt": 7, "owner_gone": 5, "pilot_lost": 5,
+    "home_mismatch": 2, "ledger_not_durable": 2, "nonce_reaped": 2, "ledger_corrupt": 7,
+    "owner_gone": 5, "pilot_lost": 5,
     "logbook_broken": 1,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,

@@ -135,12 +135,14 @@ def pilot_serve(home: Path, listen: str, workers: int, tls_cert: Path | None,
 
     try:
         if workers == 1:
-            worker(announce)
-            return
-        from marque.cli.workers import supervise
+            # A start refused (ledger_not_durable, home_mismatch…) exits with its status;
+            # it used to exit 0 after printing the error (found by the soak, row 16).
+            status = worker(announce)
+        else:
+            from marque.cli.workers import supervise
 
-        status = supervise(workers, worker, announce,
-                           lambda text: err.say(f"[bold yellow]warning[/]: {text}"))
+            status = supervise(workers, worker, announce,
+                               lambda text: err.say(f"[bold yellow]warning[/]: {text}"))
     finally:
         sock.close()
     if status:

@@ -95,6 +95,31 @@ class OutboxEntry:
     tries: int
 
 
+@dataclass(frozen=True)
+class Durability:
+    """How durable a ledger's commits are, as its engine reports it (DESIGN §5).
+
+    ``settings`` are the values read back from the engine on the ledger's own
+    connections — SQLite's ``journal_mode`` and ``synchronous``, PostgreSQL's
+    ``fsync`` and ``synchronous_commit`` — and ``problems`` one sentence per
+    setting that falls short, naming what it must be. A claim that returned
+    must survive a power cut: with any problem, it may not.
+    """
+
+    engine: str
+    settings: dict[str, str]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def durable(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{engine, settings, problems, durable}``, for messages and ``detail``."""
+        return {"engine": self.engine, "settings": dict(self.settings),
+                "problems": list(self.problems), "durable": self.durable}
+
+
 class Ledger(abc.ABC):
     """A Pilot's execution ledger. All methods are safe to call from threads."""
 
@@ -247,6 +272,10 @@ class Ledger(abc.ABC):
         still names ``home_id`` at ``moved_from`` (compare-and-set), and the
         move is recorded in the ledger's meta rows.
         """
+
+    @abc.abstractmethod
+    def durability(self) -> Durability:
+        """What the engine says about the durability of this ledger's commits (read, never set)."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from marque.dsn import describe
 from marque.errors import LedgerUnavailable
+from marque.ledger.base import Durability
 from marque.ledger.sql import SqlLedger, Tx
 from marque.pgpool import CONNECT_TIMEOUT_SECONDS, connection, make_pool, reason
 
@@ -125,6 +126,27 @@ class PostgresLedger(SqlLedger):
         except psycopg.Error as exc:
             raise unavailable(self.dsn, exc) from exc
         return bool(row and row[0] is not None)
+
+    def durability(self) -> Durability:
+        """``fsync`` and ``synchronous_commit`` as a ledger connection sees them (``SHOW``).
+
+        Read on the ledger's own pooled connection, so a per-database or per-role
+        setting (``ALTER DATABASE … SET synchronous_commit = off``) counts as much
+        as the server's. ``synchronous_commit`` ``local``, ``remote_write`` and
+        ``remote_apply`` all flush the commit locally first, like ``on``.
+        """
+        with self.transaction() as tx:
+            fsync = str(tx.execute("SHOW fsync")[0][0])
+            commit = str(tx.execute("SHOW synchronous_commit")[0][0])
+        problems = []
+        if fsync != "on":
+            problems.append(f"the server runs with fsync = {fsync}: nothing it commits is "
+                            "forced to disk")
+        if commit == "off":
+            problems.append("synchronous_commit is off for the ledger's connections: a "
+                            "commit is acknowledged before it is on disk")
+        return Durability("postgresql", {"fsync": fsync, "synchronous_commit": commit},
+                          tuple(problems))
 
     def _size_bytes(self) -> int:
         with self.reading() as tx:

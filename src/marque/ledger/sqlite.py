@@ -27,9 +27,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from marque.errors import InvalidInput, LedgerCorrupt, LedgerMissing, LedgerUnavailable
+from marque.ledger.base import Durability
 from marque.ledger.sql import SqlLedger, Tx
 
 BUSY_TIMEOUT_MS = 30_000
+#: ``PRAGMA synchronous`` levels, by the number SQLite reads back; FULL and EXTRA are durable.
+_SYNCHRONOUS = {0: "off", 1: "normal", 2: "full", 3: "extra"}
 #: Pages given back to the OS per transaction when compacting after a reap.
 COMPACT_PAGES = 2048
 
@@ -209,6 +212,34 @@ class SqliteLedger(SqlLedger):
             while self._open_batch:
                 self._cond.wait()
             yield
+
+    def durability(self) -> Durability:
+        """``journal_mode`` and ``synchronous`` as SQLite reads them back on both connections.
+
+        Marque sets WAL and ``synchronous=FULL`` itself on connect, so this checks
+        that they *took*: ``PRAGMA journal_mode = WAL`` does not fail where WAL is
+        impossible (a file system without shared memory, for one) — it answers the
+        mode it kept. ``synchronous`` is per connection; both are read.
+        """
+        try:
+            with self._between_batches(), self._read_lock:
+                modes = {str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+                         for conn in (self._conn, self._reader)}
+                levels = {int(conn.execute("PRAGMA synchronous").fetchone()[0])
+                          for conn in (self._conn, self._reader)}
+        except sqlite3.Error as exc:
+            raise ledger_error(self.path, exc) from exc
+        mode = "/".join(sorted(modes))
+        level = "/".join(_SYNCHRONOUS.get(n, str(n)) for n in sorted(levels))
+        problems = []
+        if modes != {"wal"}:
+            problems.append(f"journal_mode is {mode}, not wal: SQLite kept another journal "
+                            "(the file system may not support WAL's shared memory)")
+        if min(levels) < 2:
+            problems.append(f"synchronous is {level}, not full: a commit may be lost on "
+                            "power failure")
+        return Durability("sqlite", {"journal_mode": mode, "synchronous": level},
+                          tuple(problems))
 
     def _pragma(self, name: str) -> int:
         return int(self._conn.execute(f"PRAGMA {name}").fetchone()[0])

@@ -172,7 +172,11 @@ class Settings:
 # -- pilot.json -------------------------------------------------------------------------
 
 _TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings", "previews",
-              "harbour")
+              "harbour", "durability")
+#: What a Pilot does when its ledger's engine would not keep commits (``pilot.json``'s
+#: ``durability``; see docs/operations.md): ``require`` (the default) refuses to start with
+#: ``ledger_not_durable``; ``warn`` starts and says so on stderr at every start.
+DURABILITY_POLICIES = ("require", "warn")
 #: How a target runs previews (DESIGN §10); a target not named in ``previews`` uses the first.
 PREVIEW_MODES = ("rollback", "explain")
 
@@ -278,6 +282,8 @@ class PilotConfig:
     previews: dict[str, str] = field(default_factory=dict)
     #: The Harbourmaster this Pilot joined, if any; without one it journals locally only.
     harbour: HarbourLink | None = None
+    #: ``require`` or ``warn``: what a ledger whose commits may not survive a crash means.
+    durability: str = "require"
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form written to ``pilot.json``."""
@@ -294,6 +300,8 @@ class PilotConfig:
             data["previews"] = dict(self.previews)
         if self.harbour is not None:
             data["harbour"] = self.harbour.to_dict()
+        if self.durability != "require":  # the default is not written out
+            data["durability"] = self.durability
         return data
 
     @classmethod
@@ -329,6 +337,10 @@ class PilotConfig:
         _check_issuers(issuers)
         previews = data.get("previews", {})
         _check_previews(previews, targets)
+        durability = data.get("durability", "require")
+        if durability not in DURABILITY_POLICIES:
+            raise ConfigInvalid(f"durability must be one of {', '.join(DURABILITY_POLICIES)}, "
+                                f"got {_show(durability)}")
         return cls(
             pilot_id=pilot_id,
             ledger=ledger,
@@ -338,6 +350,7 @@ class PilotConfig:
             settings=Settings.from_dict(data.get("settings", {})),
             previews=dict(previews),
             harbour=(HarbourLink.from_dict(data["harbour"]) if "harbour" in data else None),
+            durability=durability,
         )
 
 
@@ -564,6 +577,7 @@ def sqlite_file(dsn: str) -> Path | None:
 __all__ = [
     "CONFIG_FILE",
     "DEFAULT_LEDGER_DSN",
+    "DURABILITY_POLICIES",
     "HarbourLink",
     "LEDGER_FILE",
     "LOGBOOK_FILE",

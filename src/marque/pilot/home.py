@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -29,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from marque.dsn import is_relative_sqlite, is_sqlite, redact, relative_to, sqlite_path
-from marque.errors import Conflict, HomeMismatch, InvalidInput, LedgerMissing
+from marque.errors import Conflict, HomeMismatch, InvalidInput, LedgerMissing, LedgerNotDurable
 from marque.ledger import Ledger, open_ledger
 from marque.pilot.config import DEFAULT_LEDGER_DSN, LEDGER_FILE, PilotConfig, PilotHome
+
+log = logging.getLogger(__name__)
 
 
 def new_home_id() -> str:
@@ -51,10 +54,42 @@ def open_bound_ledger(pilot_home: PilotHome, config: PilotConfig) -> Ledger:
         raise
     try:
         check_binding(pilot_home, config, ledger)
+        check_durability(ledger, config, redact(dsn))
     except BaseException:
         ledger.close()
         raise
     return ledger
+
+
+def check_durability(ledger: Ledger, config: PilotConfig, where: str) -> None:
+    """Refuse a ledger whose engine would not keep a commit through a crash (DESIGN §5).
+
+    ``ledger_not_durable`` names every setting that falls short and how to fix
+    it; with ``"durability": "warn"`` in ``pilot.json`` the same words are
+    logged as a warning (on stderr, at every start) and the Pilot runs.
+    """
+    found = ledger.durability()
+    if found.durable:
+        return
+    settings = ", ".join(f"{name} = {value}" for name, value in found.settings.items())
+    message = (f"the ledger {where} is not durable ({settings}): "
+               + "; ".join(found.problems) + ". " + _FIX[found.engine])
+    if config.durability == "warn":
+        log.warning("warning: ledger_not_durable: %s (running anyway: pilot.json says "
+                    '"durability": "warn")', message)
+        return
+    raise LedgerNotDurable(
+        message + ' To run on it anyway, set "durability": "warn" in pilot.json.',
+        detail=found.to_dict())
+
+
+_FIX = {
+    "postgresql": ("Turn fsync on in postgresql.conf and make synchronous_commit on (or local) "
+                   "for the ledger's database and role, e.g. ALTER DATABASE … SET "
+                   "synchronous_commit = on, then start the Pilot again."),
+    "sqlite": ("Put the ledger on a local file system that supports SQLite's WAL mode, then "
+               "start the Pilot again."),
+}
 
 
 def check_binding(pilot_home: PilotHome, config: PilotConfig, ledger: Ledger) -> None:
