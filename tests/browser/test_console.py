@@ -74,6 +74,11 @@ def test_two_approvers_approve_and_the_execution_appears_without_a_reload(
     assert any(line.startswith("committed") for line in timeline), timeline
     assert dave.page.evaluate("window.__sameDocument") is True, "the page was reloaded"
     assert world.bank.balances()[1] == 90
+    # An approver reads the request's own logbook entries on its page.
+    dave.page.reload()
+    entries = dave.page.get_by_test_id("request-logbook").inner_text()
+    for kind in ("checkpoint.sealed", "resolution.approve", "marque.issued"):
+        assert kind in entries, entries
 
 
 def test_the_requester_sees_no_approve_button_and_a_forged_approval_is_self_approval(

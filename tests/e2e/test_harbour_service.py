@@ -140,6 +140,9 @@ def make_case(setup: Setup, endpoint: str) -> Case:
     if endpoint == "GET /v1/requests/{id}":
         mine = submit(setup, READ)
         return Case("GET", f"/v1/requests/{mine['id']}", everyone_reading)
+    if endpoint == "GET logbook of a request":
+        mine = submit(setup, READ)
+        return Case("GET", f"/v1/requests/{mine['id']}/logbook", everyone_reading)
     if endpoint in ("POST approve", "POST reject"):
         waiting = submit(setup, DEBIT)
         assert waiting["state"] == "awaiting_approval", waiting
@@ -168,7 +171,8 @@ def make_case(setup: Setup, endpoint: str) -> Case:
     raise AssertionError(endpoint)
 
 
-ENDPOINTS = ("POST /v1/requests", "GET /v1/requests", "GET /v1/requests/{id}", "POST approve",
+ENDPOINTS = ("POST /v1/requests", "GET /v1/requests", "GET /v1/requests/{id}",
+             "GET logbook of a request", "POST approve",
              "POST reject", "POST expire", "GET marque", "POST /v1/pilots", "GET /v1/pilots",
              "POST /v1/reports", "GET /v1/logbook", "GET /v1/logbook/head", "GET /metrics")
 
@@ -237,6 +241,13 @@ def test_a_requester_cannot_see_another_requesters_request_or_marque(setup: Setu
     assert setup.call("GET", "/v1/requests/alice-own", "alice").json()["id"] == rq
     assert setup.call("GET", f"/v1/requests/{rq}", "carol").json()["id"] == rq
     assert rq in {r["id"] for r in setup.call("GET", "/v1/requests", "alice").json()["requests"]}
+    assert_problem(setup.call("GET", f"/v1/requests/{rq}/logbook", "bob"), 404, "not_found")
+    # Its own logbook entries: for its requester and for the readers, the same ones.
+    own = setup.call("GET", f"/v1/requests/{rq}/logbook", "alice").json()
+    assert own["id"] == rq and own == setup.call(
+        "GET", f"/v1/requests/{rq}/logbook", "carol").json()
+    assert {e["subject"] for e in own["entries"]} == {rq}
+    assert [e["kind"] for e in own["entries"]][-1] == "marque.issued"
     marque = setup.call("GET", f"/v1/requests/{rq}/marque", "alice")
     assert marque.status_code == 200, marque.text
     claims = unverified_claims(marque.json()["marque"])

@@ -41,6 +41,16 @@ def test_entries_page_and_filter_by_kind(store: HarbourStore) -> None:
     assert len(store.logbook_entries(limit=100)) == 6
 
 
+def test_entries_of_one_subject_in_order(store: HarbourStore) -> None:
+    """logbook_of returns exactly one subject's entries, oldest first, at most limit."""
+    for n in range(6):
+        store.append("request.x", "a", "rq_a" if n % 2 else "rq_b", {"n": n}, now=T0 + n)
+    store.append("request.x", "a", "rq_a_", {}, now=T0 + 9)  # a longer id is another subject
+    assert [e.body["n"] for e in store.logbook_of("rq_a")] == [1, 3, 5]
+    assert [e.seq for e in store.logbook_of("rq_b", limit=2)] == [1, 3]
+    assert store.logbook_of("rq_none") == []
+
+
 def test_threads_appending_at_once_leave_one_chain(store: HarbourStore) -> None:
     """Eight threads, ten appends each, interleaved with request creation: one chain."""
     gate = threading.Barrier(8)

@@ -191,6 +191,7 @@ class HarbourService:
                 Route("/v1/requests/{id}/reject", self.reject, methods=["POST"]),
                 Route("/v1/requests/{id}/expire", self.expire, methods=["POST"]),
                 Route("/v1/requests/{id}/marque", self.marque, methods=["GET"]),
+                Route("/v1/requests/{id}/logbook", self.request_logbook, methods=["GET"]),
                 Route("/v1/pilots", self.register_pilot, methods=["POST"]),
                 Route("/v1/pilots", self.list_pilots, methods=["GET"]),
                 Route("/v1/reports", self.post_reports, methods=["POST"]),
@@ -291,6 +292,13 @@ class HarbourService:
         """``GET /v1/requests/{id}/marque``: the marque, for the requester who owns it."""
         principal = await self._principal(request)
         found = await self._in_thread(self.harbourmaster.marque_for, principal,
+                                      request.path_params["id"])
+        return JSONResponse(found)
+
+    async def request_logbook(self, request: Request) -> Response:
+        """``GET /v1/requests/{id}/logbook``: the request's own logbook entries."""
+        principal = await self._principal(request)
+        found = await self._in_thread(self.harbourmaster.request_logbook, principal,
                                       request.path_params["id"])
         return JSONResponse(found)
 

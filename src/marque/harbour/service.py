@@ -652,6 +652,14 @@ class Harbourmaster:
         return {"entries": [e.to_dict() for e in entries],
                 "next_after": entries[-1].seq if entries else after}
 
+    def request_logbook(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:
+        """The logbook entries about one request, for anyone who may see the request
+        (its requester included): ``{id, entries}``, oldest first."""
+        _require(principal, Role.REQUESTER, *_READERS)
+        request = self._find(principal, id_or_request_id)
+        entries = self.store.logbook_of(request.id, limit=MAX_LOGBOOK_PAGE)
+        return {"id": request.id, "entries": [e.to_dict() for e in entries]}
+
     def logbook_head(self, principal: Principal) -> dict[str, Any]:
         """The logbook's head, signed with the issuer key: ``{seq, hash, at, signed}``."""
         _require(principal, Role.AUDITOR, Role.ADMIN)

@@ -1,10 +1,12 @@
 """The logbook as the console shows it: pages, a request's entries, and the chain's verdict.
 
-Everything is read through the core's :meth:`~marque.harbour.service.Harbourmaster.logbook`
-and :meth:`~marque.harbour.service.Harbourmaster.logbook_head`, so only the
-roles the core lets read the logbook (auditor, admin — DESIGN §11.7) see it;
-anyone else gets :class:`~marque.errors.Forbidden` from the core and the page
-says so.
+Everything is read through the core: the whole logbook and its head through
+:meth:`~marque.harbour.service.Harbourmaster.logbook` and
+:meth:`~marque.harbour.service.Harbourmaster.logbook_head`, which only auditors
+and admins may read (DESIGN §11.7), and one request's own entries through
+:meth:`~marque.harbour.service.Harbourmaster.request_logbook`, which everyone
+who may see the request may read. Anyone else gets
+:class:`~marque.errors.Forbidden` from the core and the page says so.
 
 Verification is the same walk ``marque logbook verify`` makes
 (:func:`marque.harbour.chain.verify_entries`), over every entry, page by page,
@@ -80,9 +82,10 @@ def logbook_page(hm: Harbourmaster, principal: Principal, *, after: int, kind: s
 
 def request_entries(hm: Harbourmaster, principal: Principal, request_id: str
                     ) -> list[dict[str, Any]] | None:
-    """The logbook entries about one request, oldest first; None if the viewer may not read
-    the logbook (the core refuses them)."""
+    """The logbook entries about one request, oldest first (for anyone who may see the
+    request); None if the core refuses them."""
     try:
-        return [e for e in _walk(hm, principal) if e.get("subject") == request_id]
+        entries: list[dict[str, Any]] = hm.request_logbook(principal, request_id)["entries"]
     except Forbidden:
         return None
+    return entries

@@ -389,6 +389,11 @@ class HarbourStore(abc.ABC):
         """Entries with ``seq > after``, in order, at most ``limit``."""
 
     @abc.abstractmethod
+    def logbook_of(self, subject: str, limit: int = 1000) -> list[LogbookEntry]:
+        """The entries about ``subject`` (a request id, a Pilot id…), in order, at most
+        ``limit``."""
+
+    @abc.abstractmethod
     def logbook_head(self) -> dict[str, Any]:
         """The chain's head: ``{seq, hash, at}`` (``seq`` 0 and the genesis hash when empty)."""
 

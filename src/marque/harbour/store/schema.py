@@ -194,10 +194,14 @@ _V4 = [
     "CREATE INDEX console_sessions_expires ON console_sessions (expires_at)",
 ]
 
+# Version 5: a request's own logbook entries, read by everyone who may see the request
+# (its page and ``GET /v1/requests/{id}/logbook``) without walking the whole chain.
+_V5 = ["CREATE INDEX logbook_subject ON logbook (subject, seq)"]
+
 MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 4
+LATEST = 5

@@ -229,6 +229,13 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
                 (int(after), len(kind_prefix), kind_prefix, int(limit)))
         return [_entry(row) for row in rows]
 
+    def logbook_of(self, subject: str, limit: int = 1000) -> list[LogbookEntry]:
+        with self.reading() as tx:
+            rows = tx.execute(
+                f"SELECT {_LOGBOOK_COLUMNS} FROM logbook WHERE subject = ? ORDER BY seq "
+                "LIMIT ?", (subject, int(limit)))
+        return [_entry(row) for row in rows]
+
     def logbook_head(self) -> dict[str, Any]:
         with self.reading() as tx:
             row = tx.one("SELECT seq, hash, at FROM logbook_head WHERE id = 1")
