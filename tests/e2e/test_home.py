@@ -209,8 +209,12 @@ def test_pilot_show_target_list_remove_and_untrust(world: World) -> None:
     unknown = world.run("pilot", "untrust", "--home", world.home, "no-such-kid", "--json")
     assert unknown.returncode == EXIT["usage"]
     assert error_of(unknown)["code"] == "not_found"
+    # A key id that begins with "-" (base64url allows it) goes after "--".
+    dashed = world.run("pilot", "untrust", "--home", world.home, "--json", "--", "-Qdu3Rg")
+    assert dashed.returncode == EXIT["usage"]
+    assert error_of(dashed)["code"] == "not_found"
 
-    untrust = world.run("pilot", "untrust", "--home", world.home, issuer_kid, "--json")
+    untrust = world.run("pilot", "untrust", "--home", world.home, "--json", "--", issuer_kid)
     assert untrust.returncode == 0, untrust
     assert untrust.json == {"kid": issuer_kid, "trusted": []}
     refused = world.exec(world.issue([DEBIT]), "n-1")

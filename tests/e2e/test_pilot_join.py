@@ -135,7 +135,12 @@ def bank(tmp_path: Path, harbour: Harbour) -> PilotBank:
     kid = json.loads((harbour.home / "issuer.jwk").read_text()).get("kid")
     trusted = cli_json("pilot", "show", "--home", made.home)["issuers"]
     for known in trusted:
-        cli_json("pilot", "untrust", "--home", made.home, known)
+        # A key id may begin with "-": after "--" it is the argument, never an option.
+        untrusted = subprocess.run(
+            [str(MARQUE), "pilot", "untrust", "--home", str(made.home), "--json", "--", known],
+            capture_output=True, text=True, timeout=TIMEOUT, env=cli_env(),
+            stdin=subprocess.DEVNULL)
+        assert untrusted.returncode == 0, untrusted
     assert kid is None or kid in trusted
     return made
 
