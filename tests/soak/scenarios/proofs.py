@@ -128,7 +128,7 @@ def _abuse(kind: str, r: _Round, nonce: str, rng: Any) -> tuple[str, str | None,
     raise AssertionError(kind)
 
 
-@scenario(14, "proofs", quick=240, full=FULL_EACH * len(KINDS))
+@scenario(14, "proofs", quick=600, full=FULL_EACH * len(KINDS))
 def run(ctx: RunContext, *, accept: Callable[[str], bool] | None = None) -> ScenarioResult:
     """Row 14: every abuse kind in turn, each refused with its code and leaving no trace.
 
