@@ -1060,7 +1060,8 @@ def test_commit_blocked_by_a_reader_is_indeterminate_then_reconciled(env: Env) -
         assert outcome.error is not None and outcome.error["code"] == "commit_unknown"
         assert outcome.exit_status == 5
         assert "committed" not in kinds(env.events)
-        # a retry returns the truth as it stands: still unknown, never a second run
+        # a retry asks the target again (its tombstone is still blocked): the truth as it
+        # stands, still unknown, never a second run
         retry = env.run(token, "n-1")
         assert (retry.status, retry.attempt, retry.replayed) == ("indeterminate", 1, True)
     finally:
@@ -1076,7 +1077,7 @@ def test_commit_blocked_by_a_reader_is_indeterminate_then_reconciled(env: Env) -
     assert (stamp["kind"], stamp["attempt"]) == ("tombstone", 1)
     assert env.pilot.logbook is not None
     whys = [e["body"]["cause"] for e in env.pilot.logbook.entries("execution.reconciliation")]
-    assert whys == ["commit_unknown", "recovery"]
+    assert whys == ["commit_unknown", "retry", "recovery"]
     again = env.run(token, "n-1")
     assert (again.status, again.attempt) == ("applied", 2)
     assert env.balances() == {1: 90, 2: 100, 3: 100}

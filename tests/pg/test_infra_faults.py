@@ -173,6 +173,31 @@ def test_ledger_lost_after_commit_answers_applied_not_recorded_then_recover_reco
     assert ledger.budget(mid)["executions_left"] == 0
 
 
+def test_a_retry_to_the_process_that_saw_the_commit_is_applied_once_the_ledger_is_back(
+    ledger_world: tuple[World, PgCluster],
+) -> None:
+    """The process told its caller applied (recorded: false); asked the same nonce again
+    once the ledger is back, it records what it saw and answers applied — not in_progress
+    until its background reconciler's next round (soak row 3's finding)."""
+    world, cluster = ledger_world
+    token = world.issue(DEBIT)
+    mid = marque_id_of(token)
+    outcome, events = _run_then_lose_the_ledger(world, cluster, token)
+    _assert_applied_not_recorded(world, outcome, events, mid)
+    cluster.start()
+
+    retried = world.execute(token, "n-1")
+
+    assert (retried.status, retried.attempt, retried.rows_affected, retried.recorded) == (
+        "applied", 1, 1, True)
+    [attempt] = world.pilot.ledger.attempts(mid, "n-1")
+    assert attempt.status.value == "applied"
+    assert [(o["status"], o["cause"]) for o in world.pilot.ledger.observations(mid, "n-1")] == [
+        ("applied", "execution")]
+    assert world.balances() == {**START, 1: 90}
+    assert stamp_view(world, mid) == [("n-1", "applied", 1, 1)]
+
+
 def test_ledger_lost_after_commit_is_settled_from_the_stamp_by_another_process(
     ledger_world: tuple[World, PgCluster],
 ) -> None:

@@ -424,6 +424,54 @@ def test_server_crash_mid_execution_settles_consistent_with_target(
     assert_never_failed(world, mid, "crash")
 
 
+def test_a_retry_after_a_crash_inside_commit_is_answered_by_evidence_at_once(
+    cluster_world: World, pg_cluster: PgCluster,
+) -> None:
+    """The server crashed inside COMMIT (a deferred trigger was sleeping), so the attempt is
+    indeterminate; once it is back, a retry of the same nonce reconciles there and then
+    (tombstone: aborted_not_applied), and the next retry applies as attempt 2 — no waiting
+    for a background round or an operator (soak row 3's finding)."""
+    world = cluster_world
+    with psycopg.connect(world.target_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE pause (on_commit boolean)")
+        conn.execute("INSERT INTO pause VALUES (true)")
+        conn.execute("CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                     "BEGIN IF EXISTS (SELECT 1 FROM pause) THEN PERFORM pg_sleep(30); END IF; "
+                     "RETURN NULL; END $$")
+        conn.execute("CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON accounts "
+                     "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()")
+    token = world.issue(PLAIN_UPDATE)
+    mid = marque_id_of(token)
+    pilot = world.pilot
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        box["outcome"] = world.execute(token, "n-1", pilot=pilot)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: backends_running(world.target_dsn, "%COMMIT%") == 1,
+               "COMMIT to run the sleeping deferred trigger")
+    pg_cluster.crash()
+    thread.join(90)
+    assert box["outcome"].status == "indeterminate"
+    pg_cluster.start()
+    with psycopg.connect(world.target_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM pause")
+
+    retried = world.execute(token, "n-1", pilot=pilot)
+
+    assert (retried.status, retried.attempt, retried.replayed) == (
+        "aborted_not_applied", 1, True)
+    assert [(o["status"], o["cause"]) for o in pilot.ledger.observations(mid, "n-1")] == [
+        ("indeterminate", "execution"), ("aborted_not_applied", "reconciliation")]
+    assert reconciliations(world, mid)[-1]["cause"] == "retry"
+    assert stamp_view(world.stamps(mid)) == [("n-1", "tombstone", 1, None)]
+    again = world.execute(token, "n-1", pilot=pilot)
+    assert (again.status, again.attempt) == ("applied", 2)
+    assert world.balances() == {**START, 1: 90}
+
+
 def test_unreachable_target_keeps_attempt_indeterminate_until_it_returns(
     cluster_world: World, pg_cluster: PgCluster,
 ) -> None:

@@ -219,10 +219,7 @@ class Pilot:
                 return self._outcome(settled, replayed=True)
         claim = self._claim(marque, nonce, jti, now, forget_after)
         if not claim.fresh:
-            record = claim.record
-            if record.status is Status.IN_PROGRESS and self._owner_gone(record):
-                record = self._settle_lost(record)
-            return self._outcome(record, replayed=True)
+            return self._outcome(self._settle_known(claim.record), replayed=True)
 
         attempt = AttemptStream(self, marque.marque_id, nonce, claim.record.attempt, mine,
                                  on_event)
@@ -452,6 +449,27 @@ class Pilot:
                 f"the Pilot process that ran attempt {record.attempt} ({record.owner_process}) "
                 "died before recording an outcome")
         return None
+
+    def _settle_known(self, record: AttemptRecord, *, reconcile: bool = True) -> AttemptRecord:
+        """A nonce asked about again: settle what can be settled before answering.
+
+        * In progress, and this very process holds its target's answer unrecorded
+          (the ledger was away right after COMMIT): record it now, so the caller
+          hears what this process told the first caller, not ``in_progress``.
+        * In progress, and its owner is gone or its lease ran out: reconcile it.
+        * Indeterminate (``reconcile``): ask the target again, once — observe,
+          never resend — so a retry after an outage is answered by evidence at
+          once rather than at the background reconciler's next round.
+        """
+        key = (record.marque_id, record.nonce, record.attempt)
+        if record.status is Status.IN_PROGRESS and key in self._unrecorded:
+            self._record_unrecorded()
+            return self._current(record)
+        if record.status is Status.IN_PROGRESS and self._owner_gone(record):
+            return self._settle_lost(record)
+        if reconcile and record.status is Status.INDETERMINATE:
+            return self._reconcile(record, "retry")
+        return record
 
     def _settle_lost(self, record: AttemptRecord) -> AttemptRecord:
         """An owner died or its lease ran out: indeterminate, then evidence."""
@@ -738,8 +756,7 @@ class Pilot:
             if record is None:
                 self.outcome(marque_id, nonce)  # raises NotFound / NonceReaped
                 continue  # claimed between the two reads
-            if record.status is Status.IN_PROGRESS and self._owner_gone(record):
-                record = self._settle_lost(record)
+            record = self._settle_known(record, reconcile=False)
             outcome = self._outcome(record, replayed=True)
             events = self.ledger.events(marque_id, nonce)
             for event in events[sent:]:

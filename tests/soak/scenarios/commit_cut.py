@@ -23,6 +23,7 @@ COMMIT that reached the server is never anything else.
 from __future__ import annotations
 
 from pgproxy import MODES, PgProxy
+
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._pg import attempts_of, fresh_database, point_target
