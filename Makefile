@@ -22,6 +22,7 @@ lint: $(STAMP)
 test: lint
 	./scripts/ensure-postgres
 	./scripts/ensure-chromium
+	./scripts/ensure-faketime
 	$(BIN)/python -m pytest -q
 
 # The reliability campaign (tests/soak/README.md): `make soak` is bounded (at most 15
@@ -30,6 +31,7 @@ test: lint
 
 soak: $(STAMP)
 	./scripts/ensure-postgres
+	./scripts/ensure-faketime
 	$(BIN)/python tests/soak/run.py $(if $(FULL),--full,)
 
 # Benchmarks (bench/README.md): `make bench`, or `make bench QUICK=1` for a run under two minutes.

@@ -439,15 +439,27 @@ class Pilot:
         """
         if record.owner_process == self.processes.process_id:
             return None
-        if record.lease_expires_at < self.clock():
+        now = self.clock()
+        if record.lease_expires_at < now:
             return LeaseExpired(
                 f"the lease on attempt {record.attempt} ran out at "
                 f"{iso_time(record.lease_expires_at)} before its Pilot process recorded an "
                 "outcome")
-        if self.processes.is_dead(record.owner_process) is True:
+        dead = self.processes.is_dead(record.owner_process)
+        if dead is True:
             return OwnerGone(
                 f"the Pilot process that ran attempt {record.attempt} ({record.owner_process}) "
                 "died before recording an outcome")
+        if dead is None and record.started_at > now + self.options.skew_seconds:
+            # A lease taken "in the future" was measured by a clock ahead of this one (or
+            # this one stepped back): how much of it is left cannot be told, and an owner
+            # nobody here can see must not hold the nonce for as long as the clocks disagree.
+            # Counting it as run out is safe: reconciliation only observes (a tombstone).
+            return LeaseExpired(
+                f"the lease on attempt {record.attempt} was taken at "
+                f"{iso_time(record.started_at)}, later than this Pilot's clock reads now "
+                f"({iso_time(now)}) by more than the clock-skew allowance "
+                "(settings.skew_seconds): a clock went back, so the lease counts as run out")
         return None
 
     def _settle_known(self, record: AttemptRecord, *, reconcile: bool = True) -> AttemptRecord:
