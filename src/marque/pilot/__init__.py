@@ -37,6 +37,10 @@ def open_pilot(
     home (:mod:`marque.pilot.home`): a bad configuration or a copied home is
     refused before anything can be claimed.
 
+    A home joined to a Harbourmaster (``pilot join``) reports there too, whatever
+    opens it: its outbox entries are acknowledged only once the Harbourmaster
+    took them.
+
     ``background=True`` is for long-running Pilots: outcome reports leave the
     execution path for a reporter thread, and a reconciler thread settles
     what it can with backoff. Both stop when the Pilot is closed.
@@ -63,6 +67,13 @@ def open_pilot(
     except BaseException:
         ledger.close()
         raise
+    if config.harbour is not None:
+        # A joined Pilot's outbox is the Harbourmaster's too: every report sink attached
+        # before anything reports, or an outcome acknowledged to the logbook alone (a
+        # `marque reconcile` while the Harbourmaster is away) would never reach it.
+        from marque.pilot.harbour_link import attach_harbour
+
+        attach_harbour(pilot, config)
     if recover:
         pilot.check_continuity()
         pilot.recover()
