@@ -12,6 +12,13 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── HomeMismatch         home_mismatch         ledger opened from another home
     │   ├── LedgerNotDurable     ledger_not_durable    its engine would not keep commits
     │   ├── RequestIdInvalid     request_id_invalid
+    │   ├── EffectDeclarationInvalid effect_declaration_invalid  an Effect Set declaration
+    │   ├── EffectInputInvalid   effect_input_invalid  an Effect Set member's input relation
+    │   │   └── EffectDuplicateIdentity effect_duplicate_identity  two rows, one mutation identity
+    │   ├── EffectMaxItemsExceeded effect_max_items_exceeded  more items than max_items
+    │   ├── EffectPreviewInvalid effect_preview_invalid  a preview whose CIDs do not verify
+    │   ├── EffectReceiptInvalid effect_receipt_invalid  a receipt that breaks its closed shape
+    │   ├── ReconciliationInvalid reconciliation_invalid  a receipt that does not extend its chain
     │   ├── Unauthenticated      unauthenticated       (HTTP 401)
     │   ├── Forbidden            forbidden             (HTTP 403)
     │   ├── NotFound             not_found             (HTTP 404)
@@ -32,11 +39,13 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── AttemptsExhausted    attempts_exhausted
     │   ├── SelfApproval         self_approval
     │   ├── RevalidationFailed   revalidation_failed
+    │   │   └── ResumeRevalidationFailed resume_revalidation_failed  (a Run's resume)
     │   ├── AccountDenied        account_denied
     │   ├── AccountNoMatch       account_no_match
     │   ├── AccountConfigInvalid account_config_invalid
     │   ├── DelegationRejected   delegation_rejected
-    │   └── RequestExpired       request_expired
+    │   ├── RequestExpired       request_expired
+    │   └── EffectUnsupported    effect_unsupported    capability cannot realise the policy
     ├── NotApplied            an error received before or at COMMIT (exit 4)
     │   ├── MaxRowsExceeded      max_rows_exceeded
     │   ├── GuardFailed          guard_failed
@@ -44,7 +53,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── SerializationFailure serialization_failure
     │   ├── StatementTimeout     statement_timeout
     │   ├── TargetUnavailable    target_unavailable    nothing sent: the nonce may run again
-    │   └── PreviewFailed        preview_failed
+    │   ├── PreviewFailed        preview_failed
+    │   └── StalePreview         stale_preview         a row changed since its Effect preview
     ├── Indeterminate         nobody can say yet whether it applied (exit 5)
     │   ├── LeaseExpired         lease_expired         the owner's lease ran out, no outcome
     │   ├── OwnerGone            owner_gone            the owning process died, no outcome
@@ -144,6 +154,36 @@ class LedgerNotDurable(UsageError, code="ledger_not_durable"):
 
 class RequestIdInvalid(UsageError, code="request_id_invalid"):
     """A caller request id breaks the rules of DESIGN §11.1; nothing was stored."""
+
+
+class EffectDeclarationInvalid(UsageError, code="effect_declaration_invalid"):
+    """An Effect Set declaration breaks a rule of ``marque.effects.declare``;
+    ``detail["rule"]`` names it and ``detail["path"]`` where."""
+
+
+class EffectInputInvalid(UsageError, code="effect_input_invalid"):
+    """A member's input relation (JSON or CSV) cannot be used; ``detail["rule"]`` names why."""
+
+
+class EffectDuplicateIdentity(EffectInputInvalid, code="effect_duplicate_identity"):
+    """Two input rows carry one mutation identity: invalid, never collapsed (seed 002)."""
+
+
+class EffectMaxItemsExceeded(UsageError, code="effect_max_items_exceeded"):
+    """A member's items, counted as seed 002 says, exceed its ``max_items``."""
+
+
+class EffectPreviewInvalid(UsageError, code="effect_preview_invalid"):
+    """A transported Effect preview is malformed, or one of its CIDs or keys does not verify."""
+
+
+class EffectReceiptInvalid(UsageError, code="effect_receipt_invalid"):
+    """A member or set receipt breaks its closed shape or disagrees with what it references."""
+
+
+class ReconciliationInvalid(UsageError, code="reconciliation_invalid"):
+    """A reconciliation receipt breaks its closed fields, names other bindings than its
+    unknown row, or does not extend the latest receipt of that row's chain."""
 
 
 class Unauthenticated(UsageError, code="unauthenticated"):
@@ -259,6 +299,19 @@ class RequestExpired(Refusal, code="request_expired"):
     pass
 
 
+class ResumeRevalidationFailed(RevalidationFailed, code="resume_revalidation_failed"):
+    """A Run's bound authorization context or environment no longer revalidates at resume
+    (seed 002's ``ACTQL_E_RESUME_REVALIDATION_FAILED``): its continuation was not dispatched."""
+
+    #: The seed's ``terminal_error.code`` for this failure.
+    actql_code: ClassVar[str] = "ACTQL_E_RESUME_REVALIDATION_FAILED"
+
+
+class EffectUnsupported(Refusal, code="effect_unsupported"):
+    """The connector's capability evidence cannot realise an Effect member's failure policy
+    exactly (seed 002): apply is refused, never approximated; no row was dispatched."""
+
+
 # -- provably not applied -----------------------------------------------------
 
 
@@ -294,6 +347,11 @@ class TargetUnavailable(NotApplied, code="target_unavailable"):
 
 class PreviewFailed(NotApplied, code="preview_failed"):
     pass
+
+
+class StalePreview(NotApplied, code="stale_preview"):
+    """Apply admission found a row guard that no longer matches its Effect preview (or no
+    evidence for it): every preview row stays unattempted (seed 002)."""
 
 
 # -- not known yet --------------------------------------------------------------
