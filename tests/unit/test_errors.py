@@ -26,6 +26,11 @@ OWN_CODES = {
     "home_mismatch": 2, "ledger_not_durable": 2, "nonce_reaped": 2, "ledger_corrupt": 7,
     "owner_gone": 5, "pilot_lost": 5,
     "logbook_broken": 1,
+    # Effect Sets (docs/effects.md)
+    "effect_declaration_invalid": 2, "effect_input_invalid": 2, "effect_duplicate_identity": 2,
+    "effect_max_items_exceeded": 2, "effect_preview_invalid": 2, "effect_receipt_invalid": 2,
+    "reconciliation_invalid": 2, "resume_revalidation_failed": 3, "effect_unsupported": 3,
+    "stale_preview": 4,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400}
