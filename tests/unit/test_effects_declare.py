@@ -220,7 +220,8 @@ def test_item_limits_count_as_the_seed_says(kind: str, extra: dict[str, Any], da
         _bind([_member(max_items=2, **fields)], {"fix": (data, "csv")})
     assert caught.value.detail == {"count": 3, "max_items": 2, "counted_as": counted,
                                    "effect_id": "fix"}
-    assert _bind([_member(max_items=3, **fields)], {"fix": (data, "csv")}).members[0].item_count == 3
+    bound = _bind([_member(max_items=3, **fields)], {"fix": (data, "csv")})
+    assert bound.members[0].item_count == 3
 
 
 def test_identical_create_rows_are_distinct_occurrences_not_duplicates() -> None:
@@ -232,7 +233,7 @@ def test_identical_create_rows_are_distinct_occurrences_not_duplicates() -> None
 
 
 def test_keyed_rows_are_in_canonical_target_identity_order() -> None:
-    """Integer keys order numerically, string keys by UTF-16 code units, whatever the input order."""
+    """Integer keys order numerically, string keys by UTF-16 code units, whatever the input."""
     ints = _bind([_member()], {"fix": (b'[{"id": 10, "e": "a"}, {"id": 2, "e": "b"}]', "json")})
     assert [dict(i.row_or_item_key) for i in ints.members[0].items] == [{"id": 2}, {"id": 10}]
     strs = _bind([_member()], {"fix": ("id,e\n\ue000,a\n😀,b\nb,c\n".encode(), "csv")})
