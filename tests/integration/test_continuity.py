@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from marque.errors import LedgerUnavailable, WrongIncarnation
+from marque.errors import WrongIncarnation
 from marque.pilot import open_pilot
 
-from .conftest import Env, marque_id_of
+from .conftest import Env
 
 DEBIT_1 = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 
@@ -43,10 +43,10 @@ def _restore(env: Env, where: Path) -> None:
 
 
 def test_a_restored_ledger_is_caught_once_an_unreachable_target_is_back(env: Env) -> None:
-    """Restored while the bank was away: the Pilot starts, refuses the bank's marques as
-    ledger_unavailable (nothing claimed) while it is away, and once it is back the first
-    execution finds the unknown stamp, rotates, and the old marque is wrong_incarnation —
-    its budget is never spent a third time."""
+    """Restored while the bank was away: the Pilot starts; while the bank is away an
+    execution on it sends it nothing (aborted_not_applied, target_unavailable, naming why),
+    and once it is back the first execution finds the unknown stamp, rotates, and the old
+    marque is wrong_incarnation — its change never applies a third time."""
     token = env.issue([DEBIT_1], executions=2)
     assert env.run(token, "n-1").status == "applied"
     old = env.pilot.incarnation
@@ -62,10 +62,10 @@ def test_a_restored_ledger_is_caught_once_an_unreachable_target_is_back(env: Env
     env.pilot = open_pilot(env.home)  # the bank cannot vouch: unchecked, not trusted
     assert env.pilot.incarnation == old
     assert env.pilot.continuity_unchecked == {"bank"}
-    with pytest.raises(LedgerUnavailable) as waiting:
-        env.run(token, "n-3")
-    assert waiting.value.detail["reason"] == "continuity_unchecked"
-    assert env.pilot.ledger.attempts(marque_id_of(token), "n-3") == []
+    waiting = env.run(token, "n-3")
+    assert (waiting.status, waiting.attempt) == ("aborted_not_applied", 1)
+    assert waiting.error is not None and waiting.error["code"] == "target_unavailable"
+    assert "nothing was sent to the target" in waiting.error["message"]
 
     away.rename(env.bank_path)
     with pytest.raises(WrongIncarnation):

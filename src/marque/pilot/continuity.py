@@ -5,11 +5,14 @@ attempts. The stamps the targets hold for this incarnation remember them, so a
 stamp the ledger does not know means the ledger went back in time.
 
 A target that cannot be read at start cannot vouch either way, so it is not
-taken on trust: it stays *unchecked* (``Pilot.continuity_unchecked``) and
-every execution on it first checks it again (:func:`ensure_continuity`) —
-refused as ``ledger_unavailable``, nothing claimed, while it still cannot be
-read. Otherwise a ledger restored while a target was down would spend, once
-the target is back, budget the target's stamps say was already spent.
+taken on trust: it stays *unchecked* (``Pilot.continuity_unchecked``, with
+the error that kept it so) and every execution on it first checks it again
+(:func:`ensure_continuity`). While it still cannot be read, the execution
+sends it nothing: the attempt is claimed and ends ``aborted_not_applied``
+with that error (``target_unavailable``: the same nonce runs again as its
+next attempt, as for a target that refuses the connection, DESIGN §9).
+Otherwise a ledger restored while a target was down would spend, once the
+target is back, budget the target's stamps say was already spent.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from marque.errors import LedgerUnavailable
+from marque.errors import MarqueError, TargetUnavailable
 
 if TYPE_CHECKING:
     from marque.pilot.core import Pilot
@@ -47,10 +50,13 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
             continue
         try:
             stamps = target.stamps(pilot.incarnation, live_after)
-        except Exception:  # an unreachable target cannot vouch either way: asked again later
+        except Exception as exc:  # an unreachable target cannot vouch either way: asked again
             unchecked.append(name)
+            pilot.continuity_errors[name] = exc if isinstance(exc, MarqueError) else \
+                TargetUnavailable(f"target {name}'s stamps could not be read: {exc}")
             continue
         checked.append(name)
+        pilot.continuity_errors.pop(name, None)
         for stamp in stamps:
             if not _knows(pilot, stamp):
                 unknown.append({"target": name, **stamp})
@@ -60,6 +66,7 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
     old = pilot.incarnation
     new = pilot.ledger.rotate_incarnation(pilot.clock())
     pilot.continuity_unchecked = set()
+    pilot.continuity_errors.clear()
     finding = {"finding": "ledger_regressed", "old_incarnation": old,
                "new_incarnation": new, "pilot_id": pilot.pilot_id,
                "unknown_stamps": unknown, "unchecked_targets": unchecked}
@@ -72,19 +79,31 @@ def ensure_continuity(pilot: Pilot, target: str) -> None:
     """Before a claim on ``target``: if its stamps were never read since start, read them now.
 
     A rotation that follows makes the marque at hand ``wrong_incarnation``
-    (the caller checks the marque again); a target that still cannot be read
-    is ``LedgerUnavailable`` — nothing claimed, the same nonce safe to retry.
+    (the caller checks the marque again). A target that still cannot be read
+    stays unchecked: :func:`unreadable` then says why, and the execution sends
+    it nothing.
     """
     with pilot.continuity_lock:
         if target in pilot.continuity_unchecked:
             check_continuity(pilot, only=(target,))
-    if target in pilot.continuity_unchecked:
-        raise LedgerUnavailable(
-            f"this Pilot could not read target {target}'s stamps since it started, so it cannot "
-            "tell whether its ledger was restored from an older copy (DESIGN §5); executions "
-            f"on {target} wait until they can be read. Nothing was claimed: retry with the same "
-            "nonce once the target is reachable",
-            detail={"target": target, "reason": "continuity_unchecked"})
+
+
+def unreadable(pilot: Pilot, target: str) -> MarqueError | None:
+    """Why an execution on ``target`` must send it nothing now, or None if it may go on.
+
+    The error is the target's own (its host and port, or its file), with the
+    reason added: its stamps are unread since start, so whether the ledger
+    went back in time is not known yet (DESIGN §5).
+    """
+    if target not in pilot.continuity_unchecked:
+        return None
+    cause = pilot.continuity_errors.get(target)
+    why = cause.message if cause is not None else f"target {target} could not be read"
+    return TargetUnavailable(
+        f"{why}. Its stamps are unread since this Pilot started, so it cannot tell yet "
+        "whether its ledger was restored from an older copy: nothing was sent to the target. "
+        "The same nonce runs again once the target is reachable",
+        detail={"target": target, "reason": "continuity_unchecked"})
 
 
 def _knows(pilot: Pilot, stamp: dict[str, Any]) -> bool:

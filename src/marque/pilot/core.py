@@ -33,7 +33,7 @@ from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
-from marque.pilot.continuity import ensure_continuity
+from marque.pilot.continuity import ensure_continuity, unreadable
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
 from marque.target import Evidence, StampConflict, Target, TargetAttempt
@@ -120,8 +120,9 @@ class Pilot:
         self._inflight_lock = threading.Lock()
         #: Observations the ledger could not record, by attempt, with their events.
         self._unrecorded: dict[tuple[str, str, int], tuple[Observation, list[dict[str, Any]]]] = {}
-        #: Targets whose stamps the continuity check could not read yet (DESIGN §5).
+        #: Targets whose stamps the continuity check could not read yet (DESIGN §5), and why.
         self.continuity_unchecked: set[str] = set()
+        self.continuity_errors: dict[str, MarqueError] = {}
         self.continuity_lock = threading.Lock()
 
     @property
@@ -228,7 +229,13 @@ class Pilot:
                      **self._skew_used(marque, now))
         crash_point("after_claim")
         target_attempt = self._target_attempt(marque, nonce, claim.record.attempt)
-        observation = self._observe_target(target_attempt, claim.record, attempt)
+        unchecked = unreadable(self, marque.target)
+        if unchecked is not None:  # nothing is sent to a target whose stamps are unread
+            attempt.emit("rolled_back", error=unchecked.to_dict())
+            observation = Observation(target_attempt, Status.ABORTED_NOT_APPLIED,
+                                      error=unchecked.to_dict())
+        else:
+            observation = self._observe_target(target_attempt, claim.record, attempt)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)

@@ -15,7 +15,8 @@ checked on its own and a failing seed replays one case at a time.
   its ledger forgot, rotate to a new incarnation and record the finding;
   every old marque is then refused, so no budget is spent twice. In the
   ``target_away`` variant the target is unreachable while the Pilot starts:
-  executions on it must wait (``ledger_unavailable``, nothing claimed) and
+  executions on it must send it nothing (``aborted_not_applied`` with
+  ``target_unavailable``: the nonce runs again later) and
   the first one after it is back must catch the old copy.
 
 The shared checker holds the ledger as the truth, which a lost ledger is
@@ -174,7 +175,10 @@ def _restored(ctx: RunContext, index: int, figures: dict[str, float]) -> Case:
             if health(pilot.url)["incarnation"] != old:
                 case.violations.append(f"{case.label}: rotated with its target unreadable")
             answer = case.call(pilot, budget, "n-3", phase="target_away")
-            case.expect(answer, budget, "n-3", "ledger_unavailable")
+            case.expect(answer, budget, "n-3", "aborted_not_applied")
+            if answer.code != "target_unavailable":
+                case.violations.append(f"{case.label}: the unread target's execution said "
+                                       f"{answer.code}, not target_unavailable")
             away.rename(target)
             # The first execution on the target, now readable, must catch the old copy.
             case.expect(case.call(pilot, budget, "n-3", phase="after_loss"), budget, "n-3",
