@@ -3,6 +3,7 @@
     python tests/soak/run.py                  # the bounded run (make soak)
     python tests/soak/run.py --full           # the matrix's counts (make soak FULL=1)
     python tests/soak/run.py --only sigkill --seed 1234 --count 40   # re-run one row
+    python tests/soak/run.py --table soak-results/…/results.json      # its Markdown table
 
 Each row works in ``--out`` (default ``soak-results/<UTC time>/<row name>/``)
 and leaves its history there (``history.jsonl``). ``results.json`` holds every
@@ -69,6 +70,18 @@ def p99(values: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
 
 
+def table(results: dict[str, Any]) -> str:
+    """The Markdown table of a results.json (as docs/reliability.md shows it)."""
+    lines = ["| # | row | cases | violations | seconds | p99 to resolve an unknown |",
+             "|---|---|---:|---:|---:|---:|"]
+    for row in sorted(results["rows"], key=lambda r: (r["row"], r["name"])):
+        slowest = row.get("p99_resolve_seconds")
+        lines.append(f"| {row['row']} | `{row['name']}` | {row['cases']:,} | "
+                     f"{len(row['violations'])} | {row['figures'].get('seconds', '')} | "
+                     + (f"{slowest:.3f} s" if slowest is not None else "—") + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the fault matrix's full counts")
@@ -76,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the seed (default: random)")
     parser.add_argument("--count", type=int, default=None, help="cases per row")
     parser.add_argument("--out", type=Path, default=None, help="where histories go")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="print the Markdown table of a results.json, and run nothing")
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return 0
 
     rows = load_scenarios()
     if args.only:
