@@ -179,7 +179,7 @@ def test_capability_must_realise_the_policy_exactly(policy: FailurePolicy,
     """continue needs per-item outcomes; halt also needs request order; else unsupported."""
     base = SQL_ROW_CAPABILITY.to_json()
     base.pop("version")
-    capability = Capability(**{**base, **fields})  # type: ignore[arg-type]
+    capability = Capability(**{**base, **fields})
     if supported:
         check_capability(policy, capability)
     else:
