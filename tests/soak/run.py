@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = args.out or Path("soak-results") / stamp
+    if out.exists() and any(out.iterdir()):
+        # A row's world must be its own: an old world under it would be checked as this run's.
+        print(f"{out} is not empty: give --out a new directory", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
 
     cluster = None

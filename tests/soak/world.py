@@ -167,7 +167,10 @@ class PilotProcess:
         reader.start()
         reader.join(START_SECONDS)
         if not got or not got[0]:
-            status = self.proc.poll()
+            try:  # it closed its stdout: it is dying, or dead; its status says how
+                status: int | None = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                status = None
             self.kill()
             raise DiedAtStart(status, self.log.read_text())
         return str(json.loads(got[0])["url"])
