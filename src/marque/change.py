@@ -1,5 +1,10 @@
 """The approved work a marque carries: its statements, guards, isolation and budget.
 
+A marque approves either statements (:class:`Change`) or one Effect Set preview
+(:class:`EffectSetChange`, DESIGN §7): the latter names only the preview's
+``effect_preview_cid``, whose content the Pilot holds in its ledger.
+:func:`change_from_claim` reads either from a token's ``change`` claim.
+
 A :class:`Change` is exactly what approval signed — statements with their
 parameters, optional guards, an isolation level, a statement timeout and, for
 a change approved as a read, ``access: "read_only"`` — and its ``change_cid``
@@ -13,14 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from marque.cid import MAX_SAFE_INT, cid
 from marque.errors import InvalidInput, MarqueError, MarqueInvalid
 from marque.sqltext import SqlTextError, check_statement
 
 __all__ = ["ISOLATION_LEVELS", "GUARD_WHEN", "ACCESS_MODES", "READ_ONLY", "Budget", "Statement",
-           "Guard", "Change", "is_json_int"]
+           "Guard", "Change", "EffectSetChange", "AnyChange", "change_from_claim", "is_json_int"]
 
 #: Isolation levels a change may ask for.
 ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
@@ -310,3 +315,67 @@ def _check_access(value: Any, error: type[MarqueError]) -> None:
         return
     if not isinstance(value, str) or value not in ACCESS_MODES:
         raise error(f"change.access must be {READ_ONLY!r} or absent, got {value!r}")
+
+
+_EFFECT_CHANGE_KEYS = frozenset({"effect_preview_cid", "change_cid"})
+
+
+@dataclass(frozen=True)
+class EffectSetChange:
+    """An approved Effect Set (DESIGN §7): exactly the preview named by ``effect_preview_cid``.
+
+    The claim is ``{effect_preview_cid, change_cid}``, ``change_cid`` being the
+    CID of the claim without it (DESIGN §8), as for a statement change. The
+    preview itself (every row's before and after, the row keys) is content
+    addressed in the Pilot's ledger; the Pilot refuses a marque whose preview it
+    does not hold. The statement-change attributes the execution path reads
+    have their neutral values: no statements, no guards, read-write.
+    """
+
+    effect_preview_cid: str
+    _cid: str = field(init=False, repr=False, compare=False)
+
+    #: An Effect Set never asks for another statement timeout than the Pilot's.
+    statement_timeout_ms: ClassVar[None] = None
+    access: ClassVar[None] = None
+    read_only: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        from marque.cid import is_cid
+
+        if not isinstance(self.effect_preview_cid, str) or not is_cid(self.effect_preview_cid):
+            raise InvalidInput("effect_preview_cid must be a CID (sha256: and 64 hex digits)")
+        object.__setattr__(self, "_cid", cid({"effect_preview_cid": self.effect_preview_cid}))
+
+    @property
+    def change_cid(self) -> str:
+        """``cid({effect_preview_cid})`` — what approval signs."""
+        return self._cid
+
+    def to_claim(self) -> dict[str, Any]:
+        """The ``change`` claim: ``{effect_preview_cid, change_cid}``."""
+        return {"effect_preview_cid": self.effect_preview_cid, "change_cid": self._cid}
+
+    @classmethod
+    def from_claim(cls, data: Any) -> EffectSetChange:
+        """Read an Effect Set ``change`` claim strictly (:class:`MarqueInvalid` otherwise)."""
+        data = _check_keys(data, _EFFECT_CHANGE_KEYS, "change")
+        try:
+            change = cls(data["effect_preview_cid"])
+        except InvalidInput as exc:
+            raise MarqueInvalid(f"change: {exc.message}") from exc
+        if data["change_cid"] != change.change_cid:
+            raise MarqueInvalid("change_cid does not match the change it names")
+        return change
+
+
+#: What a marque's ``change`` claim may hold.
+AnyChange = Change | EffectSetChange
+
+
+def change_from_claim(data: Any) -> AnyChange:
+    """A statement :class:`Change` or an :class:`EffectSetChange`, by the claim's shape
+    (an Effect Set names ``effect_preview_cid``; a statement change has ``statements``)."""
+    if isinstance(data, dict) and "effect_preview_cid" in data:
+        return EffectSetChange.from_claim(data)
+    return Change.from_claim(data)

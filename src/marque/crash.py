@@ -13,7 +13,9 @@ and the target can tell. The points, in the order an execution passes them
 ``after_stamp``              the stamp is inserted (fence checked), no statement run yet
 ``after_statement``          a statement ran (each one passes here), not yet asserted
 ``before_commit``            statements ran and asserted, COMMIT not yet sent
-``after_commit``             the target committed, the ledger does not know yet
+``after_commit``             the target committed, the ledger does not know yet (an Effect
+                             Set passes it once per row: its row and row stamp committed,
+                             the dispatch ledger not yet told — ``@n`` stops after row n)
 ``after_outcome_recorded``   the ledger holds the outcome, it is not yet reported
 ``before_report_ack``        reports delivered (logbook, Harbourmaster), the outbox not yet
                              acknowledged

@@ -19,6 +19,7 @@ from typing import Any
 
 from marque.change import Change, is_json_int
 from marque.cid import MAX_SAFE_INT
+from marque.effects.request import EffectPreviewRequest
 from marque.errors import (
     InvalidInput,
     MarqueExpired,
@@ -83,7 +84,8 @@ class PreviewToken:
     pilot_id: str
     incarnation: str
     target: str
-    change: Change
+    #: Statements to run and roll back, or an Effect Set to preview.
+    change: Change | EffectPreviewRequest
     sample_rows: int
     max_rows: int | None
 
@@ -123,7 +125,7 @@ def issue_preview_token(
     pilot_id: str,
     incarnation: str,
     target: str,
-    change: Change,
+    change: Change | EffectPreviewRequest,
     sample_rows: int = 10,
     max_rows: int | None = None,
     ttl_seconds: int = MAX_SHORT_TOKEN_SECONDS,
@@ -131,12 +133,13 @@ def issue_preview_token(
     now: float | None = None,
     jti: str | None = None,
 ) -> str:
-    """Sign a preview token (``typ`` marque-preview+jwt) asking a Pilot to preview ``change``."""
+    """Sign a preview token (``typ`` marque-preview+jwt) asking a Pilot to preview ``change``
+    (statements, or an Effect Set's :class:`~marque.effects.request.EffectPreviewRequest`)."""
     for name, value in (("pilot_id", pilot_id), ("incarnation", incarnation),
                         ("target", target), ("issuer", issuer)):
         _nonempty_str(value, name, InvalidInput)
-    if not isinstance(change, Change):
-        raise InvalidInput("change must be a Change")
+    if not isinstance(change, Change | EffectPreviewRequest):
+        raise InvalidInput("change must be a Change or an EffectPreviewRequest")
     if not is_json_int(sample_rows) or not 0 <= sample_rows <= MAX_SAMPLE_ROWS:
         raise InvalidInput(f"sample_rows must be 0..{MAX_SAMPLE_ROWS}")
     if max_rows is not None and (not is_json_int(max_rows) or max_rows < 0):
@@ -244,7 +247,11 @@ def verify_preview_token(
     claims = _read_short(token, trusted, PREVIEW_TYP, what, _PREVIEW_CLAIMS)
     pilot = _object_claim(claims["pilot"], "pilot", ("id", "incarnation"))
     target = _nonempty_str(claims["target"], f"{what} claim target", MarqueInvalid)
-    change = Change.from_claim(claims["change"])
+    raw_change = claims["change"]
+    change: Change | EffectPreviewRequest = (
+        EffectPreviewRequest.from_claim(raw_change)
+        if isinstance(raw_change, dict) and "effect_set" in raw_change
+        else Change.from_claim(raw_change))
     sample_rows = claims["sample_rows"]
     if not is_json_int(sample_rows) or not 0 <= sample_rows <= MAX_SAMPLE_ROWS:
         raise MarqueInvalid(f"{what} claim sample_rows must be 0..{MAX_SAMPLE_ROWS}")

@@ -50,10 +50,13 @@ from joserfc.jwk import import_key as _import_jwk
 from marque.change import (
     GUARD_WHEN,
     ISOLATION_LEVELS,
+    AnyChange,
     Budget,
     Change,
+    EffectSetChange,
     Guard,
     Statement,
+    change_from_claim,
     is_json_int,
 )
 from marque.cid import MAX_SAFE_INT, canonicalize
@@ -167,7 +170,7 @@ class Marque:
     target: str
     jkt: str
     budget: Budget
-    change: Change
+    change: AnyChange
     kid: str
 
     @property
@@ -476,7 +479,7 @@ def issue_marque(
     incarnation: str,
     target: str,
     holder_jwk: dict[str, Any],
-    change: Change,
+    change: AnyChange,
     budget: Budget,
     ttl_seconds: int,
     subject: str = "local",
@@ -508,8 +511,8 @@ def issue_marque(
         ("issuer", issuer),
     ):
         _nonempty_str(value, name, InvalidInput)
-    if not isinstance(change, Change):
-        raise InvalidInput("change must be a Change")
+    if not isinstance(change, Change | EffectSetChange):
+        raise InvalidInput("change must be a Change or an EffectSetChange")
     if not isinstance(budget, Budget):
         raise InvalidInput("budget must be a Budget")
     if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
@@ -619,7 +622,7 @@ def read_marque(token: str, trusted: TrustedKeys) -> Marque:
     target = _nonempty_str(claims["target"], "claim target", MarqueInvalid)
     jkt = _object_claim(claims["cnf"], "cnf", ("jkt",))["jkt"]
     budget = Budget.from_claim(claims["budget"])
-    change = Change.from_claim(claims["change"])
+    change = change_from_claim(claims["change"])
 
     return Marque(
         token=token,

@@ -18,6 +18,7 @@ import click
 from marque import __version__
 from marque.cli.common import CommandExit, emit_json, printable
 from marque.cli.control import COMMANDS as CONTROL_COMMANDS
+from marque.cli.effects import effects
 from marque.cli.execution import exec_, outcome_, reconcile
 from marque.cli.harbour import harbour
 from marque.cli.harbour_serve import harbour_serve  # noqa: F401 - registers `harbour serve`
@@ -47,7 +48,7 @@ def demo(as_json: bool) -> None:
     raise CommandExit(run_demo(as_json=as_json))
 
 
-for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, ledger,
+for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, effects, ledger,
                  logbook, *CONTROL_COMMANDS):
     app.add_command(_command)
 

@@ -37,9 +37,13 @@ ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
 @click.option("--target", required=True, help="The target's name as the Pilot knows it.")
 @click.option("--holder-key", type=click.Path(path_type=Path), required=True,
               help="The holder's public JWK file: only that key can execute the marque.")
-@click.option("--sql", "sql", multiple=True, required=True,
+@click.option("--sql", "sql", multiple=True,
               help="One approved statement; repeat for more (run in order, in one "
-                   "transaction). SQLite uses ? placeholders, PostgreSQL %s.")
+                   "transaction). SQLite uses ? placeholders, PostgreSQL %s. Not with "
+                   "--effects-preview.")
+@click.option("--effects-preview", "effects_preview", default=None, metavar="CID",
+              help="Approve an Effect Set instead of statements: the effect_preview_cid "
+                   "`marque effects preview` printed (the Pilot holds the preview).")
 @click.option("--param", "param", multiple=True,
               help="A JSON array of parameters for the n-th --sql (in order).")
 @click.option("--executions", type=int, required=True,
@@ -61,21 +65,28 @@ ISOLATION_LEVELS = ("read_committed", "repeatable_read", "serializable")
 @json_option
 @guarded
 def issue(issuer_key: Path, pilot_id: str, incarnation: str, target: str, holder_key: Path,
-          sql: tuple[str, ...], param: tuple[str, ...], executions: int, max_rows: int,
-          attempts: int, ttl: str, subject: str, isolation: str,
-          statement_timeout: str | None, as_json: bool) -> None:
-    """Issue a marque (compact JWS) for the given statements.
+          sql: tuple[str, ...], effects_preview: str | None, param: tuple[str, ...],
+          executions: int, max_rows: int, attempts: int, ttl: str, subject: str,
+          isolation: str, statement_timeout: str | None, as_json: bool) -> None:
+    """Issue a marque (compact JWS) for the given statements, or for an Effect Set preview.
 
     Prints the token on stdout; with --json, {marque, marque_id, change_cid,
     expires_at, not_before, pilot, target}.
     """
-    from marque.change import Budget, Change, Statement
+    from marque.change import AnyChange, Budget, Change, EffectSetChange, Statement
     from marque.token import issue_marque, unverified_claims
 
     if not _INCARNATION.fullmatch(incarnation):
         raise InvalidInput(
             "--incarnation must be the Pilot's ledger incarnation exactly as `marque pilot "
             "init` or `marque pilot show` prints it (inc_ followed by 32 hex digits)")
+    if bool(sql) == (effects_preview is not None):
+        raise InvalidInput("give --sql (one or more statements) or --effects-preview CID, "
+                           "not both and not neither")
+    if effects_preview is not None and (param or statement_timeout is not None
+                                        or isolation != "read_committed"):
+        raise InvalidInput("--param, --isolation and --statement-timeout are for --sql; an "
+                           "Effect Set runs each row in its own transaction")
     if len(param) > len(sql):
         raise InvalidInput(f"{len(param)} --param given for {len(sql)} --sql")
     statements = []
@@ -90,8 +101,13 @@ def issue(issuer_key: Path, pilot_id: str, incarnation: str, target: str, holder
                 raise InvalidInput(f"--param {index + 1} must be a JSON array")
         statements.append(Statement(text, tuple(values)))
     timeout_ms = None if statement_timeout is None else parse_duration(statement_timeout) * 1000
-    change = Change(tuple(statements), isolation=isolation, statement_timeout_ms=timeout_ms)
-    Change.from_claim(change.to_claim())  # the Pilot's own validation, before signing
+    change: AnyChange
+    if effects_preview is not None:
+        change = EffectSetChange(effects_preview)
+        EffectSetChange.from_claim(change.to_claim())
+    else:
+        change = Change(tuple(statements), isolation=isolation, statement_timeout_ms=timeout_ms)
+        Change.from_claim(change.to_claim())  # the Pilot's own validation, before signing
     budget = Budget(executions, max_rows, attempts)
     Budget.from_claim(budget.to_claim())
     token = issue_marque(

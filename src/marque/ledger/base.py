@@ -273,6 +273,46 @@ class Ledger(abc.ABC):
         move is recorded in the ledger's meta rows.
         """
 
+    # -- Effect Sets (DESIGN §7; ledger/effects.py) ------------------------------------
+
+    @abc.abstractmethod
+    def store_effect_preview(self, effect_preview_cid: str, target: str,
+                             body: dict[str, Any], now: float) -> dict[str, Any]:
+        """Keep a preview under its CID; returns the stored one (the first of that CID)."""
+
+    @abc.abstractmethod
+    def effect_preview(self, effect_preview_cid: str) -> dict[str, Any] | None:
+        """The stored preview of that CID, or None."""
+
+    @abc.abstractmethod
+    def effect_begin(self, marque_id: str, nonce: str, effect_preview_cid: str,
+                     authorization: dict[str, Any], rows: list[tuple[int, int, Any]],
+                     now: float) -> bool:
+        """Reserve an execution's rows as ``prepared``; False if reserved before."""
+
+    @abc.abstractmethod
+    def effect_run(self, marque_id: str, nonce: str) -> dict[str, Any] | None:
+        """``{effect_preview_cid, authorization}`` of an Effect Set execution, or None."""
+
+    @abc.abstractmethod
+    def effect_rows(self, marque_id: str, nonce: str) -> list[Any]:
+        """Every dispatch row of an execution (``DispatchRow``), in dispatch order."""
+
+    @abc.abstractmethod
+    def effect_move(self, marque_id: str, nonce: str, before: Any, after: Any, *, now: float,
+                    outcome: dict[str, Any] | None = None,
+                    outcome_receipt: dict[str, Any] | None = None) -> bool:
+        """Compare-and-set one dispatch row from ``before`` to ``after``; False if moved."""
+
+    @abc.abstractmethod
+    def effect_put_receipt(self, marque_id: str, nonce: str, kind: str, subject: str,
+                           body: dict[str, Any], now: float) -> bool:
+        """Keep an immutable receipt; False for a redelivery, ``Conflict`` for another body."""
+
+    @abc.abstractmethod
+    def effect_receipts(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
+        """Every receipt of an execution, ``{kind, subject, body}``, oldest first."""
+
     @abc.abstractmethod
     def durability(self) -> Durability:
         """What the engine says about the durability of this ledger's commits (read, never set)."""

@@ -32,6 +32,7 @@ from marque.ledger.base import (
     Ledger,
     OutboxEntry,
 )
+from marque.ledger.effects import EFFECT_MIGRATION, EffectLedger
 from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
 from marque.outcome import SETTLED_RANK, Status
@@ -131,6 +132,9 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts RENAME COLUMN owner_run TO owner_process",
         "ALTER TABLE observations RENAME COLUMN source TO cause",
     ],
+    # 4: Effect Sets (DESIGN §7): previews by CID, the per-row dispatch ledger and its
+    # receipts (ledger/effects.py). New tables only.
+    EFFECT_MIGRATION,
 ]
 
 _ATTEMPT_COLUMNS = (
@@ -183,10 +187,11 @@ def _record(row: tuple[Any, ...]) -> AttemptRecord:
     )
 
 
-class SqlLedger(Housekeeping, Ledger):
+class SqlLedger(Housekeeping, EffectLedger, Ledger):
     """The ledger's behaviour over any engine that provides :meth:`transaction`.
 
-    Reaping and stats come from :class:`~marque.ledger.housekeeping.Housekeeping`.
+    Reaping and stats come from :class:`~marque.ledger.housekeeping.Housekeeping`;
+    the Effect Set tables from :class:`~marque.ledger.effects.EffectLedger`.
     """
 
     def __init__(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from marque.change import Change, EffectSetChange
 from marque.crash import crash_point
 from marque.errors import (
     Indeterminate,
@@ -218,6 +219,10 @@ class Pilot:
             settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
             if settled is not None:
                 return self._outcome(settled, replayed=True)
+        if isinstance(marque.change, EffectSetChange):
+            from marque.pilot.effects import admit
+
+            admit(self, marque)  # before the claim: a refusal here claims nothing
         claim = self._claim(marque, nonce, jti, now, forget_after)
         if not claim.fresh:
             return self._outcome(self._settle_known(claim.record), replayed=True)
@@ -228,13 +233,17 @@ class Pilot:
                      lease_expires_at=claim.record.lease_expires_at,
                      **self._skew_used(marque, now))
         crash_point("after_claim")
-        target_attempt = self._target_attempt(marque, nonce, claim.record.attempt)
         unchecked = unreadable(self, marque.target)
         if unchecked is not None:  # nothing is sent to a target whose stamps are unread
             attempt.emit("rolled_back", error=unchecked.to_dict())
-            observation = Observation(target_attempt, Status.ABORTED_NOT_APPLIED,
-                                      error=unchecked.to_dict())
+            observation = Observation(self._target_attempt(marque, nonce, claim.record.attempt),
+                                      Status.ABORTED_NOT_APPLIED, error=unchecked.to_dict())
+        elif isinstance(marque.change, EffectSetChange):
+            from marque.pilot.effects import apply_claimed
+
+            observation = apply_claimed(self, marque, nonce, claim.record, attempt)
         else:
+            target_attempt = self._target_attempt(marque, nonce, claim.record.attempt)
             observation = self._observe_target(target_attempt, claim.record, attempt)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
@@ -297,7 +306,7 @@ class Pilot:
             number=attempt,
             pilot_id=self.pilot_id,
             incarnation=self.incarnation,
-            change=marque.change,
+            change=marque.change if isinstance(marque.change, Change) else None,
             max_rows=marque.budget.max_rows,
             statement_timeout_ms=self._statement_timeout_ms(marque),
             expires_at=float(marque.expires_at),
@@ -529,6 +538,11 @@ class Pilot:
         if current.status.settled:
             # Someone settled it since our snapshot: nothing for us to add.
             return current
+        if self.ledger.effect_run(record.marque_id, record.nonce) is not None:
+            # An Effect Set's evidence is its row stamps, never a stamp of the nonce.
+            from marque.pilot.effects import reconcile_effects
+
+            return reconcile_effects(self, current, cause)
         found = known or self._run_for(record)
         if found is None:
             evidence = Evidence(Status.INDETERMINATE,
@@ -691,6 +705,32 @@ class Pilot:
             self.ledger.outbox_ack_all(pending, self.clock())
             if len(pending) < REPORT_BATCH:
                 return True
+
+    # -- Effect Sets (pilot/effects.py) --------------------------------------------
+
+    def preview_effects(self, request: Any, target: str) -> Any:
+        """Preview an :class:`~marque.effects.request.EffectPreviewRequest` on ``target``:
+        the rows read from it, the preview built and stored in the ledger by its
+        ``effect_preview_cid`` (an :class:`~marque.effects.preview.EffectPreview`).
+        Nothing is claimed, stamped or spent."""
+        from marque.pilot.effects import preview_effects
+
+        return preview_effects(self, request, target)
+
+    def settle(self, marque_id: str, nonce: str) -> Outcome:
+        """Settle one nonce by evidence now (observe, never resend), as a retry of it would:
+        a dead owner's attempt, or an indeterminate one, is reconciled; returns the outcome.
+        ``NotFound`` / ``NonceReaped`` for a nonce never claimed here."""
+        record = self.ledger.outcome(marque_id, nonce)
+        if record is None:
+            return self.outcome(marque_id, nonce)  # raises NotFound / NonceReaped
+        return self._outcome(self._settle_known(record), replayed=True)
+
+    def effect_receipts(self, marque_id: str, nonce: str) -> dict[str, Any]:
+        """Every receipt and dispatch row of one Effect Set execution (read-only)."""
+        from marque.pilot.effects import execution_receipts
+
+        return execution_receipts(self, marque_id, nonce)
 
     # -- reading ------------------------------------------------------------------
 

@@ -8,6 +8,12 @@ giving the exact rows per statement and samples of any result set, or only
 ``EXPLAIN`` runs. A preview never claims a nonce, stamps or spends budget; the
 token's ``jti`` is remembered so it runs once, and each preview is logged to
 the Pilot's logbook (``preview.run``).
+
+A preview token whose ``change`` is an Effect Set (``{effect_set: …}``,
+DESIGN §7) is answered with the Effect Set's preview instead
+(:func:`marque.pilot.effects.preview_effects`): the rows it changes read from
+the target, the ``actql-effect-preview/0.1`` object stored in the ledger by its
+``effect_preview_cid`` — what a marque then names.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from typing import Any
 
 from marque.cid import cid
+from marque.effects.request import EffectPreviewRequest
 from marque.pilot.config import PREVIEW_MODES
 from marque.pilot.core import Pilot
 from marque.service_tokens import verify_preview_token
@@ -48,6 +55,11 @@ def run_preview(
         targets=pilot.targets.keys(), remember_jti=pilot.ledger.remember_pop_jti, now=now,
         skew_seconds=pilot.options.skew_seconds,
     )
+    if isinstance(read.change, EffectPreviewRequest):
+        from marque.pilot.effects import preview_effects
+
+        return preview_effects(pilot, read.change, read.target, issuer=read.issuer,
+                               jti=read.jti).to_json()
     mode = preview_mode(pilot, read.target, modes)
     timeout_ms = read.change.statement_timeout_ms or pilot.options.statement_timeout_ms
     started = time.monotonic()

@@ -39,6 +39,7 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
+from marque.target.rows import RowTarget
 
 Emit = Callable[..., None]
 
@@ -141,8 +142,9 @@ class StampConflict(Exception):
     """The fence pre-check found a stamp for this nonce: reconcile, don't run."""
 
 
-class SqlTarget(Target):
-    """The fenced-transaction flow, over an engine's hooks."""
+class SqlTarget(RowTarget, Target):
+    """The fenced-transaction flow, over an engine's hooks; Effect Set rows (one commit unit
+    per row with its row stamp) come from :class:`~marque.target.rows.RowTarget`."""
 
     #: The placeholder the driver wants, for the stamp statements.
     placeholder = "?"

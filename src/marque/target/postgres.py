@@ -122,6 +122,8 @@ class PostgresTarget(SqlTarget):
     placeholder = "%s"
     stamp_table = "marque.stamps"
     stamp_returning = "attempt, txid_current()"
+    row_stamp_table = "marque.row_stamps"
+    row_lock_clause = " FOR UPDATE"
 
     def __init__(
         self,
@@ -450,3 +452,61 @@ class PostgresTarget(SqlTarget):
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+    # -- Effect Set rows (target/rows.py) ------------------------------------------------
+
+    def _row_open(self, statement_timeout_ms: int) -> psycopg.Connection[TupleRow]:
+        conn = self._checkout()
+        try:
+            conn.execute("BEGIN")
+            if statement_timeout_ms != self.statement_timeout_ms:
+                conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                             (f"{statement_timeout_ms}ms",))
+        except psycopg.Error as exc:  # nothing of the row was sent yet
+            self._abandon(conn)
+            raise self._unavailable(exc, "cannot be reached") from exc
+        return conn
+
+    def _row_read_open(self) -> psycopg.Connection[TupleRow]:
+        return self._checkout()
+
+    def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+        cur = conn.cursor()
+        cur.execute(sql, params if params else None)
+        return cur
+
+    def _row_commit(self, conn: Any) -> None:
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            if exc.sqlstate is not None and not conn.broken:
+                raise self._translate(exc) from exc  # answered: rolled back
+            raise CommitUnknown(f"connection lost during COMMIT: {exc}") from exc
+
+    def _row_close(self, conn: Any) -> None:
+        self._abandon(conn)
+
+    def _row_translate(self, exc: Exception) -> MarqueError:
+        return self._translate(exc)
+
+    def _row_is_unique_violation(self, exc: Exception) -> bool:
+        return isinstance(exc, pgerrors.UniqueViolation)
+
+    def _upsert_row(self, conn: Any, table: str, key: tuple[str, ...],
+                    row: dict[str, Any], values: dict[str, Any]) -> str:
+        """``INSERT … ON CONFLICT (key) DO UPDATE … RETURNING (xmax = 0)``: PostgreSQL's own
+        answer — a freshly inserted row version has no deleting transaction (``xmax`` 0),
+        the version an ``ON CONFLICT`` update wrote carries the updater's."""
+        from marque.target.rows import quote
+
+        columns = sorted(row)
+        changed = sorted(values) or [key[0]]  # nothing to change: a no-op update answers
+        cur = conn.cursor()
+        cur.execute(
+            f"INSERT INTO {quote(table)} ({', '.join(quote(c) for c in columns)}) VALUES "
+            f"({', '.join('%s' for _ in columns)}) ON CONFLICT "
+            f"({', '.join(quote(c) for c in key)}) DO UPDATE SET "
+            + ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in changed)
+            + " RETURNING (xmax = 0)", tuple(row[c] for c in columns))
+        answer = cur.fetchone()
+        return "created" if answer and answer[0] else "updated"

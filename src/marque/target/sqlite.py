@@ -70,6 +70,8 @@ class _TargetConnection(sqlite3.Connection):
 class SqliteTarget(SqlTarget):
     """A target in one existing SQLite file."""
 
+    row_stamp_table = "marque_row_stamps"
+
     def __init__(self, name: str, path: str, *, lock_timeout_ms: int = 5_000) -> None:
         self.name = name
         self.path = path
@@ -355,3 +357,82 @@ class SqliteTarget(SqlTarget):
         finally:
             conn.close()
         return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+
+    # -- Effect Set rows (target/rows.py) ------------------------------------------------
+
+    def _row_open(self, statement_timeout_ms: int) -> sqlite3.Connection:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # the write lock: the row read below stays true
+            self._ensure_stamps(conn)
+        except sqlite3.Error as exc:
+            self._stamps_ready = False
+            conn.close()
+            raise self._translate_begin(exc) from exc
+        deadline = time.monotonic() + statement_timeout_ms / 1000
+        conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
+                                  _PROGRESS_STEPS)
+        return conn
+
+    def _row_read_open(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+
+    def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
+        return conn.execute(sql, params)
+
+    def _row_commit(self, conn: Any) -> None:
+        conn.set_progress_handler(None, 0)
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:  # SQLite answered: the transaction did not commit
+            raise self._translate(exc) from exc
+
+    def _row_close(self, conn: Any) -> None:
+        try:
+            conn.set_progress_handler(None, 0)
+            if conn.in_transaction:
+                self._stamps_ready = False  # a first-use stamp table rolls back with it
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # closing the connection rolls back whatever is left
+        finally:
+            conn.close()
+
+    def _row_translate(self, exc: Exception) -> MarqueError:
+        return self._translate(exc)
+
+    def _row_is_unique_violation(self, exc: Exception) -> bool:
+        return self._is_unique_violation(exc)
+
+    def _upsert_row(self, conn: Any, table: str, key: tuple[str, ...],
+                    row: dict[str, Any], values: dict[str, Any]) -> str:
+        """SQLite has no ``xmax``; its own answer is its change count, asked twice inside
+        the row's ``BEGIN IMMEDIATE`` transaction (no other writer can come between):
+        ``INSERT … ON CONFLICT (key) DO NOTHING`` changed one row → ``created``; it changed
+        none (the key exists) → ``UPDATE … WHERE key`` changed one row → ``updated``."""
+        from marque.target.rows import RowConditionFailed, quote
+
+        columns = sorted(row)
+        cur = conn.execute(
+            f"INSERT INTO {quote(table)} ({', '.join(quote(c) for c in columns)}) VALUES "
+            f"({', '.join('?' for _ in columns)}) ON CONFLICT "
+            f"({', '.join(quote(c) for c in key)}) DO NOTHING", tuple(row[c] for c in columns))
+        if cur.rowcount == 1:
+            return "created"
+        if not values:  # the key exists and there is nothing to change: the insert said so
+            return "updated"
+        changed = sorted(values)
+        where = " AND ".join(f"{quote(c)} = ?" for c in key)
+        cur = conn.execute(
+            f"UPDATE {quote(table)} SET {', '.join(f'{quote(c)} = ?' for c in changed)} "
+            f"WHERE {where}", tuple(values[c] for c in changed) + tuple(row[c] for c in key))
+        if cur.rowcount != 1:
+            raise RowConditionFailed(f"the upsert of {table} row {[row[c] for c in key]} "
+                                     f"neither inserted nor updated one row")
+        return "updated"

@@ -7,6 +7,9 @@ its version is kept in a table of its own (``marque_versions`` on SQLite,
 owner may use. Index ``i`` of a ``*_MIGRATIONS`` tuple takes the table from
 version ``i`` to ``i + 1``; they only ever move forward.
 
+Version 3 adds the per-row stamps of Effect Sets (``marque_row_stamps`` /
+``marque.row_stamps``), keyed by ``(effect_apply_key, row_idempotency_key)``.
+
 Stamp tables made before they carried a version row (by older Pilots, or by
 hand from DESIGN §3) are adopted: their version is read off their columns
 (no ``expires_at``: version 1; with it: version 2), then they move forward
@@ -31,7 +34,7 @@ if TYPE_CHECKING:  # a SQLite-only Pilot never imports the PostgreSQL driver
     PgConn = psycopg.Connection[TupleRow]
 
 #: The stamp table's current version.
-VERSION = 2
+VERSION = 3
 #: This component's row in the version table.
 COMPONENT = "stamps"
 
@@ -56,6 +59,21 @@ SQLITE_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE marque_stamps ADD COLUMN expires_at REAL",
         "CREATE INDEX IF NOT EXISTS marque_stamps_live ON marque_stamps (incarnation, expires_at)",
     ),
+    # 3: per-row stamps of Effect Sets (DESIGN §7): one row per (effect_apply_key,
+    #    row_idempotency_key) — a row key alone may repeat across members (docs/effects.md,
+    #    choice 10) — written in the row's own commit unit, together with its change.
+    (
+        "CREATE TABLE marque_row_stamps ("
+        " effect_apply_key TEXT NOT NULL, row_idempotency_key TEXT NOT NULL,"
+        " marque_id TEXT NOT NULL, nonce TEXT NOT NULL, dispatch_attempt INTEGER NOT NULL,"
+        " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
+        " pilot_id TEXT NOT NULL, incarnation TEXT NOT NULL, rows_affected INTEGER,"
+        " action TEXT CHECK (action IN ('created', 'updated')),"
+        " created_at REAL NOT NULL, expires_at REAL,"
+        " PRIMARY KEY (effect_apply_key, row_idempotency_key))",
+        "CREATE INDEX IF NOT EXISTS marque_row_stamps_nonce ON marque_row_stamps "
+        "(marque_id, nonce)",
+    ),
 )
 
 POSTGRES_TABLE = "marque.stamps"
@@ -78,6 +96,18 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "ALTER TABLE marque.stamps ADD COLUMN expires_at DOUBLE PRECISION",
         "CREATE INDEX IF NOT EXISTS stamps_live ON marque.stamps (incarnation, expires_at)",
+    ),
+    # 3: as SQLite's migration 3.
+    (
+        "CREATE TABLE marque.row_stamps ("
+        " effect_apply_key TEXT NOT NULL, row_idempotency_key TEXT NOT NULL,"
+        " marque_id TEXT NOT NULL, nonce TEXT NOT NULL, dispatch_attempt INTEGER NOT NULL,"
+        " kind TEXT NOT NULL CHECK (kind IN ('applied', 'tombstone')),"
+        " pilot_id TEXT NOT NULL, incarnation TEXT NOT NULL, rows_affected BIGINT,"
+        " action TEXT CHECK (action IN ('created', 'updated')),"
+        " created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION,"
+        " PRIMARY KEY (effect_apply_key, row_idempotency_key))",
+        "CREATE INDEX IF NOT EXISTS row_stamps_nonce ON marque.row_stamps (marque_id, nonce)",
     ),
 )
 #: pg_advisory_xact_lock key serialising stamp migrations on one PostgreSQL database.

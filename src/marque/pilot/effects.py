@@ -1,0 +1,596 @@
+"""Effect Sets on the Pilot (DESIGN §7, seed 002): preview, apply row by row, reconcile.
+
+The pure rules live in :mod:`marque.effects`; this module is where they meet
+the Pilot's ledger and targets:
+
+* :func:`preview_effects` reads the exact scope from the target (every row a
+  member changes, by key: ``present`` with its whole row, or ``absent``),
+  builds the preview (``executed: false``), stores it content addressed in the
+  ledger and logs it. Nothing is claimed, stamped or spent.
+* :func:`admit` (before the claim: refusals claim nothing) finds the marque's
+  preview in the ledger and proves the target's capability realises every
+  member's failure policy (``effect_unsupported`` otherwise).
+* :func:`apply_claimed` runs inside an execution the Pilot has claimed, under
+  the marque's nonce and budget: apply admission revalidates every guard
+  (``stale_preview``: nothing dispatched), reserves every row ``prepared`` in
+  the dispatch ledger, then dispatches one row at a time as the halt/continue
+  planner says — each row in its own commit unit on the target with its row
+  stamp — and seals member and set receipts.
+* :func:`reconcile_effects` settles an execution with unknown rows from their
+  row stamps (a tombstone per row, never a resend): a row left ``dispatching``
+  by an owner that is gone becomes ``unknown`` first; receipts missing after a
+  crash are sealed from the ledger; each unknown row's reconciliation receipt
+  extends its chain.
+
+The nonce's attempt settles like any other (the outcome lattice): ``applied``
+when any row applied, ``aborted_not_applied`` when none did and none is
+unknown, ``indeterminate`` while any row is unknown. Its ``result`` carries
+``{effect_set: {effect_preview_cid, set_receipt_cid, status, run_outcome, rows}}``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from marque.change import EffectSetChange
+from marque.cid import cid
+from marque.crash import crash_point
+from marque.effects._frozen import freeze, thaw
+from marque.effects.cids import row_version_cid
+from marque.effects.declare import KEYED, BoundItem, BoundMember, Kind
+from marque.effects.dispatch import (
+    SQL_ROW_CAPABILITY,
+    DispatchRecord,
+    DispatchState,
+    advance,
+    check_capability,
+    plan_set,
+    prepare,
+)
+from marque.effects.preview import (
+    EffectPreview,
+    MemberPreview,
+    RowPreview,
+    build_preview,
+    check_fresh,
+    verify_preview,
+)
+from marque.effects.receipts import (
+    MemberReceipt,
+    ReconciliationChain,
+    SetReceipt,
+    effective_states,
+    entry_from_ledger,
+    member_receipt,
+    row_outcome_receipt,
+    run_outcome,
+    set_receipt,
+)
+from marque.effects.request import EffectPreviewRequest
+from marque.errors import (
+    EffectPreviewInvalid,
+    EffectUnsupported,
+    Indeterminate,
+    MarqueError,
+    MaxRowsExceeded,
+    NotApplied,
+    TargetUnavailable,
+    UnknownTarget,
+)
+from marque.outcome import Status
+from marque.pilot.stream import Observation
+from marque.target import TargetAttempt
+from marque.target.rows import RowEvidence, RowStampConflict, RowTarget, RowWrite
+from marque.timefmt import iso_time
+
+if TYPE_CHECKING:
+    from marque.ledger import AttemptRecord
+    from marque.ledger.effects import DispatchRow
+    from marque.pilot.core import Pilot
+    from marque.pilot.stream import AttemptStream
+    from marque.token import Marque
+
+__all__ = ["preview_effects", "admit", "apply_claimed", "reconcile_effects",
+           "local_authorization", "execution_receipts"]
+
+D = DispatchState
+#: Marque's authorization evidence for a marque issued without a Harbourmaster.
+LOCAL_AUTHORIZATION_VERSION = "marque-local-authorization/0.1"
+
+
+def _row_target(pilot: Pilot, target: str) -> RowTarget:
+    if target not in pilot.targets:
+        raise UnknownTarget(f"this Pilot serves no target named {target} "
+                            "(see `marque pilot target list`)")
+    found = pilot.targets[target]
+    if not isinstance(found, RowTarget):
+        raise EffectUnsupported(f"target {target} ({type(found).__name__}) cannot hold row "
+                                "stamps: Effect Sets need a SQLite or PostgreSQL target")
+    return found
+
+
+def _identity(member: BoundMember | MemberPreview, key_or_item: Any) -> dict[str, Any]:
+    """The key values a row is read and written by (``{}`` for an unkeyed create)."""
+    kind = member.declaration.kind if isinstance(member, BoundMember) else member.kind
+    key = member.declaration.key if isinstance(member, BoundMember) else member.key
+    if isinstance(key_or_item, BoundItem):
+        identity, values = thaw(key_or_item.row_or_item_key), thaw(key_or_item.values)
+    else:  # a RowPreview
+        identity, values = thaw(key_or_item.row_or_item_key), thaw(
+            key_or_item.intended_changes["values"])
+    if kind in KEYED:
+        return dict(identity)
+    if kind is Kind.CREATE and key:
+        return {column: values[column] for column in key}
+    return {}
+
+
+# -- preview ----------------------------------------------------------------------------
+
+
+def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
+                    issuer: str | None = None, jti: str | None = None) -> EffectPreview:
+    """Read the rows ``request`` changes from ``target``, build and store its preview.
+
+    Nothing is claimed, stamped or spent; the preview is kept in the ledger
+    under its ``effect_preview_cid`` (the first one of a CID stays, with the
+    keys its authoring context derived) and logged (``effects.previewed``).
+    """
+    rows = _row_target(pilot, target)
+    now = pilot.clock()
+    bound = request.bound()
+    reads: dict[str, dict[str, Any]] = {}
+    for member in bound.members:
+        items = [item for item in member.items if item.read_key is not None]
+        if not items:
+            continue
+        states = rows.read_rows(member.declaration.table, [_identity(member, i) for i in items])
+        reads[member.declaration.effect_id] = {
+            str(item.read_key): state for item, state in zip(items, states, strict=True)}
+    built = build_preview(bound, reads, pilot_id=pilot.pilot_id, target=target,
+                          logical_request_scope=request.logical_request_scope,
+                          run_identity_cid=request.run_identity_cid, strength=request.strength,
+                          previewed_at=iso_time(now))
+    stored = pilot.ledger.store_effect_preview(built.effect_preview_cid, target,
+                                               built.to_json(), now)
+    preview = verify_preview(stored)
+    if pilot.logbook is not None:
+        pilot.logbook.append(
+            "effects.previewed", f"effects/preview/{preview.effect_preview_cid}/{jti or now}",
+            {"effect_preview_cid": preview.effect_preview_cid, "target": target,
+             "issuer": issuer, "jti": jti, "members": [
+                 {"effect_id": m.effect_id, "kind": m.kind.value, "table": m.table,
+                  "item_count": m.item_count} for m in preview.members],
+             "pilot": {"id": pilot.pilot_id, "incarnation": pilot.incarnation}})
+    return preview
+
+
+# -- admission ----------------------------------------------------------------------------
+
+
+def _stored_preview(pilot: Pilot, effect_preview_cid: str) -> EffectPreview:
+    stored = pilot.ledger.effect_preview(effect_preview_cid)
+    if stored is None:
+        raise EffectPreviewInvalid(
+            f"this Pilot holds no Effect preview {effect_preview_cid}: a marque for an Effect "
+            "Set runs only where its preview was made (`marque effects preview`)",
+            detail={"rule": "unknown_preview", "effect_preview_cid": effect_preview_cid})
+    return verify_preview(stored)
+
+
+def admit(pilot: Pilot, marque: Marque) -> EffectPreview:
+    """Before the claim: the marque's preview is held here, is for this Pilot and target,
+    and the target can realise every member's policy. Refusals claim nothing."""
+    change = marque.change
+    assert isinstance(change, EffectSetChange)
+    preview = _stored_preview(pilot, change.effect_preview_cid)
+    if preview.pilot_id != pilot.pilot_id or preview.target != marque.target:
+        raise EffectPreviewInvalid(
+            f"preview {preview.effect_preview_cid} is for Pilot {preview.pilot_id} target "
+            f"{preview.target}, not this marque's {pilot.pilot_id} / {marque.target}",
+            detail={"rule": "binding"})
+    _row_target(pilot, marque.target)
+    for member in preview.members:
+        if member.kind is Kind.COMMAND:
+            raise EffectUnsupported(f"{member.effect_id}: a SQL target runs no commands",
+                                    detail={"effect_id": member.effect_id})
+        check_capability(member.failure_policy, SQL_ROW_CAPABILITY)
+    return preview
+
+
+def local_authorization(marque: Marque) -> dict[str, Any]:
+    """The set receipt's authorization for a marque issued without a Harbourmaster: an
+    ``allow`` whose ``config_cid`` names the trusted issuer key that signed it."""
+    return {"kind": "allow",
+            "config_cid": cid({"version": LOCAL_AUTHORIZATION_VERSION, "issuer": marque.issuer,
+                               "kid": marque.kid}),
+            "approval_required": False, "risk_claim_required": False}
+
+
+# -- apply ---------------------------------------------------------------------------------
+
+
+def _by_member(preview: EffectPreview, rows: list[DispatchRow]) -> list[list[DispatchRow]]:
+    grouped: list[list[DispatchRow]] = [[] for _ in preview.members]
+    for row in rows:
+        grouped[row.member_index].append(row)
+    return grouped
+
+
+def _write(pilot: Pilot, marque_id: str, nonce: str, member: MemberPreview, row: RowPreview,
+           record: DispatchRecord, expires_at: float | None) -> RowWrite:
+    values = dict(thaw(row.intended_changes["values"]))
+    identity = _identity(member, row)
+    if member.kind is not Kind.CREATE:
+        values = {k: v for k, v in values.items() if k not in identity}
+    return RowWrite(
+        marque_id=marque_id, nonce=nonce, dispatch_attempt=max(record.attempt, 1),
+        pilot_id=pilot.pilot_id, incarnation=pilot.incarnation,
+        effect_apply_key=record.effect_apply_key, row_idempotency_key=record.row_idempotency_key,
+        kind=member.kind.value, table=member.table, key=member.key, identity=identity,
+        values=values, guard=dict(thaw(row.target_version)),
+        statement_timeout_ms=pilot.options.statement_timeout_ms, expires_at=expires_at)
+
+
+def _current_versions(target: RowTarget, preview: EffectPreview) -> dict[str, str]:
+    """``current_target_versions`` for apply admission: every guarded row, read now."""
+    versions: dict[str, str] = {}
+    for member in preview.members:
+        guarded = [row for row in member.changes
+                   if row.target_version["kind"] != "not_applicable"]
+        if not guarded:
+            continue
+        states = target.read_rows(member.table, [_identity(member, row) for row in guarded])
+        for row, state in zip(guarded, states, strict=True):
+            versions[row.row_preview_cid] = row_version_cid(state)
+    return versions
+
+
+def _outcome_of(exc: MarqueError) -> dict[str, Any]:
+    return {"state": "failed", "error": {"code": exc.code, "message": exc.message}}
+
+
+def _applied(member: MemberPreview, rows_affected: int | None,
+             action: str | None) -> dict[str, Any]:
+    outcome: dict[str, Any] = {"state": "applied", "rows_affected": rows_affected or 0}
+    if member.kind is Kind.UPSERT:
+        outcome["action"] = action
+    return outcome
+
+
+def _evidence_outcome(member: MemberPreview, row: RowPreview, evidence: RowEvidence,
+                      cause: str) -> dict[str, Any]:
+    if evidence.status is Status.APPLIED:
+        return _applied(member, evidence.rows_affected, evidence.action)
+    if evidence.status is Status.ABORTED_NOT_APPLIED:
+        return {"state": "failed", "error": {"code": cause,
+                                             "message": f"reconciled: {evidence.reason}"}}
+    return {"state": "unknown", "reason": evidence.reason or cause,
+            "idempotency_key": row.row_idempotency_key}
+
+
+_ROW_EVENT = {"applied": "row_applied", "accepted": "row_accepted", "failed": "row_failed",
+              "unknown": "row_unknown"}
+
+
+def _settle_row(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+                member: MemberPreview, row: RowPreview, dispatching: DispatchRecord,
+                outcome: dict[str, Any], fence: str | None) -> DispatchRecord | None:
+    """Move a row out of ``dispatching`` (or ``unknown``) to its outcome's state, with its
+    outcome receipt when terminal; None if another owner moved it first."""
+    after = advance(dispatching, D(outcome["state"]), fence=fence)
+    receipt = None
+    if outcome["state"] != "unknown":
+        assert after.dispatch_entry_cid is not None
+        receipt = thaw(row_outcome_receipt(preview, member, row,
+                                           dispatch_entry_cid=after.dispatch_entry_cid,
+                                           attempt=after.attempt, outcome=outcome))
+    moved = pilot.ledger.effect_move(marque_id, nonce, dispatching, after, now=pilot.clock(),
+                                     outcome=outcome, outcome_receipt=receipt)
+    return after if moved else None
+
+
+def _target_attempt(marque: Marque, pilot: Pilot, nonce: str, number: int) -> TargetAttempt:
+    return TargetAttempt(marque.marque_id, nonce, number, pilot.pilot_id, pilot.incarnation,
+                         None, marque.budget.max_rows, pilot.options.statement_timeout_ms,
+                         expires_at=float(marque.expires_at), target=marque.target)
+
+
+def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecord,
+                  stream: AttemptStream) -> Observation:
+    """Apply the marque's Effect Set in a claimed attempt; what it did, as one observation."""
+    target_attempt = _target_attempt(marque, pilot, nonce, record.attempt)
+
+    def aborted(exc: MarqueError) -> Observation:
+        stream.emit("rolled_back", error=exc.to_dict())
+        return Observation(target_attempt, Status.ABORTED_NOT_APPLIED, error=exc.to_dict())
+
+    try:
+        preview = admit(pilot, marque)
+        target = _row_target(pilot, marque.target)
+        items = sum(member.item_count for member in preview.members)
+        if items > marque.budget.max_rows:
+            return aborted(MaxRowsExceeded(
+                f"the Effect Set changes {items} rows; the marque allows at most "
+                f"{marque.budget.max_rows}; nothing was dispatched"))
+        rows = pilot.ledger.effect_rows(marque.marque_id, nonce)
+        if not rows:
+            # Apply admission: every guard, read now; any difference dispatches nothing.
+            check_fresh(preview, _current_versions(target, preview))
+            reserved = [(mi, ri, prepare(row.row_preview_cid, member.effect_apply_key,
+                                         row.row_idempotency_key))
+                        for mi, member in enumerate(preview.members)
+                        for ri, row in enumerate(member.changes)]
+            pilot.ledger.effect_begin(marque.marque_id, nonce, preview.effect_preview_cid,
+                                      local_authorization(marque), reserved, pilot.clock())
+            rows = pilot.ledger.effect_rows(marque.marque_id, nonce)
+    except (NotApplied, TargetUnavailable) as exc:
+        return aborted(exc)
+    stream.emit("effect_admitted", effect_preview_cid=preview.effect_preview_cid,
+                rows=len(rows), members=len(preview.members))
+    unavailable = _dispatch(pilot, marque, nonce, preview, target, stream)
+    return _seal(pilot, marque.marque_id, nonce, record.attempt, preview, target_attempt,
+                 stream, unavailable)
+
+
+def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
+              target: RowTarget, stream: AttemptStream) -> TargetUnavailable | None:
+    """Dispatch rows one at a time as :func:`plan_set` says; the target's refusal (nothing
+    sent) if it stopped dispatch early."""
+    fence = f"{pilot.processes.process_id}/{uuid.uuid4().hex}"
+    while True:
+        grouped = _by_member(preview, pilot.ledger.effect_rows(marque.marque_id, nonce))
+        plan = plan_set([(member.failure_policy, [r.record for r in rows])
+                         for member, rows in zip(preview.members, grouped, strict=True)])
+        if plan.next is None:
+            return None
+        mi, ri = plan.next
+        member, row = preview.members[mi], preview.members[mi].changes[ri]
+        stored = grouped[mi][ri].record
+        dispatching = advance(stored, D.DISPATCHING, fence=fence)
+        if not pilot.ledger.effect_move(marque.marque_id, nonce, stored, dispatching,
+                                        now=pilot.clock()):
+            return None  # another owner took this execution over: it is theirs now
+        base = {"effect_id": member.effect_id, "index": ri,
+                "row_preview_cid": row.row_preview_cid}
+        stream.emit("row_dispatching", **base, dispatch_attempt=dispatching.attempt)
+        write = _write(pilot, marque.marque_id, nonce, member, row, dispatching,
+                       float(marque.expires_at))
+        try:
+            answer = target.apply_row(write)
+            crash_point("after_commit")
+            outcome = _applied(member, answer.rows_affected, answer.action)
+        except RowStampConflict:
+            stream.emit("row_stamp_conflict", **base)
+            outcome = _evidence_outcome(member, row, target.reconcile_row(write), "conflict")
+        except TargetUnavailable as exc:  # refused before anything of the row was sent
+            back = advance(dispatching, D.PREPARED, fence=fence)
+            pilot.ledger.effect_move(marque.marque_id, nonce, dispatching, back,
+                                     now=pilot.clock())
+            stream.emit("row_not_sent", **base, error=exc.to_dict())
+            return exc
+        except NotApplied as exc:
+            outcome = _outcome_of(exc)
+        except Indeterminate as exc:
+            outcome = {"state": "unknown", "reason": exc.message,
+                       "idempotency_key": row.row_idempotency_key}
+        except Exception as exc:  # a fault of ours mid-row: whether it committed is unknown
+            outcome = {"state": "unknown",
+                       "reason": f"the Pilot failed while the row's transaction was open "
+                                 f"({' '.join(str(exc).split()) or type(exc).__name__})",
+                       "idempotency_key": row.row_idempotency_key}
+        settled = _settle_row(pilot, marque.marque_id, nonce, preview, member, row, dispatching,
+                              outcome, fence)
+        if settled is None:
+            return None
+        extra = {k: v for k, v in outcome.items() if k not in ("state", "idempotency_key")}
+        stream.emit(_ROW_EVENT[outcome["state"]], **base, **extra)
+
+
+def _member_receipts(preview: EffectPreview,
+                     rows: list[DispatchRow]) -> list[MemberReceipt]:
+    return [member_receipt(preview, member.effect_id,
+                           [entry_from_ledger(r.record, r.outcome_receipt) for r in member_rows])
+            for member, member_rows in zip(preview.members, _by_member(preview, rows),
+                                           strict=True)]
+
+
+def _store_receipts(pilot: Pilot, marque_id: str, nonce: str, attempt: int,
+                    members: list[MemberReceipt], sealed: SetReceipt) -> None:
+    now = pilot.clock()
+    for receipt in members:
+        pilot.ledger.effect_put_receipt(marque_id, nonce, "member",
+                                        f"{attempt}/{receipt.effect_id}", receipt.to_json(), now)
+    pilot.ledger.effect_put_receipt(marque_id, nonce, "set", str(attempt), sealed.to_json(), now)
+    if pilot.logbook is not None:
+        entries = [("effects.member_receipt", f"effects/receipt/{r.receipt_cid}",
+                    {"marque_id": marque_id, "nonce": nonce, "attempt": attempt,
+                     "receipt": r.to_json()}) for r in members]
+        entries.append(("effects.set_receipt", f"effects/receipt/{sealed.receipt_cid}",
+                        {"marque_id": marque_id, "nonce": nonce, "attempt": attempt,
+                         "receipt": sealed.to_json()}))
+        pilot.logbook.append_all(entries)
+
+
+def _summary(preview: EffectPreview, sealed: SetReceipt, states: list[str],
+             rows: list[DispatchRow]) -> dict[str, Any]:
+    return {"effect_set": {
+        "effect_preview_cid": preview.effect_preview_cid,
+        "set_receipt_cid": sealed.receipt_cid, "status": sealed.status,
+        "run_outcome": run_outcome(states), "rows": dict(sorted(Counter(states).items())),
+        "rows_affected": sum((r.outcome or {}).get("rows_affected", 0) for r in rows
+                             if (r.outcome or {}).get("state") == "applied")}}
+
+
+def _status_of(states: list[str], rows: list[DispatchRow],
+               unavailable: MarqueError | None) -> tuple[Status, dict[str, Any] | None]:
+    if "unknown" in states:
+        return Status.INDETERMINATE, {
+            "code": "commit_unknown", "sqlstate": None,
+            "message": f"{states.count('unknown')} row(s) of the Effect Set may or may not have "
+                       "committed; each is reconciled from its row stamp, never resent"}
+    if "applied" in states or "accepted" in states:
+        return Status.APPLIED, None
+    if unavailable is not None:
+        return Status.ABORTED_NOT_APPLIED, unavailable.to_dict()
+    for row in rows:
+        if (row.outcome or {}).get("state") == "failed":
+            error = row.outcome["error"]  # type: ignore[index]
+            return Status.ABORTED_NOT_APPLIED, {**error, "sqlstate": None}
+    return Status.ABORTED_NOT_APPLIED, {"code": "statement_error", "sqlstate": None,
+                                        "message": "no row of the Effect Set was applied"}
+
+
+def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: EffectPreview,
+          target_attempt: TargetAttempt, stream: AttemptStream,
+          unavailable: TargetUnavailable | None) -> Observation:
+    rows = pilot.ledger.effect_rows(marque_id, nonce)
+    members = _member_receipts(preview, rows)
+    run = pilot.ledger.effect_run(marque_id, nonce)
+    assert run is not None
+    sealed = set_receipt(preview, members, run["authorization"])
+    _store_receipts(pilot, marque_id, nonce, attempt, members, sealed)
+    states = [state for receipt in members for state in receipt.states]
+    stream.emit("receipts_sealed", set_receipt_cid=sealed.receipt_cid, status=sealed.status)
+    status, error = _status_of(states, rows, unavailable)
+    summary = _summary(preview, sealed, states, rows)
+    return Observation(target_attempt, status,
+                       rows_affected=summary["effect_set"]["rows_affected"], result=summary,
+                       error=error)
+
+
+# -- reconciliation ------------------------------------------------------------------------
+
+
+def _latest_set(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+                attempt: int) -> tuple[SetReceipt, list[MemberReceipt]] | None:
+    """The set and member receipts an attempt sealed, as stored (immutable), or None."""
+    held = pilot.ledger.effect_receipts(marque_id, nonce)
+    sets = [r["body"] for r in held if r["kind"] == "set" and r["subject"] == str(attempt)]
+    if not sets:
+        return None
+    members = []
+    for member in preview.members:
+        found = [r["body"] for r in held if r["kind"] == "member"
+                 and r["subject"] == f"{attempt}/{member.effect_id}"]
+        members.append(MemberReceipt(freeze(found[-1])))
+    states = [state for receipt in members for state in receipt.states]
+    return SetReceipt(freeze(sets[-1]), run_outcome(states)), members
+
+
+def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> AttemptRecord:
+    """Settle an Effect Set attempt by its row stamps (observe, never resend); the attempt as
+    it stands afterwards. The caller has established that its owner cannot finish it."""
+    run = pilot.ledger.effect_run(record.marque_id, record.nonce)
+    budget = pilot.ledger.budget(record.marque_id)
+    assert run is not None
+    preview = _stored_preview(pilot, run["effect_preview_cid"])
+    target = (_row_target(pilot, budget["target"]) if budget and budget["target"]
+              in pilot.targets else None)
+    mid, nonce = record.marque_id, record.nonce
+    now = pilot.clock()
+    # A row its owner left dispatching may have been sent: it is unknown now (a takeover,
+    # presenting the recorded fence; the compare-and-set refuses it if the owner moved it).
+    for row in pilot.ledger.effect_rows(mid, nonce):
+        if row.record.state is D.DISPATCHING:
+            member = preview.members[row.member_index]
+            change = member.changes[row.row_index]
+            _settle_row(pilot, mid, nonce, preview, member, change, row.record,
+                        {"state": "unknown", "reason": cause,
+                         "idempotency_key": change.row_idempotency_key}, row.record.fence)
+    found = _latest_set(pilot, mid, nonce, preview, record.attempt)
+    if found is None:  # the owner died before sealing: seal from what the ledger holds
+        members = _member_receipts(preview, pilot.ledger.effect_rows(mid, nonce))
+        sealed = set_receipt(preview, members, run["authorization"])
+        _store_receipts(pilot, mid, nonce, record.attempt, members, sealed)
+    else:
+        sealed, members = found
+    chains = _chains(pilot, mid, nonce, preview, sealed, members)
+    rows = {r.record.row_preview_cid: r for r in pilot.ledger.effect_rows(mid, nonce)}
+    for row_cid, chain in chains.items():
+        if chain.closed or target is None:
+            continue
+        row = rows[row_cid]
+        member = preview.members[row.member_index]
+        change = member.changes[row.row_index]
+        write = _write(pilot, mid, nonce, member, change, row.record,
+                       budget["expires_at"] if budget else None)
+        evidence = target.reconcile_row(write)
+        crash_point("after_reconcile_evidence")
+        outcome = _evidence_outcome(member, change, evidence, cause)
+        outcome_receipt = None
+        if outcome["state"] != "unknown":
+            assert row.record.dispatch_entry_cid is not None
+            outcome_receipt = thaw(row_outcome_receipt(
+                preview, member, change, dispatch_entry_cid=row.record.dispatch_entry_cid,
+                attempt=row.record.attempt, outcome=outcome))
+        receipt = chain.next_receipt(outcome, outcome_receipt_cid=(
+            outcome_receipt["receipt_cid"] if outcome_receipt else None))
+        chains[row_cid], _ = chain.accept(receipt)
+        pilot.ledger.effect_put_receipt(mid, nonce, "reconciliation",
+                                        f"{row_cid}/{receipt['attempt_sequence']}", receipt, now)
+        if outcome["state"] != "unknown" and row.record.state is D.UNKNOWN:
+            after = advance(row.record, D(outcome["state"]))
+            pilot.ledger.effect_move(mid, nonce, row.record, after, now=now, outcome=outcome,
+                                     outcome_receipt=outcome_receipt)
+        if pilot.logbook is not None:
+            pilot.logbook.append(
+                "effects.reconciliation",
+                f"effects/receipt/{receipt['reconciliation_receipt_cid']}",
+                {"marque_id": mid, "nonce": nonce, "attempt": record.attempt, "cause": cause,
+                 "evidence": {"status": evidence.status.value, "reason": evidence.reason,
+                              "stamp": evidence.stamp}, "receipt": receipt})
+    states = effective_states(members, chains)
+    all_rows = pilot.ledger.effect_rows(mid, nonce)
+    status, error = _status_of(states, all_rows, None)
+    if status is Status.INDETERMINATE:
+        return record
+    summary = _summary(preview, sealed, states, all_rows)
+    return pilot.ledger.observe(
+        mid, nonce, record.attempt, status, now=pilot.clock(), cause="reconciliation",
+        rows_affected=summary["effect_set"]["rows_affected"], error=error, result=summary)
+
+
+def _chains(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+            sealed: SetReceipt, members: list[MemberReceipt]) -> dict[str, ReconciliationChain]:
+    """Every unknown row's reconciliation chain, with the receipts the ledger holds."""
+    held = sorted((r["body"] for r in pilot.ledger.effect_receipts(marque_id, nonce)
+                   if r["kind"] == "reconciliation"), key=lambda b: b["attempt_sequence"])
+    chains: dict[str, ReconciliationChain] = {}
+    for member in members:
+        for entry in member.body["rows"]:
+            if entry["state"] != "unknown":
+                continue
+            chain = ReconciliationChain.open(preview, sealed, member, entry["row_preview_cid"])
+            for body in held:
+                if body["row_preview_cid"] == entry["row_preview_cid"]:
+                    chain, _ = chain.accept(body)
+            chains[entry["row_preview_cid"]] = chain
+    return chains
+
+
+def execution_receipts(pilot: Pilot, marque_id: str, nonce: str) -> dict[str, Any]:
+    """Everything the ledger holds of one Effect Set execution: its preview CID, every row's
+    dispatch record and outcome, and every receipt (``marque effects receipt``)."""
+    run = pilot.ledger.effect_run(marque_id, nonce)
+    if run is None:
+        from marque.errors import NotFound
+
+        raise NotFound(f"this Pilot's ledger holds no Effect Set execution for nonce {nonce} "
+                       f"of marque {marque_id}")
+    receipts = pilot.ledger.effect_receipts(marque_id, nonce)
+    sets = [r for r in receipts if r["kind"] == "set"]
+    return {
+        "marque_id": marque_id, "nonce": nonce,
+        "effect_preview_cid": run["effect_preview_cid"],
+        "authorization": run["authorization"],
+        "set_receipt": sets[-1]["body"] if sets else None,
+        "member_receipts": [r["body"] for r in receipts if r["kind"] == "member"],
+        "reconciliation_receipts": [r["body"] for r in receipts
+                                    if r["kind"] == "reconciliation"],
+        "rows": [{"member_index": r.member_index, "row_index": r.row_index,
+                  **r.record.to_json(), "outcome": r.outcome}
+                 for r in pilot.ledger.effect_rows(marque_id, nonce)],
+    }
