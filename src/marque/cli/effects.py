@@ -37,6 +37,8 @@ from marque.errors import EffectDeclarationInvalid, InvalidInput, MarqueError, R
 #: Exit status by set receipt status (DESIGN §9: 0 applied, 4 not (all) applied, 5 unknown).
 SET_EXIT = {"applied": 0, "accepted": 0, "partial_failure": 4, "failed": 4,
             "unknown_outcome": 5}
+#: Exit status by the Run's outcome, once reconciliation has spoken.
+RUN_EXIT = {"succeeded": 0, "failed": 4, "needs_reconciliation": 5}
 
 
 @click.group("effects", no_args_is_help=True)
@@ -173,10 +175,12 @@ def _finish(receipts: dict[str, Any], outcome: dict[str, Any] | None, as_json: b
         code = 5
     elif status is None:
         code = 4 if outcome is None or outcome["status"] != "in_progress" else 6
+    elif summary.get("run_outcome") in RUN_EXIT:
+        # After reconciliation the sealed receipt still says what apply saw; the Run's
+        # outcome from every row's latest validated state is what holds now.
+        code = RUN_EXIT[summary["run_outcome"]]
     else:
         code = SET_EXIT[status]
-        if summary.get("run_outcome") == "needs_reconciliation":
-            code = 5
     if as_json:
         emit_json({"outcome": outcome, **receipts})
     else:

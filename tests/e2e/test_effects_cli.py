@@ -1,0 +1,100 @@
+"""`marque effects …` as an operator runs it: real processes, real SQLite target, real SIGKILL.
+
+Exit statuses follow the set receipt (0 applied, 4 failed or partial, 5 unknown);
+a Pilot killed between rows is settled by `marque effects reconcile` from the row
+stamps, never resending a row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+
+
+def marque(cwd: Path, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "marque"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def _setup(root: Path, rows: list[dict[str, Any]], policy: str = "halt") -> str:
+    db = sqlite3.connect(root / "shop.db")
+    db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+               "qty INTEGER NOT NULL CHECK (qty >= 0))")
+    db.executemany("INSERT INTO items VALUES (?, ?, ?)", [(1, "a", 1), (2, "b", 2), (3, "c", 3)])
+    db.commit()
+    db.close()
+    assert marque(root, "keys", "new", "--out", "issuer.jwk").returncode == 0
+    (root / "issuer.pub.jwk").write_text(marque(root, "keys", "public", "issuer.jwk").stdout)
+    assert marque(root, "keys", "new", "--out", "holder.jwk").returncode == 0
+    (root / "holder.pub.jwk").write_text(marque(root, "keys", "public", "holder.jwk").stdout)
+    init = json.loads(marque(root, "pilot", "init", "--home", "home", "--pilot-id", "p1",
+                             "--json").stdout)
+    assert marque(root, "pilot", "trust", "--home", "home", "issuer.pub.jwk").returncode == 0
+    assert marque(root, "pilot", "target", "add", "--home", "home", "shop",
+                  f"sqlite:///{root / 'shop.db'}").returncode == 0
+    (root / "fx.json").write_text(json.dumps({"version": "marque-effect-set/0.1", "members": [
+        {"effect_id": "fix", "kind": "update", "table": "items", "key": ["id"],
+         "failure_policy": policy, "max_items": 10, "input": "rows.json"}]}))
+    (root / "rows.json").write_text(json.dumps(rows))
+    made = marque(root, "effects", "preview", "--home", "home", "--declaration", "fx.json",
+                  "--target", "shop", "--json")
+    assert made.returncode == 0, made.stderr
+    cid = json.loads(made.stdout)["effect_preview_cid"]
+    issued = marque(root, "issue", "--issuer-key", "issuer.jwk", "--pilot-id", "p1",
+                    "--incarnation", init["incarnation"], "--target", "shop", "--holder-key",
+                    "holder.pub.jwk", "--effects-preview", cid, "--executions", "1",
+                    "--max-rows", "10", "--json")
+    assert issued.returncode == 0, issued.stderr
+    (root / "fx.marque").write_text(json.loads(issued.stdout)["marque"])
+    return str(json.loads(issued.stdout)["marque_id"])
+
+
+def _qty(root: Path) -> dict[int, int]:
+    db = sqlite3.connect(root / "shop.db")
+    try:
+        return dict(db.execute("SELECT id, qty FROM items ORDER BY id").fetchall())
+    finally:
+        db.close()
+
+
+APPLY = ("effects", "apply", "--home", "home", "--marque", "fx.marque", "--key", "holder.jwk",
+         "--nonce", "n-1", "--json")
+
+
+def test_a_partial_failure_exits_4_with_its_set_receipt(tmp_path: Path) -> None:
+    """A CHECK violation under continue: exit 4, the set receipt says partial_failure."""
+    _setup(tmp_path, [{"id": 1, "qty": 10}, {"id": 2, "qty": -1}, {"id": 3, "qty": 30}],
+           policy="continue")
+    done = marque(tmp_path, *APPLY)
+    assert done.returncode == 4, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["set_receipt"]["status"] == "partial_failure"
+    assert _qty(tmp_path) == {1: 10, 2: 2, 3: 30}
+
+
+def test_a_pilot_killed_between_rows_is_reconciled_by_the_cli(tmp_path: Path) -> None:
+    """SIGKILL after row 1 committed; `effects reconcile` settles it applied from its stamp,
+    rows 2 and 3 stay unattempted: the Run failed (exit 4), nothing was resent."""
+    marque_id = _setup(tmp_path, [{"id": 1, "qty": 10}, {"id": 2, "qty": 20},
+                                  {"id": 3, "qty": 30}])
+    killed = marque(tmp_path, *APPLY, env={"MARQUE_CRASH_AT": "after_commit@1"})
+    assert killed.returncode == -9, killed.stderr
+    settled = marque(tmp_path, "effects", "reconcile", "--home", "home", marque_id, "n-1",
+                     "--json")
+    printed = json.loads(settled.stdout)
+    assert printed["outcome"]["status"] == "applied"
+    assert [r["outcome"]["state"] for r in printed["reconciliation_receipts"]] == ["applied"]
+    assert printed["set_receipt"]["status"] == "unknown_outcome"
+    assert settled.returncode == 4  # now: one applied row, two unattempted
+    assert _qty(tmp_path) == {1: 10, 2: 2, 3: 3}
+    again = marque(tmp_path, *APPLY)
+    assert json.loads(again.stdout)["outcome"]["replayed"] is True
+    assert _qty(tmp_path) == {1: 10, 2: 2, 3: 3}
