@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -98,6 +99,13 @@ def print_request(request: dict[str, Any]) -> None:
     out.say(f"  pilot {one_line(request.get('pilot_id'))} target "
             f"{one_line(request.get('target'))}, change {one_line(request.get('change_cid'))}")
     change = request.get("change") or {}
+    effect_set = change.get("effect_set") or {}
+    for member in (effect_set.get("declaration") or {}).get("members") or []:
+        rows = len(((effect_set.get("inputs") or {}).get(member.get("effect_id")) or {})
+                   .get("rows") or [])
+        out.say(f"  effect {one_line(member.get('effect_id'))}: {one_line(member.get('kind'))} "
+                f"{one_line(member.get('table'))} ({rows} input row(s), "
+                f"{one_line(member.get('failure_policy'))})")
     for statement in change.get("statements", []):
         params = statement.get("params") or []
         out.say(f"  sql: {one_line(statement.get('sql'))}"
@@ -134,6 +142,14 @@ def print_request(request: dict[str, Any]) -> None:
                 + (f", rows_affected={execution['rows_affected']}"
                    if execution.get("rows_affected") is not None else "")
                 + (f" ({one_line(error.get('code'))})" if error else ""))
+    receipt = request.get("receipt")
+    if receipt:
+        out.say(f"  set receipt {one_line(receipt.get('set_receipt_cid'))}: "
+                f"{one_line(receipt.get('status'))} (Run {one_line(receipt.get('run_outcome'))})")
+        for effect_id, states in (receipt.get("row_states") or {}).items():
+            out.say(f"    {one_line(effect_id)}: " + ", ".join(
+                "unknown (needs reconciliation)" if s == "unknown" else one_line(s)
+                for s in states))
     failure = request.get("failure")
     if failure:
         out.say(f"  [red]{one_line(failure.get('code'))}[/]: {literal(failure.get('message'))}")
@@ -142,6 +158,17 @@ def print_request(request: dict[str, Any]) -> None:
 
 def _print_preview(preview: dict[str, Any] | None) -> None:
     if not preview:
+        return
+    if "effect_preview_cid" in preview:
+        out.say(f"  effect preview {one_line(preview['effect_preview_cid'])}")
+        for member in preview.get("members") or []:
+            out.say(f"    {one_line(member.get('effect_id'))}: {member.get('item_count')} row(s),"
+                    f" {one_line(member.get('strength'))}")
+            for row in member.get("changes") or []:
+                before, after = row.get("before") or {}, row.get("after") or {}
+                out.say(f"      {literal(row.get('row_or_item_key'))}: "
+                        f"{literal(before.get('value', before.get('state')))} → "
+                        f"{literal(after.get('value', after.get('state')))}")
         return
     within = "within" if preview.get("within_max_rows") else "OVER"
     out.say(f"  preview ({one_line(preview.get('mode'))}): {preview.get('total_rows')} row(s), "
@@ -198,6 +225,32 @@ def change_body(sql: tuple[str, ...], param: tuple[str, ...], isolation: str,
     return body
 
 
+def effects_body(declaration_file: Path, targeted: tuple[str, ...]) -> dict[str, Any]:
+    """The ``change`` of an Effect Set request: ``{effect_set: {declaration, inputs,
+    strength}}``, every member's input read (relative to the declaration) and captured,
+    and the whole set bound locally first, as the Harbourmaster will bind it."""
+    from marque.cli.effects import read_inputs
+    from marque.effects.declare import bind_files, parse_declaration_bytes
+    from marque.effects.preview import Strength
+    from marque.effects.request import EffectSetSubmission
+    from marque.errors import EffectDeclarationInvalid
+
+    try:
+        raw = declaration_file.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"declaration {declaration_file}: {exc.strerror}") from exc
+    declaration = parse_declaration_bytes(raw)
+    unknown = sorted(set(targeted) - {m.effect_id for m in declaration.members})
+    if unknown:
+        raise EffectDeclarationInvalid(f"--targeted names no member {unknown[0]!r}",
+                                       detail={"rule": "targeted", "path": "--targeted"})
+    bound = bind_files(declaration, read_inputs(declaration_file, declaration, ()))
+    submission = EffectSetSubmission(
+        declaration, {m.declaration.effect_id: m.input for m in bound.members},
+        {effect_id: Strength.TARGETED for effect_id in targeted})
+    return {"effect_set": submission.to_json()}
+
+
 def submit_with_retry(client: HarbourClient, body: dict[str, Any], request_id: str,
                       on_retry: Callable[[HarbourUnavailable, float], None],
                       delays: tuple[float, ...] = SUBMIT_RETRY_DELAYS
@@ -225,9 +278,16 @@ def submit_with_retry(client: HarbourClient, body: dict[str, Any], request_id: s
               help="The Pilot (its pilot_id, as registered with the Harbourmaster) that runs "
                    "the change.")
 @click.option("--target", required=True, help="The target's name as that Pilot knows it.")
-@click.option("--sql", "sql", multiple=True, required=True,
+@click.option("--sql", "sql", multiple=True,
               help="One statement; repeat for more (run in order, in one transaction). SQLite "
-                   "uses ? placeholders, PostgreSQL %s.")
+                   "uses ? placeholders, PostgreSQL %s. Not with --effects.")
+@click.option("--effects", "effects_file", type=click.Path(path_type=Path), default=None,
+              help="An Effect Set declaration (JSON, marque-effect-set/0.1) instead of --sql; "
+                   "each member's input file is read relative to it and sent as its captured "
+                   "relation.")
+@click.option("--targeted", "targeted", multiple=True, metavar="EFFECT_ID",
+              help="With --effects: preview this member targeted (before/after unavailable) "
+                   "instead of full_diff; repeat for more.")
 @click.option("--param", "param", multiple=True,
               help="A JSON array of parameters for the n-th --sql (in order).")
 @click.option("--executions", type=int, required=True,
@@ -250,7 +310,8 @@ def submit_with_retry(client: HarbourClient, body: dict[str, Any], request_id: s
 @harbour_options
 @json_option
 @guarded
-def request_(pilot_id: str, target: str, sql: tuple[str, ...], param: tuple[str, ...],
+def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Path | None,
+             targeted: tuple[str, ...], param: tuple[str, ...],
              executions: int, max_rows: int, attempts: int, isolation: str,
              statement_timeout: str | None, ttl: str, reason: str | None,
              request_id: str | None, harbour_url: str | None, token: str | None,
@@ -267,9 +328,19 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], param: tuple[str,
     if request_id is not None:
         checked_id(request_id)
     budget = Budget(executions, max_rows, attempts)
+    if effects_file is not None:
+        if sql or param or statement_timeout is not None:
+            raise InvalidInput("--effects asks for an Effect Set: give no --sql, --param or "
+                               "--statement-timeout with it")
+        change = effects_body(effects_file, targeted)
+    elif not sql:
+        raise InvalidInput("give the change: --sql (repeatable) or --effects FILE")
+    elif targeted:
+        raise InvalidInput("--targeted is for an Effect Set (--effects)")
+    else:
+        change = change_body(sql, param, isolation, statement_timeout)
     body: dict[str, Any] = {
-        "pilot_id": pilot_id, "target": target,
-        "change": change_body(sql, param, isolation, statement_timeout),
+        "pilot_id": pilot_id, "target": target, "change": change,
         "budget": budget.to_claim(), "ttl_seconds": parse_duration(ttl),
     }
     if reason is not None:

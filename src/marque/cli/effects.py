@@ -46,7 +46,7 @@ def effects() -> None:
     """Effect Sets: preview rows, apply them row by row, read receipts, reconcile."""
 
 
-def _inputs(declaration_file: Path, declaration: Any,
+def read_inputs(declaration_file: Path, declaration: Any,
             overrides: tuple[str, ...]) -> dict[str, tuple[bytes, str]]:
     """Each member's input file (its ``input``, relative to the declaration, or an
     ``--input EFFECT_ID=FILE``), read, with its format from the extension."""
@@ -109,7 +109,7 @@ def preview(home: Path, declaration_file: Path, target: str, inputs: tuple[str, 
     if unknown:
         raise EffectDeclarationInvalid(f"--targeted names no member {unknown[0]!r}",
                                        detail={"rule": "targeted", "path": "--targeted"})
-    bound = bind_files(declaration, _inputs(declaration_file, declaration, inputs))
+    bound = bind_files(declaration, read_inputs(declaration_file, declaration, inputs))
     request_id = check_request_id(request_id) if request_id else new_request_id()
     pilot = open_pilot(home, recover=False)
     try:

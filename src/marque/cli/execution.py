@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +131,12 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
         out.say(f"  {_STATUS_MEANING[outcome.status]}")
     if outcome.error:
         out.say(f"  error {one_line(outcome.error['code'])}: {literal(outcome.error['message'])}")
-    if outcome.result:
+    summary = (outcome.result or {}).get("effect_set")
+    if isinstance(summary, dict):
+        out.say(f"  set receipt {one_line(summary.get('set_receipt_cid'))}: "
+                f"{one_line(summary.get('status'))} (Run {one_line(summary.get('run_outcome'))}"
+                f", rows {one_line(json.dumps(summary.get('rows') or {}))})")
+    elif outcome.result:
         out.say("  " + " | ".join(one_line(c) for c in outcome.result["columns"]))
         for row in outcome.result["rows"]:
             out.say("  " + " | ".join(one_line(v) for v in row))

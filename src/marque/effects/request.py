@@ -38,13 +38,14 @@ from marque.effects.preview import Strength
 from marque.errors import EffectInputInvalid, MarqueError, MarqueInvalid
 
 __all__ = ["REQUEST_VERSION", "RUN_IDENTITY_VERSION", "EffectPreviewRequest",
-           "relation_from_json", "run_identity_cid"]
+           "EffectSetSubmission", "relation_from_json", "run_identity_cid"]
 
 REQUEST_VERSION = "marque-effect-preview-request/0.1"
 #: Marque's Run identity for an Effect-only Run (the seed leaves its preimage to the Host).
 RUN_IDENTITY_VERSION = "marque-effect-run/0.1"
 _FIELDS = {"version", "declaration", "inputs", "logical_request_scope", "run_identity_cid",
            "strength"}
+_SUBMISSION_FIELDS = frozenset({"declaration", "inputs", "strength"})
 
 
 def run_identity_cid(logical_request_scope: str, bound: BoundEffectSet, run: str = "1") -> str:
@@ -144,3 +145,93 @@ class EffectPreviewRequest:
         if not isinstance(data, dict) or set(data) != {"effect_set"}:
             raise MarqueInvalid("an Effect Set preview's change is {effect_set: <request>}")
         return cls.from_json(data["effect_set"])
+
+
+@dataclass(frozen=True)
+class EffectSetSubmission:
+    """What a caller asks a Harbourmaster for (``change: {effect_set: …}`` of ``POST
+    /v1/requests``): a declaration, its captured inputs and the strength per member.
+
+    The JSON shape is ``{declaration, inputs: {effect_id: {version, columns, rows}},
+    strength?: {effect_id: full_diff | targeted}}``; inputs are captured relations (the
+    CLI reads each member's ``input`` file and sends its content). Reading it binds
+    every member to its relation, so every declaration, input and binding rule is
+    checked before anything is stored. The bindings (request scope, Run) are the
+    Harbourmaster's, added by :meth:`preview_request`.
+    """
+
+    declaration: EffectSetDeclaration
+    inputs: Mapping[str, InputRelation]
+    strength: Mapping[str, Strength]
+
+    def bound(self) -> BoundEffectSet:
+        """Every member bound to its relation (:func:`marque.effects.declare.bind`)."""
+        return bind(self.declaration, self.inputs)
+
+    @property
+    def caller_input_intent_cid(self) -> str:
+        """The captured inputs' ``caller_input_intent_cid`` (never ``NoInputIntent``)."""
+        return self.bound().caller_input_intent_cid
+
+    def to_json(self) -> dict[str, Any]:
+        """``{declaration, inputs, strength}``, canonical: what the request stores."""
+        return {"declaration": self.declaration.to_json(),
+                "inputs": {eid: rel.to_json() for eid, rel in sorted(self.inputs.items())},
+                "strength": {eid: Strength(s).value for eid, s in sorted(self.strength.items())}}
+
+    def to_claim(self) -> dict[str, Any]:
+        """The stored request change: ``{effect_set: <to_json>, change_cid}``, ``change_cid``
+        being the CID of ``{effect_set}`` (DESIGN §8: the CID of the claim without it)."""
+        body = {"effect_set": self.to_json()}
+        return {**body, "change_cid": cid(body)}
+
+    @property
+    def change_cid(self) -> str:
+        """``CID({effect_set: <to_json>})``: the request's change, before any preview."""
+        return cid({"effect_set": self.to_json()})
+
+    def preview_request(self, logical_request_scope: str) -> EffectPreviewRequest:
+        """The Pilot's preview request for this submission under ``logical_request_scope``
+        (its Run: :func:`run_identity_cid` of that scope, run ``"1"``)."""
+        return EffectPreviewRequest(self.declaration, dict(self.inputs), logical_request_scope,
+                                    run_identity_cid(logical_request_scope, self.bound()),
+                                    dict(self.strength))
+
+    @classmethod
+    def from_json(cls, value: object,
+                  error: type[MarqueError] = MarqueInvalid) -> EffectSetSubmission:
+        """Read a submission strictly and bind it. Declaration, input and binding refusals
+        keep their own codes (``effect_declaration_invalid``, ``effect_input_invalid``,
+        ``effect_duplicate_identity``, ``effect_max_items_exceeded``); a wrong shape is
+        ``error``."""
+        if not isinstance(value, dict) or not {"declaration", "inputs"} <= set(value) \
+                or set(value) - _SUBMISSION_FIELDS:
+            got = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise error("change.effect_set is {declaration, inputs, strength?}; got "
+                        f"{got}")
+        inputs_raw = value["inputs"]
+        strength_raw = value.get("strength") or {}
+        if not isinstance(inputs_raw, dict) or not isinstance(strength_raw, dict):
+            raise error("change.effect_set.inputs and .strength are objects keyed by effect_id")
+        declaration = parse_declaration(value["declaration"])
+        inputs = {str(eid): relation_from_json(rel) for eid, rel in inputs_raw.items()}
+        try:
+            strength = {str(eid): Strength(s) for eid, s in strength_raw.items()}
+        except ValueError as exc:
+            raise error(f"change.effect_set.strength: {exc}") from None
+        unknown = sorted(set(strength) - {m.effect_id for m in declaration.members})
+        if unknown:
+            raise error(f"change.effect_set.strength names no member {unknown[0]!r}")
+        made = cls(declaration, inputs, strength)
+        made.bound()  # every binding rule, before anything is stored
+        return made
+
+    @classmethod
+    def from_claim(cls, data: object) -> EffectSetSubmission:
+        """Read a stored request change ``{effect_set, change_cid}`` back, checking its CID."""
+        if not isinstance(data, dict) or set(data) != {"effect_set", "change_cid"}:
+            raise MarqueInvalid("an Effect Set request's change is {effect_set, change_cid}")
+        made = cls.from_json(data["effect_set"])
+        if made.change_cid != data["change_cid"]:
+            raise MarqueInvalid("change_cid does not match the Effect Set it names")
+        return made

@@ -9,8 +9,19 @@ sides of that comparison are CIDs over closed preimages, written here once:
   Harbourmaster and the principal's unique name) and the caller request id;
 * the **intent** — ``intent_fingerprint`` over the program (pilot, target,
   statement texts, guards, isolation, timeout, budget, ttl), the parameter
-  values, and the caller input intent (always ``NO_INPUT_INTENT``: a statement
+  values, and the caller input intent (``NO_INPUT_INTENT``: a statement
   request captures no input).
+
+An **Effect Set request** (DESIGN §7) has its own program preimage,
+``marque-effect-request-program/0.1``, binding the declaration by its CID
+(``EffectSetDeclaration.declaration_cid``, which leaves out the members'
+``input`` file names) and the strength asked per member; its parameters are
+the empty list (``params: []``: an Effect Set has no statement parameters);
+and its ``caller_input_intent_cid`` is the captured inputs'
+(``marque-caller-input-intent/0.1``, docs/effects.md) — never
+``NO_INPUT_INTENT``. So a changed input value, member or strength is another
+intent (``conflict`` under the same request id), while the same declaration
+and relations sent again — from JSON or CSV, rows in any order — are the same.
 
 How the change is split between the two intent parts: ``statements`` in the
 program preimage is the list of SQL texts, and every statement's parameters go
@@ -29,12 +40,13 @@ from __future__ import annotations
 
 import unicodedata
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from marque.change import Budget, Change, Guard
 from marque.cid import cid
+from marque.effects.request import EffectSetSubmission
 from marque.errors import RequestIdInvalid
 
 __all__ = [
@@ -52,6 +64,8 @@ __all__ = [
     "parameter_values_cid",
     "intent_fingerprint",
     "request_identity",
+    "effect_program_definition_cid",
+    "effect_request_identity",
 ]
 
 #: The longest caller request id, in UTF-8 bytes.
@@ -60,6 +74,7 @@ REQUEST_ID_MAX_BYTES = 256
 AUTHORITY_SCOPE_VERSION = "marque-authority-scope/0.1"
 LOGICAL_REQUEST_VERSION = "actql-logical-request/0.1"
 PROGRAM_VERSION = "marque-request-program/0.1"
+EFFECT_PROGRAM_VERSION = "marque-effect-request-program/0.1"
 PARAMETERS_VERSION = "marque-request-parameters/0.1"
 CALLER_INPUT_INTENT_VERSION = "actql-caller-input-intent/0.1"
 INTENT_VERSION = "actql-logical-request-intent/0.1"
@@ -328,4 +343,55 @@ def request_identity(
         parameter_values_cid=parameters,
         caller_input_intent_cid=NO_INPUT_INTENT,
         intent_fingerprint=intent_fingerprint(NO_INPUT_INTENT, parameters, program),
+    )
+
+
+def effect_program_definition_cid(
+    pilot_id: str,
+    target: str,
+    declaration_cid: str,
+    strength: Mapping[str, str],
+    budget: Budget,
+    ttl_seconds: int,
+) -> str:
+    """``CID({version: "marque-effect-request-program/0.1", pilot_id, target,
+    declaration_cid, strength: {effect_id: full_diff | targeted}, budget, ttl_seconds})``:
+    the program of an Effect Set request (its inputs are its caller input intent)."""
+    return cid({
+        "version": EFFECT_PROGRAM_VERSION,
+        "pilot_id": pilot_id,
+        "target": target,
+        "declaration_cid": declaration_cid,
+        "strength": {str(k): str(v) for k, v in sorted(strength.items())},
+        "budget": budget.to_claim(),
+        "ttl_seconds": ttl_seconds,
+    })
+
+
+def effect_request_identity(
+    harbour_id: str,
+    principal: str,
+    request_id: str,
+    submission: EffectSetSubmission,
+    budget: Budget,
+    ttl_seconds: int,
+    pilot_id: str,
+    target: str,
+) -> RequestIdentity:
+    """The :class:`RequestIdentity` of an Effect Set request (module docstring)."""
+    caller_request_id = check_request_id(request_id)
+    authority = authority_scope_cid(harbour_id, principal)
+    program = effect_program_definition_cid(
+        pilot_id, target, submission.declaration.declaration_cid,
+        {eid: s.value for eid, s in submission.strength.items()}, budget, ttl_seconds)
+    parameters = parameter_values_cid([])
+    intent = submission.caller_input_intent_cid
+    return RequestIdentity(
+        caller_request_id=caller_request_id,
+        authority_scope_cid=authority,
+        logical_request_scope=logical_request_scope(authority, caller_request_id),
+        program_definition_cid=program,
+        parameter_values_cid=parameters,
+        caller_input_intent_cid=intent,
+        intent_fingerprint=intent_fingerprint(intent, parameters, program),
     )

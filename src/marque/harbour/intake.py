@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marque.change import Budget, Change, Guard, Statement, is_json_int
+from marque.effects.request import EffectSetSubmission
 from marque.errors import InvalidInput, RequestIdInvalid
 from marque.harbour.executions import REPORTED_STATUSES
 from marque.harbour.identity import resolve_request_id
@@ -23,7 +24,7 @@ _CHANGE_KEYS = frozenset({"statements", "guards", "isolation", "statement_timeou
 _BUDGET_KEYS = frozenset({"executions", "max_rows", "attempts_per_nonce"})
 _PILOT_KEYS = frozenset({"pilot_id", "url", "incarnation", "targets"})
 _REPORT_KEYS = frozenset({"marque_id", "nonce", "attempt", "status", "rows_affected", "error",
-                          "pilot", "cause"})
+                          "pilot", "cause", "effect_set"})
 #: Reports accepted in one delivery.
 MAX_REPORTS = 1000
 
@@ -35,7 +36,8 @@ class Submission:
     request_id: str
     pilot_id: str
     target: str
-    change: Change
+    #: Statements, or an Effect Set (its declaration and captured inputs, DESIGN §7).
+    change: Change | EffectSetSubmission
     budget: Budget
     ttl_seconds: int
     reason: str | None
@@ -71,8 +73,12 @@ def _params(value: Any, where: str) -> tuple[Any, ...]:
     return tuple(value)
 
 
-def read_change(value: Any) -> Change:
-    """``{statements: [{sql, params}], guards?, isolation?, statement_timeout_ms?}``."""
+def read_change(value: Any) -> Change | EffectSetSubmission:
+    """``{statements: [{sql, params}], guards?, isolation?, statement_timeout_ms?}``, or
+    ``{effect_set: {declaration, inputs, strength?}}`` (an Effect Set request)."""
+    if isinstance(value, Mapping) and "effect_set" in value:
+        data = _object(value, "change", frozenset({"effect_set"}), frozenset({"effect_set"}))
+        return EffectSetSubmission.from_json(data["effect_set"], InvalidInput)
     data = _object(value, "change", _CHANGE_KEYS, frozenset({"statements"}))
     statements = data["statements"]
     if not isinstance(statements, list) or not statements:
@@ -172,5 +178,9 @@ def read_reports(body: Any) -> tuple[str, list[dict[str, Any]]]:
         if not isinstance(pilot, Mapping) or not isinstance(pilot.get("id"), str) \
                 or not isinstance(pilot.get("incarnation"), str):
             raise InvalidInput(f"{where}.pilot must be {{id, incarnation}}")
+        effect_set = report.get("effect_set")
+        if effect_set is not None and not isinstance(effect_set, Mapping):
+            raise InvalidInput(f"{where}.effect_set must be an object (an Effect Set "
+                               "attempt's summary and set receipt) or absent")
         checked.append(dict(report))
     return pilot_id, checked

@@ -36,8 +36,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from marque.change import Budget, Change, is_json_int
+from marque.change import AnyChange, Budget, Change, EffectSetChange, is_json_int
 from marque.cid import MAX_SAFE_INT, is_cid
+from marque.effects.request import EffectPreviewRequest
 from marque.errors import Forbidden, InvalidInput, MarqueInvalid, RevalidationFailed
 from marque.harbour.checkpoint import Checkpoint, Tally, TallyState
 from marque.service_tokens import MAX_SHORT_TOKEN_SECONDS
@@ -116,7 +117,7 @@ def _read_approval(approval: Any) -> dict[str, Any]:
 
 def _bind_to_checkpoint(
     approval: dict[str, Any], checkpoint: Checkpoint, *, logical_request_scope: str,
-    change: Change, pilot_id: str, incarnation: str, target: str,
+    change: AnyChange, pilot_id: str, incarnation: str, target: str,
 ) -> None:
     """Refuse a marque that would carry anything other than what the Checkpoint sealed."""
     mismatched = [
@@ -185,7 +186,7 @@ def issue_request_marque(
     pilot_id: str,
     incarnation: str,
     target: str,
-    change: Change,
+    change: AnyChange,
     budget: Budget,
     ttl_seconds: int,
     max_ttl_seconds: int | None,
@@ -213,8 +214,8 @@ def issue_request_marque(
     ttl = check_ttl(ttl_seconds, max_ttl_seconds)
     if not isinstance(logical_request_scope, str) or not is_cid(logical_request_scope):
         raise InvalidInput("logical_request_scope must be a CID")
-    if not isinstance(change, Change):
-        raise InvalidInput("change must be a Change")
+    if not isinstance(change, Change | EffectSetChange):
+        raise InvalidInput("change must be a Change or an EffectSetChange")
     claim = _read_approval(approval)
     if "checkpoint_cid" in claim:
         if checkpoint is None:
@@ -312,7 +313,7 @@ class Issuer:
         pilot_id: str,
         incarnation: str,
         target: str,
-        change: Change,
+        change: AnyChange,
         budget: Budget,
         ttl_seconds: int,
         max_ttl_seconds: int | None,
@@ -336,7 +337,7 @@ class Issuer:
         pilot_id: str,
         incarnation: str,
         target: str,
-        change: Change,
+        change: Change | EffectPreviewRequest,
         sample_rows: int = 10,
         max_rows: int | None = None,
         ttl_seconds: int = MAX_SHORT_TOKEN_SECONDS,

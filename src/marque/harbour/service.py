@@ -27,14 +27,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from marque.change import Budget, Change
+from marque.change import AnyChange, Budget, Change, EffectSetChange
 from marque.cid import cid
 from marque.client import PilotClient
+from marque.effects.request import EffectSetSubmission
 from marque.errors import (
     AccountConfigInvalid,
     AccountDenied,
     AccountNoMatch,
     Conflict,
+    EffectPreviewInvalid,
+    EffectUnsupported,
     Forbidden,
     InvalidInput,
     MarqueError,
@@ -57,14 +60,32 @@ from marque.harbour.checkpoint import (
     seal_resolution,
     tally,
 )
+from marque.harbour.effect_requests import (
+    RequestChange,
+    effect_preview_mismatch,
+    marque_change,
+    stored_change,
+)
 from marque.harbour.heads import sign_head
 from marque.harbour.home import HarbourHome, open_home_store
-from marque.harbour.identity import authority_scope_cid, logical_request_scope, request_identity
+from marque.harbour.identity import (
+    authority_scope_cid,
+    effect_request_identity,
+    logical_request_scope,
+    request_identity,
+)
 from marque.harbour.intake import read_registration, read_reports, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
 from marque.harbour.lifecycle import IntentConflict, RequestState, StaleVersion
 from marque.harbour.principals import Principal, Role
-from marque.harbour.routing import ALLOW, DELEGATE, Decision, evaluate, parse_config
+from marque.harbour.routing import (
+    ALLOW,
+    DELEGATE,
+    Decision,
+    evaluate,
+    evaluate_effects,
+    parse_config,
+)
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
 from marque.harbour.views import pilot_object, request_object
@@ -221,9 +242,14 @@ class Harbourmaster:
         """
         _require(principal, Role.REQUESTER)
         sub = read_submission(body, idempotency_key)
-        identity = request_identity(self.store.harbour_id, principal.name, sub.request_id,
-                                    sub.change, sub.budget, sub.ttl_seconds, sub.pilot_id,
-                                    sub.target)
+        if isinstance(sub.change, EffectSetSubmission):
+            identity = effect_request_identity(
+                self.store.harbour_id, principal.name, sub.request_id, sub.change, sub.budget,
+                sub.ttl_seconds, sub.pilot_id, sub.target)
+        else:
+            identity = request_identity(self.store.harbour_id, principal.name, sub.request_id,
+                                        sub.change, sub.budget, sub.ttl_seconds, sub.pilot_id,
+                                        sub.target)
         active = self.store.find_active(identity.logical_request_scope)
         if active is not None:
             return self._repeat(active, identity.intent_fingerprint, sub.request_id), False
@@ -238,7 +264,9 @@ class Harbourmaster:
                             detail={"principal": principal.name})
         decision = self._route(principal.name, pilot, sub.target, sub.change)
         # Routing decides read_only, which is part of the change and so of its CID.
-        change = replace(sub.change, access="read_only") if decision.all_read else sub.change
+        change: RequestChange = sub.change
+        if isinstance(change, Change) and decision.all_read:
+            change = replace(change, access="read_only")
         if decision.outcome == DELEGATE:
             check_ttl(sub.ttl_seconds, decision.max_ttl_seconds)
         draft = RequestDraft(
@@ -273,7 +301,7 @@ class Harbourmaster:
                                "Harbourmaster", detail={"pilot_id": pilot_id[:64]}) from None
 
     def _route(self, principal: str, pilot: PilotRecord, target: str,
-               change: Change) -> Decision:
+               change: RequestChange) -> Decision:
         """Route by the adopted config, re-derived from its source (never a stale parse)."""
         adopted = self.store.current_routing_config()
         if adopted is None:
@@ -289,16 +317,21 @@ class Harbourmaster:
             raise InvalidInput(f"Pilot {pilot.pilot_id} registered target {target[:64]!r} "
                                "without its dialect; it must register again",
                                detail={"pilot_id": pilot.pilot_id, "target": target[:64]})
+        if isinstance(change, EffectSetSubmission):
+            return evaluate_effects(config, principal, target,
+                                    [(m.kind.value, m.table) for m in change.declaration.members],
+                                    dialect)
         return evaluate(config, principal, target, [s.sql for s in change.statements], dialect)
 
     def _prepare(self, request: Request, decision: Decision | None) -> Request:
         """Take a ``preparing`` request on: refuse it, issue at once, or seek approval."""
-        change = Change.from_claim(request.change)
+        change = stored_change(request.change)
         pilot = self._pilot(request.pilot_id)
         if decision is None:  # resuming: route again, as nothing was sealed yet
-            decision = self._route(request.principal, pilot, request.target,
-                                   replace(change, access=None))
-            if decision.permitted and decision.all_read != change.read_only:
+            unmoded = replace(change, access=None) if isinstance(change, Change) else change
+            decision = self._route(request.principal, pilot, request.target, unmoded)
+            read_only = isinstance(change, Change) and change.read_only
+            if decision.permitted and decision.all_read != read_only:
                 return self._end(request, S.FAILED, "revalidation_failed",
                                  "the routing decision changed while the request was being "
                                  "prepared; ask again", actor=request.principal,
@@ -313,14 +346,54 @@ class Harbourmaster:
                 raise type(refusal)(refusal.message,
                                     detail={"id": failed.id, "routing": routing}) from None
         if decision.outcome == ALLOW:
-            return self._issue(request, change, approval=approval_for_allow(decision.config_cid),
+            issued: AnyChange
+            preview: dict[str, Any] | None = None
+            if isinstance(change, EffectSetSubmission):
+                # The marque names the preview, so even an allowed Effect Set is previewed.
+                preview, issued = self._effect_preview(request, change, pilot, decision)
+            else:
+                issued = change
+            return self._issue(request, issued, approval=approval_for_allow(decision.config_cid),
                                max_ttl=decision.max_ttl_seconds, actor=request.principal,
-                               routing=routing)
+                               routing=routing, preview=preview)
         return self._seek_approval(request, change, pilot, decision)
 
-    def _seek_approval(self, request: Request, change: Change, pilot: PilotRecord,
+    def _effect_preview(self, request: Request, change: EffectSetSubmission,
+                        pilot: PilotRecord, decision: Decision
+                        ) -> tuple[dict[str, Any], EffectSetChange]:
+        """The Effect Set's preview from its Pilot (a preview token whose ``change`` is the
+        set, bound to this request's scope), checked to be this request's; the marque's
+        change naming it. A refused or foreign preview ends the request ``failed``."""
+        token = self.issuer.preview_token(
+            pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
+            change=change.preview_request(request.logical_request_scope),
+            sample_rows=PREVIEW_SAMPLE_ROWS,
+            max_rows=Budget.from_claim(request.budget).max_rows)
+        client = self.pilot_client_factory(pilot.url)
+        try:
+            preview = client.preview(token)
+        except (PreviewFailed, EffectPreviewInvalid, EffectUnsupported, UnknownTarget) as exc:
+            failed = self._end(request, S.FAILED, exc.code, exc.message,
+                               actor=request.principal, routing=decision.to_dict())
+            raise type(exc)(exc.message, detail={**exc.detail, "id": failed.id}) from None
+        finally:
+            client.close()
+        verified, mismatch = effect_preview_mismatch(preview, change, pilot_id=pilot.pilot_id,
+                                                     target=request.target)
+        if verified is None:
+            message = f"the Pilot's preview does not describe this Effect Set ({mismatch})"
+            failed = self._end(request, S.FAILED, "preview_failed", message,
+                               actor=request.principal, routing=decision.to_dict())
+            raise PreviewFailed(message, detail={"id": failed.id})
+        return verified.to_json(), EffectSetChange(verified.effect_preview_cid)
+
+    def _seek_approval(self, request: Request, change: RequestChange, pilot: PilotRecord,
                        decision: Decision) -> Request:
         """A preview through the Pilot, then the sealed Checkpoint (``awaiting_approval``)."""
+        if isinstance(change, EffectSetSubmission):
+            preview, issued = self._effect_preview(request, change, pilot, decision)
+            return self._seal(request, pilot, decision, preview, issued.change_cid,
+                              issued.effect_preview_cid)
         budget = Budget.from_claim(request.budget)
         token = self.issuer.preview_token(
             pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
@@ -341,11 +414,17 @@ class Harbourmaster:
             failed = self._end(request, S.FAILED, "preview_failed", message,
                                actor=request.principal, routing=decision.to_dict())
             raise PreviewFailed(message, detail={"id": failed.id})
+        return self._seal(request, pilot, decision, preview, change.change_cid,
+                          preview["preview_cid"])
+
+    def _seal(self, request: Request, pilot: PilotRecord, decision: Decision,
+              preview: dict[str, Any], change_cid: str, preview_cid: str) -> Request:
+        """Seal the Checkpoint over ``preview`` (``awaiting_approval``), or lose the race."""
         now = self._now()
         checkpoint = seal_checkpoint(
             logical_request_scope=request.logical_request_scope,
-            intent_fingerprint=request.intent_fingerprint, change_cid=change.change_cid,
-            preview_cid=preview["preview_cid"], config_cid=decision.config_cid,
+            intent_fingerprint=request.intent_fingerprint, change_cid=change_cid,
+            preview_cid=preview_cid, config_cid=decision.config_cid,
             approvals=decision.approvals, pilot_id=pilot.pilot_id,
             incarnation=pilot.incarnation, target=request.target,
             expires_at=now + self.checkpoint_ttl_seconds)
@@ -368,12 +447,15 @@ class Harbourmaster:
         except StaleVersion:
             return self.store.get_request(request.id)
 
-    def _issue(self, request: Request, change: Change, *, approval: dict[str, Any],
+    def _issue(self, request: Request, change: AnyChange, *, approval: dict[str, Any],
                max_ttl: int | None, actor: str, checkpoint: Checkpoint | None = None,
-               routing: dict[str, Any] | None = None) -> Request:
+               routing: dict[str, Any] | None = None,
+               preview: dict[str, Any] | None = None) -> Request:
         """Sign the request's marque and store it with ``prepared``, or lose the race."""
         requester = self.store.get_principal(request.principal)
         extra: dict[str, Any] = {} if routing is None else {"routing": routing}
+        if preview is not None:
+            extra["preview"] = preview
         if requester.revoked:
             return self._end(request, S.FAILED, "revalidation_failed",
                              f"the requester {requester.name} was revoked", actor=actor, **extra)
@@ -510,7 +592,7 @@ class Harbourmaster:
             except RevalidationFailed as exc:
                 return self._end(request, S.FAILED, exc.code, exc.message, actor=actor)
         max_ttl = (request.routing or {}).get("max_ttl_seconds")
-        return self._issue(request, Change.from_claim(request.change),
+        return self._issue(request, marque_change(request.change, request.preview),
                            approval=approval_for_checkpoint(checkpoint, counted),
                            checkpoint=checkpoint, max_ttl=max_ttl, actor=actor)
 

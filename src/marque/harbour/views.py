@@ -7,6 +7,7 @@ read from its stored reports (the latest word per nonce and attempt).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from marque.harbour.executions import latest_attempts
@@ -29,8 +30,11 @@ def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
             for r in store.resolutions(request.checkpoint_cid)
         ]
     executions: list[dict[str, Any]] = []
+    receipt = None
     if request.marque_id is not None:
-        executions = latest_attempts(r.body for r in store.reports(request.marque_id))
+        reports = store.reports(request.marque_id)
+        executions = latest_attempts(r.body for r in reports)
+        receipt = effect_receipt(r.body for r in reports)
     routing = None
     if request.routing is not None:
         routing = {name: request.routing.get(name) for name in _ROUTING_SHOWN}
@@ -59,11 +63,32 @@ def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
         "marque": marque,
         "marque_id": request.marque_id,
         "executions": executions,
+        "receipt": receipt,
         "failure": request.failure,
         "rolls_back": request.rolls_back,
         "created_at": request.created_at,
         "updated_at": request.updated_at,
     }
+
+
+def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """An Effect Set request's set receipt, from the last report (in the order received)
+    that carried one: ``{nonce, attempt, status, set_receipt, row_states, run_outcome,
+    effect_preview_cid, set_receipt_cid}`` — ``row_states`` is every row's latest state by
+    member, so a row reconciliation settled shows its settled state. None until a Pilot
+    reported one (and for every statement request)."""
+    found = None
+    for body in reports:
+        summary = body.get("effect_set")
+        if isinstance(summary, dict) and isinstance(summary.get("set_receipt"), dict):
+            found = {"nonce": body.get("nonce"), "attempt": body.get("attempt"),
+                     "status": summary["set_receipt"].get("status"),
+                     "set_receipt_cid": summary.get("set_receipt_cid"),
+                     "effect_preview_cid": summary.get("effect_preview_cid"),
+                     "run_outcome": summary.get("run_outcome"),
+                     "row_states": summary.get("row_states"),
+                     "set_receipt": summary["set_receipt"]}
+    return found
 
 
 def pilot_object(pilot: PilotRecord) -> dict[str, Any]:

@@ -553,6 +553,11 @@ class SqlLedger(Housekeeping, EffectLedger, Ledger):
                     "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
                     "cause": cause,
                 }
+                effect_set = (record.result or {}).get("effect_set")
+                if isinstance(effect_set, dict):
+                    # An Effect Set attempt's summary and set receipt travel with its
+                    # report, so the Harbourmaster keeps the receipt with the request.
+                    payload["effect_set"] = effect_set
                 tx.execute(
                     "INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "

@@ -93,7 +93,7 @@ if TYPE_CHECKING:
     from marque.token import Marque
 
 __all__ = ["preview_effects", "admit", "apply_claimed", "reconcile_effects",
-           "local_authorization", "execution_receipts"]
+           "authorization", "local_authorization", "execution_receipts"]
 
 D = DispatchState
 #: Marque's authorization evidence for a marque issued without a Harbourmaster.
@@ -198,6 +198,30 @@ def admit(pilot: Pilot, marque: Marque) -> EffectPreview:
                                     detail={"effect_id": member.effect_id})
         check_capability(member.failure_policy, SQL_ROW_CAPABILITY)
     return preview
+
+
+def authorization(marque: Marque) -> dict[str, Any]:
+    """The set receipt's authorization evidence for ``marque``: a Harbourmaster's marque
+    carries its ``approval`` claim — ``{checkpoint_cid, resolutions}`` becomes ``{kind:
+    "approval", checkpoint_cid, resolution_cids}``, ``{config_cid}`` an account ``allow``;
+    a marque issued locally has none (:func:`local_authorization`). The claim is read from
+    the token whose signature :func:`marque.token.read_marque` already verified."""
+    from marque.cid import is_cid
+    from marque.token import unverified_claims
+
+    approval = (unverified_claims(marque.token) or {}).get("approval")
+    if isinstance(approval, dict) and set(approval) == {"checkpoint_cid", "resolutions"}:
+        resolutions = approval["resolutions"]
+        if (isinstance(approval["checkpoint_cid"], str) and is_cid(approval["checkpoint_cid"])
+                and isinstance(resolutions, list) and resolutions
+                and all(isinstance(r, str) and is_cid(r) for r in resolutions)):
+            return {"kind": "approval", "checkpoint_cid": approval["checkpoint_cid"],
+                    "resolution_cids": list(resolutions)}
+    if (isinstance(approval, dict) and set(approval) == {"config_cid"}
+            and isinstance(approval["config_cid"], str) and is_cid(approval["config_cid"])):
+        return {"kind": "allow", "config_cid": approval["config_cid"],
+                "approval_required": False, "risk_claim_required": False}
+    return local_authorization(marque)
 
 
 def local_authorization(marque: Marque) -> dict[str, Any]:
@@ -324,7 +348,7 @@ def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecor
                         for mi, member in enumerate(preview.members)
                         for ri, row in enumerate(member.changes)]
             pilot.ledger.effect_begin(marque.marque_id, nonce, preview.effect_preview_cid,
-                                      local_authorization(marque), reserved, pilot.clock())
+                                      authorization(marque), reserved, pilot.clock())
             rows = pilot.ledger.effect_rows(marque.marque_id, nonce)
     except (NotApplied, TargetUnavailable) as exc:
         return aborted(exc)
@@ -416,9 +440,18 @@ def _store_receipts(pilot: Pilot, marque_id: str, nonce: str, attempt: int,
 
 def _summary(preview: EffectPreview, sealed: SetReceipt, states: list[str],
              rows: list[DispatchRow]) -> dict[str, Any]:
+    """The attempt's ``result``: the set receipt (whole: it is what the Harbourmaster keeps
+    with the request, through the outbox report), the Run outcome, and every row's latest
+    state by member (``row_states``, in preview order)."""
+    by_member: dict[str, list[str]] = {}
+    position = 0
+    for member in preview.members:
+        by_member[member.effect_id] = states[position:position + member.item_count]
+        position += member.item_count
     return {"effect_set": {
         "effect_preview_cid": preview.effect_preview_cid,
         "set_receipt_cid": sealed.receipt_cid, "status": sealed.status,
+        "set_receipt": sealed.to_json(), "row_states": by_member,
         "run_outcome": run_outcome(states), "rows": dict(sorted(Counter(states).items())),
         "rows_affected": sum((r.outcome or {}).get("rows_affected", 0) for r in rows
                              if (r.outcome or {}).get("state") == "applied")}}

@@ -196,6 +196,101 @@ def _preview(preview: dict[str, Any] | None) -> dict[str, Any] | None:
             "statements": statements}
 
 
+#: How an Effect Set row's (or receipt's) state is shown: ``unknown`` is unknown — needing a
+#: human, never the failure colour.
+ROW_STATES: dict[str, Tone] = {
+    "applied": Tone("applied", "ok", "✓", "committed"),
+    "accepted": Tone("accepted", "ok", "✓", "accepted by the target"),
+    "failed": Tone("failed", "bad", "✕", "provably not applied"),
+    "unattempted": Tone("unattempted", "ended", "–", "never sent"),
+    "rolled_back": Tone("rolled back", "ended", "↺", "rolled back with its batch"),
+    "unknown": Tone("unknown: needs a human", "unknown", "?",
+                    "it may or may not have committed; reconciliation settles it from its "
+                    "row stamp, never by resending"),
+    "unknown_outcome": Tone("unknown outcome: needs a human", "unknown", "?",
+                            "some rows' outcome is not known yet; reconciliation settles them"),
+    "partial_failure": Tone("partial failure", "bad", "✕", "some rows applied, others not"),
+    "needs_reconciliation": Tone("needs reconciliation", "unknown", "?",
+                                 "a row's outcome is unknown: a human must look"),
+    "succeeded": Tone("succeeded", "ok", "✓", "every row applied"),
+}
+
+
+def _row_state(state: str | None) -> dict[str, Any]:
+    return {"state": state, "tone": tone_of(state, ROW_STATES)}
+
+
+def _shown_state(state: dict[str, Any]) -> tuple[str, Any]:
+    """A row state as ``(kind, value)``: ``("present", {column: value})`` or ``(state, None)``."""
+    name = str(state.get("state"))
+    return (name, state.get("value")) if name == "present" else (name, None)
+
+
+def _effect_set(change: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """An Effect Set request's members as asked: declaration and input size per member."""
+    effect_set = change.get("effect_set")
+    if not isinstance(effect_set, dict):
+        return None
+    inputs = effect_set.get("inputs") or {}
+    strength = effect_set.get("strength") or {}
+    return [{**member, "rows": len((inputs.get(member.get("effect_id")) or {}).get("rows")
+                                   or []),
+             "strength": strength.get(member.get("effect_id"), "full_diff")}
+            for member in (effect_set.get("declaration") or {}).get("members") or []]
+
+
+def _effect_preview(preview: dict[str, Any] | None,
+                    receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An Effect preview, row by row (key, before → after per changed column), with each
+    row's state from the set receipt once one is known."""
+    if not preview or "effect_preview_cid" not in preview:
+        return None
+    states = (receipt or {}).get("row_states") or {}
+    members = []
+    for member in preview.get("members") or []:
+        member_states = states.get(member.get("effect_id")) or []
+        rows = []
+        for index, change in enumerate(member.get("changes") or []):
+            before_kind, before = _shown_state(change.get("before") or {})
+            after_kind, after = _shown_state(change.get("after") or {})
+            key = change.get("row_or_item_key")
+            keyed = set(key) if isinstance(key, dict) else set()
+            columns = sorted((set(before or {}) | set(after or {})) - keyed)
+            cells = [{"column": c, "before": (before or {}).get(c),
+                      "after": (after or {}).get(c),
+                      "changed": (before or {}).get(c) != (after or {}).get(c)}
+                     for c in columns]
+            rows.append({"index": index + 1, "key": key, "before_kind": before_kind,
+                         "after_kind": after_kind, "cells": cells,
+                         "row_preview_cid": change.get("row_preview_cid"),
+                         "state": _row_state(member_states[index])
+                         if index < len(member_states) else None})
+        members.append({"effect_id": member.get("effect_id"), "kind": member.get("kind"),
+                        "table": member.get("table"), "key": member.get("key") or [],
+                        "strength": member.get("strength"),
+                        "failure_policy": member.get("failure_policy"),
+                        "item_count": member.get("item_count"), "rows": rows,
+                        "cid": member.get("effect_member_preview_cid")})
+    return {"effect_preview_cid": preview.get("effect_preview_cid"),
+            "previewed_at": (preview.get("authoring_context") or {}).get("previewed_at"),
+            "members": members,
+            "total_rows": sum(int(m.get("item_count") or 0) for m in members)}
+
+
+def _effect_receipt(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not receipt:
+        return None
+    sealed = receipt.get("set_receipt") or {}
+    return {"status": _row_state(receipt.get("status")),
+            "run_outcome": _row_state(receipt.get("run_outcome")),
+            "set_receipt_cid": receipt.get("set_receipt_cid"),
+            "nonce": receipt.get("nonce"), "attempt": receipt.get("attempt"),
+            "authorization": sealed.get("authorization"),
+            "members": [{"effect_id": m.get("effect_id"), "state": _row_state(m.get("state")),
+                         "member_receipt_cid": m.get("member_receipt_cid")}
+                        for m in sealed.get("members") or []]}
+
+
 def _marque(hm: Harbourmaster, request: dict[str, Any]) -> dict[str, Any] | None:
     """The marque's budget and window, read from its claims (never the token itself)."""
     if request.get("marque_id") is None:
@@ -247,8 +342,13 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
         "request": request, "tone": tone_of(request["state"]),
         "statements": _statements(request.get("change") or {}),
         "change_extra": {k: v for k, v in (request.get("change") or {}).items()
-                         if k != "statements"},
-        "routing": stored.routing, "preview": _preview(request.get("preview")),
+                         if k not in ("statements", "effect_set")},
+        "effect_set": _effect_set(request.get("change") or {}),
+        "effect_preview": _effect_preview(request.get("preview"), request.get("receipt")),
+        "effect_receipt": _effect_receipt(request.get("receipt")),
+        "routing": stored.routing,
+        "preview": None if "effect_set" in (request.get("change") or {})
+        else _preview(request.get("preview")),
         "checkpoint": request.get("checkpoint"), "resolutions": request.get("resolutions"),
         "approved": approved, "needed": needed,
         "can_decide": decide, "why_not": why_not, "marque": _marque(hm, request),

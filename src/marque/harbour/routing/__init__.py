@@ -25,6 +25,7 @@ from marque.harbour.routing.decide import (
     TupleDecision,
     evaluate,
     evaluate_accesses,
+    evaluate_effects,
     require_permitted,
 )
 from marque.harbour.routing.overlap import OPERATIONS
@@ -49,6 +50,7 @@ __all__ = [
     "classify",
     "evaluate",
     "evaluate_accesses",
+    "evaluate_effects",
     "parse_config",
     "parse_duration",
     "require_permitted",

@@ -258,6 +258,21 @@ def _resource(table: exp.Table, dialect: str) -> str:
     return f"{schema}.{_name(table.this, dialect)}"
 
 
+def table_resource(table: str, dialect: str) -> str:
+    """The resource of a table an Effect Set member names (``name`` or ``schema.name``, plain
+    identifiers): qualified with the dialect's default schema and named as the classifier
+    names a *quoted* identifier, since the Pilot quotes every identifier it writes —
+    lower-cased on SQLite (it ignores case), exact on PostgreSQL (``"Orders"`` is not
+    ``orders``)."""
+    if dialect not in DIALECTS:
+        raise InvalidInput(f"unknown SQL dialect {dialect!r} (one of {', '.join(DIALECTS)})")
+    schema, _, name = table.rpartition(".")
+    schema = schema or _DEFAULT_SCHEMA[dialect]
+    if dialect != "postgres":
+        schema, name = schema.lower(), name.lower()
+    return f"{schema}.{name}"
+
+
 def _with_clause(node: exp.Expression) -> exp.With | None:
     for value in node.args.values():
         if isinstance(value, exp.With):

@@ -36,12 +36,22 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from marque.errors import AccountConfigInvalid, AccountDenied, AccountNoMatch, InvalidInput
-from marque.harbour.routing.classify import ANY_RESOURCE, READ, Access, classify
+from marque.harbour.routing.classify import (
+    ANY_RESOURCE,
+    READ,
+    Access,
+    classify,
+    table_resource,
+)
 from marque.harbour.routing.config import ALLOW, DELEGATE, DENY, Entry, RoutingConfig
 from marque.harbour.routing.overlap import Other, Point, resource_atoms
 
 __all__ = ["NO_MATCH", "TupleDecision", "Decision", "evaluate", "evaluate_accesses",
-           "require_permitted"]
+           "evaluate_effects", "EFFECT_OPERATIONS", "require_permitted"]
+
+#: The operation each Effect Set member kind is routed as (DESIGN §7, §11.3).
+EFFECT_OPERATIONS: Final = {"create": "write", "update": "write", "upsert": "write",
+                            "delete": "write", "command": "other"}
 
 #: The outcome recorded for a tuple that no entry selects.
 NO_MATCH: Final = "no_match"
@@ -232,6 +242,26 @@ def evaluate(
     return evaluate_accesses(
         config, principal, target, [classify(sql, dialect) for sql in statements_sql]
     )
+
+
+def evaluate_effects(
+    config: RoutingConfig,
+    principal: str,
+    target: str,
+    members: Sequence[tuple[str, str]],
+    dialect: str,
+) -> Decision:
+    """Route an Effect Set: one tuple per member ``(kind, table)`` — its table as the resource
+    (:func:`~marque.harbour.routing.classify.table_resource`) and its kind's operation
+    (:data:`EFFECT_OPERATIONS`) — combined exactly as statements are (a tuple's
+    ``statement`` is the member's index). Never ``all_read``: an Effect Set always writes
+    or commands."""
+    accesses = []
+    for kind, table in members:
+        if kind not in EFFECT_OPERATIONS:
+            raise InvalidInput(f"unknown Effect Set member kind {kind!r}")
+        accesses.append([Access(EFFECT_OPERATIONS[kind], table_resource(table, dialect))])
+    return evaluate_accesses(config, principal, target, accesses)
 
 
 def require_permitted(decision: Decision) -> Decision:
