@@ -1,8 +1,10 @@
 """A TCP proxy in front of PostgreSQL that can lose a COMMIT, for real.
 
 It forwards bytes both ways and reads the frontend protocol just enough to
-recognise, on a connection that has inserted a Marque stamp, the simple-query
-message that ends with ``COMMIT``. When armed it then either
+recognise, on a connection that has inserted a Marque stamp — a nonce's
+(``marque.stamps``) or an Effect Set row's (``marque.row_stamps``), sent as
+text or through a prepared statement whose Parse carried it — the
+simple-query message that ends with ``COMMIT``. When armed it then either
 
 * ``drop_before_commit``: closes both sides without forwarding COMMIT — the
   server sees the client vanish mid-transaction and rolls back; or
@@ -13,7 +15,9 @@ message that ends with ``COMMIT``. When armed it then either
   bytes of the server's answer (cut inside a message or between two), then
   closes the client side — the client hears part of the answer, never all of it.
 
-Each arming fires once. Connect with ``sslmode=disable&gssencmode=disable`` so
+Each arming fires once, at the first stamped COMMIT after the ``skip`` it was
+armed with (an Effect Set commits once per row: ``skip=1`` cuts the second
+row's). Connect with ``sslmode=disable&gssencmode=disable`` so
 the first packet is the plain startup message.
 """
 
@@ -26,6 +30,8 @@ import threading
 from urllib.parse import urlsplit, urlunsplit
 
 STAMP_INSERT = b"INSERT INTO marque.stamps"
+ROW_STAMP_INSERT = b"INSERT INTO marque.row_stamps"
+STAMP_INSERTS = (STAMP_INSERT, ROW_STAMP_INSERT)
 MODES = ("drop_before_commit", "drop_after_commit", "drop_during_reply")
 
 
@@ -38,6 +44,7 @@ class PgProxy:
         self.port = self._listener.getsockname()[1]
         self._armed: str | None = None
         self._reply_bytes = 1
+        self._skip = 0
         self._lock = threading.Lock()
         self.fired = threading.Event()
         self._stopping = False
@@ -56,14 +63,16 @@ class PgProxy:
         user = (netloc[0] + "@") if len(netloc) == 2 else ""
         return proxy, urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
 
-    def arm(self, mode: str, *, reply_bytes: int = 1) -> None:
+    def arm(self, mode: str, *, reply_bytes: int = 1, skip: int = 0) -> None:
         """Make the next stamped COMMIT go wrong the way ``mode`` says (``reply_bytes``:
-        how much of the answer ``drop_during_reply`` lets through, at least 1)."""
+        how much of the answer ``drop_during_reply`` lets through, at least 1; ``skip``:
+        how many stamped COMMITs to let through untouched first)."""
         assert mode in MODES, mode
-        assert reply_bytes >= 1
+        assert reply_bytes >= 1 and skip >= 0
         with self._lock:
             self._armed = mode
             self._reply_bytes = reply_bytes
+            self._skip = skip
             self.fired.clear()
 
     def disarm(self) -> None:
@@ -73,6 +82,9 @@ class PgProxy:
 
     def _take(self) -> tuple[str | None, int]:
         with self._lock:
+            if self._armed is not None and self._skip > 0:
+                self._skip -= 1
+                return None, self._reply_bytes
             mode, self._armed = self._armed, None
             return mode, self._reply_bytes
 
@@ -168,6 +180,8 @@ class PgProxy:
             return
         server.sendall(head + body)  # the startup message has no type byte
         stamped = False
+        #: Prepared statements (by name) whose Parse message inserted a stamp.
+        stamp_statements: set[bytes] = set()
         while not done.is_set():
             ready, _, _ = select.select([client], [], [], 0.2)
             if not ready:
@@ -180,8 +194,16 @@ class PgProxy:
             payload = _recv_exact(client, length - 4)
             if payload is None:
                 return
-            if STAMP_INSERT in payload:
+            if any(insert in payload for insert in STAMP_INSERTS):
                 stamped = True
+                if kind == b"P":  # Parse: statement name, then the query text
+                    name = payload.split(b"\x00", 1)[0]
+                    if name:
+                        stamp_statements.add(name)
+            elif kind == b"B" and stamp_statements:  # Bind: portal, then statement name
+                fields = payload.split(b"\x00", 2)
+                if len(fields) > 1 and fields[1] in stamp_statements:
+                    stamped = True
             if stamped and kind == b"Q" and _ends_with_commit(payload):
                 stamped = False
                 mode, reply_bytes = self._take()
