@@ -1,0 +1,173 @@
+"""An Effect Set request whose `pilot serve` is SIGKILLed mid-set (issue 14).
+
+A real `harbour serve` and a joined `pilot serve` on the SQLite bank (accounts
+1, 2, 3). The Pilot dies right after row 2 committed, before its dispatch
+ledger knew (``MARQUE_CRASH_AT=after_commit@2``). Restarted on the same
+address, it recovers the dead owner's attempt: row 2 is unknown, reconciled
+from its row stamp (never resent), row 3 stays unattempted (halt), and the
+report it then sends brings the reconciled row states to the Harbourmaster —
+the request ends verified, its receipt in agreement with the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e_support import run_cli
+from harbour_support import MARQUE, Harbour, HarbourServer, PilotBank, cli_env, cli_json
+
+from marque.token import make_proof, unverified_claims
+
+DECLARATION = {"version": "marque-effect-set/0.1", "members": [
+    {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
+     "failure_policy": "halt", "max_items": 10}]}
+ROWS = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "balance": 350}]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class CrashStack:
+    """A Harbourmaster (bootstrap profile), a Pilot joined at a fixed loopback address that
+    the test starts, kills and starts again, a requester and an approver."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.harbour = Harbour(root / "harbour")
+        self.bank = PilotBank(root / "pilotbank", self.harbour)
+        conn = sqlite3.connect(self.bank.bank)
+        with conn:
+            conn.execute("INSERT INTO accounts VALUES (3, 100)")
+        conn.close()
+        self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
+        self.bob = self.harbour.add("bob", "approver")
+        pilot_token = self.harbour.add("p1", "pilot")
+        self.server = HarbourServer(self.harbour.home)
+        self.port = _free_port()
+        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
+                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start_pilot(self, crash_at: str | None = None) -> None:
+        """``pilot serve`` at the joined address (with a crash point, if given)."""
+        env = cli_env({"MARQUE_CRASH_AT": crash_at} if crash_at else None)
+        self.proc = subprocess.Popen(
+            [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
+             f"127.0.0.1:{self.port}", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True, env=env, cwd=self.root)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
+
+    def wait_pilot(self) -> int:
+        assert self.proc is not None
+        status = self.proc.wait(timeout=60)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return status
+
+    def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
+        return self.server.call(method, path, token, **kwargs)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.wait_pilot()
+        self.server.stop()
+
+
+@pytest.fixture
+def crash_stack(tmp_path: Path) -> Iterator[CrashStack]:
+    running = CrashStack(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _wait(stack: CrashStack, rq: str, ready: Any, seconds: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while True:
+        shown: dict[str, Any] = stack.call("GET", f"/v1/requests/{rq}", stack.alice).json()
+        if ready(shown) or time.monotonic() > deadline:
+            return shown
+        time.sleep(0.2)
+
+
+def test_a_pilot_killed_mid_set_reconciles_on_restart_and_the_request_shows_the_settled_rows(
+        crash_stack: CrashStack) -> None:
+    """SIGKILL after row 2's commit: nothing is reported; on restart the Pilot reconciles row 2
+    applied from its stamp (not resent), row 3 stays unattempted, and its report makes the
+    request verified with a receipt whose row states are the reconciled ones (unknown_outcome
+    sealed, Run failed), exactly as the Pilot's own ledger says."""
+    stack = crash_stack
+    stack.start_pilot(crash_at="after_commit@2")
+    body = {"request_id": "crash-1", "pilot_id": "p1", "target": "bank",
+            "change": {"effect_set": {"declaration": DECLARATION, "inputs": {"topup": {
+                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
+                "rows": ROWS}}}},
+            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
+            "reason": "top up three accounts"}
+    request = stack.call("POST", "/v1/requests", stack.alice, json=body).json()
+    assert request["state"] == "awaiting_approval", request
+    approved = stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob,
+                          json={"reason": "as shown"})
+    assert approved.status_code == 200, approved.text
+    marque = stack.call("GET", f"/v1/requests/{request['id']}/marque", stack.alice).json()
+    token = marque["marque"]
+
+    holder = json.loads(stack.bank.holder_key.read_text())
+    proof = make_proof(holder, token, nonce="n-1", pilot_id="p1")
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", f"http://127.0.0.1:{stack.port}/v1/executions", timeout=60,
+                          json={"marque": token, "nonce": "n-1", "proof": proof}) as streamed:
+            lines = [json.loads(line) for line in streamed.iter_lines() if line.strip()]
+            assert "outcome" not in lines[-1], lines  # the stream must not end normally
+    assert stack.wait_pilot() == -9
+    assert stack.bank.balances() == {1: 150, 2: 250, 3: 100}
+    before = stack.call("GET", f"/v1/requests/{request['id']}", stack.alice).json()
+    assert before["receipt"] is None and before["executions"] == []
+
+    stack.start_pilot()
+    final = _wait(stack, request["id"], lambda r: r["state"] == "verified"
+                  and r["receipt"] is not None)
+    assert final["state"] == "verified", final
+    assert [(e["nonce"], e["status"]) for e in final["executions"]] == [("n-1", "applied")]
+    receipt = final["receipt"]
+    assert receipt["row_states"] == {"topup": ["applied", "applied", "unattempted"]}
+    assert (receipt["status"], receipt["run_outcome"]) == ("unknown_outcome", "failed")
+    assert receipt["set_receipt"]["members"][0]["state"] == "unknown"
+    assert stack.bank.balances() == {1: 150, 2: 250, 3: 100}
+    conn = sqlite3.connect(stack.bank.bank)
+    try:
+        stamps = conn.execute("SELECT kind FROM marque_row_stamps "
+                              "ORDER BY created_at").fetchall()
+    finally:
+        conn.close()
+    assert stamps == [("applied",), ("applied",)]  # row 2 was never resent, row 3 never sent
+
+    # The Pilot's own ledger agrees with what the Harbourmaster shows.
+    mid = (unverified_claims(token) or {})["jti"]
+    shown = run_cli("effects", "receipt", "--home", stack.bank.home, mid, "n-1", "--json",
+                    env=cli_env(), timeout=60)
+    assert shown.returncode == 4, shown.stderr  # the Run failed: row 3 unattempted
+    ledger = json.loads(shown.stdout)
+    assert ledger["set_receipt"]["receipt_cid"] == receipt["set_receipt_cid"]
+    [chain] = ledger["reconciliation_receipts"]
+    assert chain["terminal"] is True and chain["outcome"]["state"] == "applied"
+    assert [r["state"] for r in ledger["rows"]] == ["applied", "applied", "prepared"]
