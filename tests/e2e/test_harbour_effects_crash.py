@@ -171,3 +171,54 @@ def test_a_pilot_killed_mid_set_reconciles_on_restart_and_the_request_shows_the_
     [chain] = ledger["reconciliation_receipts"]
     assert chain["terminal"] is True and chain["outcome"]["state"] == "applied"
     assert [r["state"] for r in ledger["rows"]] == ["applied", "applied", "prepared"]
+
+
+def test_a_row_left_unknown_at_restart_is_reported_then_settled_by_a_later_report(
+        crash_stack: CrashStack) -> None:
+    """Killed after row 2's commit and restarted while another writer holds the bank's write
+    lock: the tombstone cannot be written, so the attempt is reported indeterminate (no
+    receipt yet) and the request awaits reconciliation; once the lock is gone the Pilot's
+    periodic recovery settles row 2 applied and a later report of the same attempt brings
+    the settled row states."""
+    stack = crash_stack
+    stack.start_pilot(crash_at="after_commit@2")
+    body = {"request_id": "crash-2", "pilot_id": "p1", "target": "bank",
+            "change": {"effect_set": {"declaration": DECLARATION, "inputs": {"topup": {
+                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
+                "rows": ROWS}}}},
+            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
+            "reason": "top up three accounts"}
+    request = stack.call("POST", "/v1/requests", stack.alice, json=body).json()
+    stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob, json={})
+    token = stack.call("GET", f"/v1/requests/{request['id']}/marque", stack.alice).json()[
+        "marque"]
+    holder = json.loads(stack.bank.holder_key.read_text())
+    proof = make_proof(holder, token, nonce="n-1", pilot_id="p1")
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", f"http://127.0.0.1:{stack.port}/v1/executions", timeout=60,
+                          json={"marque": token, "nonce": "n-1", "proof": proof}) as streamed:
+            for _ in streamed.iter_lines():
+                pass
+    assert stack.wait_pilot() == -9
+
+    blocker = sqlite3.connect(stack.bank.bank, isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # another writer: no tombstone can be written
+        stack.start_pilot()
+        pending = _wait(stack, request["id"], lambda r: r["executions"])
+        assert [(e["nonce"], e["status"]) for e in pending["executions"]] == [
+            ("n-1", "indeterminate")], pending
+        assert pending["state"] == "reconciliation"
+        # The recovery's indeterminate report carries no set receipt yet (docs/effects.md,
+        # choice 43): the request shows none until the row is settled.
+        assert pending["receipt"] is None
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    final = _wait(stack, request["id"], lambda r: r["state"] == "verified"
+                  and r["receipt"] is not None, seconds=60)
+    assert final["state"] == "verified", final
+    assert [(e["nonce"], e["status"]) for e in final["executions"]] == [("n-1", "applied")]
+    receipt = final["receipt"]
+    assert receipt["row_states"] == {"topup": ["applied", "applied", "unattempted"]}
+    assert stack.bank.balances() == {1: 150, 2: 250, 3: 100}
