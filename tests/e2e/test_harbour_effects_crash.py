@@ -222,3 +222,49 @@ def test_a_row_left_unknown_at_restart_is_reported_then_settled_by_a_later_repor
     receipt = final["receipt"]
     assert receipt["row_states"] == {"topup": ["applied", "applied", "unattempted"]}
     assert stack.bank.balances() == {1: 150, 2: 250, 3: 100}
+
+
+def test_an_effect_set_whose_ledger_was_wiped_is_verified_from_its_row_stamps(
+        crash_stack: CrashStack) -> None:
+    """The set applies while the Harbourmaster is away, then the Pilot's ledger is wiped: the
+    new incarnation sends the request to reconciliation, and the target's row stamps — an
+    Effect Set leaves no nonce-level stamp — settle it verified, never expired."""
+    stack = crash_stack
+    stack.start_pilot()
+    body = {"request_id": "wiped-1", "pilot_id": "p1", "target": "bank",
+            "change": {"effect_set": {"declaration": DECLARATION, "inputs": {"topup": {
+                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
+                "rows": ROWS}}}},
+            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
+            "reason": "top up three accounts"}
+    request = stack.call("POST", "/v1/requests", stack.alice, json=body).json()
+    approved = stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob,
+                          json={"reason": "as shown"})
+    assert approved.status_code == 200, approved.text
+    token = stack.call("GET", f"/v1/requests/{request['id']}/marque", stack.alice).json()["marque"]
+    harbour_port = int(stack.server.url.rsplit(":", 1)[1])
+    stack.server.stop()
+
+    holder = json.loads(stack.bank.holder_key.read_text())
+    proof = make_proof(holder, token, nonce="n-1", pilot_id="p1")
+    with httpx.stream("POST", f"http://127.0.0.1:{stack.port}/v1/executions", timeout=60,
+                      json={"marque": token, "nonce": "n-1", "proof": proof}) as streamed:
+        lines = [json.loads(line) for line in streamed.iter_lines() if line.strip()]
+    assert lines[-1]["outcome"]["status"] == "applied", lines[-1]
+    applied = stack.bank.balances()
+    assert stack.proc is not None
+    stack.proc.terminate()
+    stack.wait_pilot()
+    for suffix in ("", "-wal", "-shm"):
+        (stack.bank.home / f"ledger.sqlite3{suffix}").unlink(missing_ok=True)
+    cli_json("pilot", "init", "--home", stack.bank.home, "--pilot-id", "p1")
+
+    stack.server = HarbourServer(stack.harbour.home, port=harbour_port)
+    stack.start_pilot()  # registers the new incarnation: the finding
+    waiting = _wait(stack, request["id"], lambda r: r["state"] == "reconciliation")
+    assert waiting["state"] == "reconciliation", waiting
+    settled = stack.call("POST", f"/v1/requests/{request['id']}/expire",
+                         stack.harbour.tokens["admin"], json={"reason": "ledger wiped"})
+    assert settled.status_code == 200, settled.text
+    assert settled.json()["state"] == "verified", settled.json()
+    assert stack.bank.balances() == applied  # nothing ran again

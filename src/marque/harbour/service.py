@@ -662,11 +662,14 @@ class Harbourmaster:
         stamps = [s for s in evidence.get("stamps") or []
                   if isinstance(s, dict) and s.get("marque_id", request.marque_id)
                   == request.marque_id]
+        # Only an applied stamp (of a nonce, or of an Effect Set's row) says it ran; a
+        # tombstone says that attempt, or that row, never did and now never can.
+        applied = [s for s in stamps if s.get("kind", "applied") == "applied"]
         now = self._now()
-        seen = {"stamps": len(stamps), "target_reachable": evidence.get("target_reachable"),
-                "pilot": pilot}
+        seen = {"stamps": len(stamps), "applied_stamps": len(applied),
+                "target_reachable": evidence.get("target_reachable"), "pilot": pilot}
         updates: dict[str, Any] = {}
-        if stamps:
+        if applied:
             to = S.VERIFIED
         elif (evidence.get("target_reachable") is True and request.marque_expires_at is not None
               and now >= request.marque_expires_at + self.skew_seconds):

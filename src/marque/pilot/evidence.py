@@ -23,8 +23,9 @@ def marque_evidence(pilot: Pilot, query_token: str, marque_id: str) -> dict[str,
     the other refusals are those of a marque, and the token's ``jti`` is spent
     (``pop_replayed`` on reuse). The stamps are read from the target the
     ledger's budget row names, or from every served target when the marque
-    was never claimed here. ``target_reachable`` is False when a target could
-    not be asked (then ``stamps`` proves nothing), None when there is none.
+    was never claimed here; an Effect Set's row stamps are listed among them
+    (``row: true``). ``target_reachable`` is False when a target could not be
+    asked (then ``stamps`` proves nothing), None when there is none.
     """
     read = verify_query_token(
         query_token, pilot.trusted, pilot_id=pilot.pilot_id,
@@ -51,8 +52,14 @@ def marque_evidence(pilot: Pilot, query_token: str, marque_id: str) -> dict[str,
     names = ([budget["target"]] if budget is not None and budget["target"] in pilot.targets
              else sorted(pilot.targets))
     for name in names:
+        target = pilot.targets[name]
         try:
-            stamps.extend(dict(s, target=name) for s in pilot.targets[name].stamps_of(marque_id))
+            stamps.extend(dict(s, target=name) for s in target.stamps_of(marque_id))
+            # An Effect Set leaves a stamp per row and none per nonce: its rows are evidence
+            # too, or a marque whose rows applied would look as if it never ran.
+            row_stamps = getattr(target, "row_stamps_of_marque", None)
+            if row_stamps is not None:
+                stamps.extend(dict(s, target=name, row=True) for s in row_stamps(marque_id))
         except MarqueError:
             reachable = False
         else:

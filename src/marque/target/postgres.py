@@ -470,6 +470,9 @@ class PostgresTarget(SqlTarget):
     def _row_read_open(self) -> psycopg.Connection[TupleRow]:
         return self._checkout()
 
+    def _row_stamp_version(self, conn: Any) -> int:
+        return stamp_schema.postgres_version(conn)
+
     def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         cur = conn.cursor()
         cur.execute(sql, params if params else None)

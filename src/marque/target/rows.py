@@ -41,6 +41,8 @@ from marque.effects import cids
 from marque.errors import CommitUnknown, MarqueError, NotApplied
 from marque.outcome import Status
 
+#: The stamp-table version that added the row stamps (target/stamps.py).
+ROW_STAMPS_SINCE = 3
 ROW_STAMP_COLUMNS = (
     "effect_apply_key", "row_idempotency_key", "marque_id", "nonce", "dispatch_attempt", "kind",
     "pilot_id", "incarnation", "rows_affected", "action", "created_at", "expires_at",
@@ -128,6 +130,10 @@ class RowTarget(abc.ABC):
     @abc.abstractmethod
     def _row_read_open(self) -> Any:
         """A connection for reads (no write lock), stamp table not needed."""
+
+    @abc.abstractmethod
+    def _row_stamp_version(self, conn: Any) -> int:
+        """The target's stamp-table version (0: none); row stamps exist from version 3."""
 
     @abc.abstractmethod
     def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
@@ -312,6 +318,22 @@ class RowTarget(abc.ABC):
                            reason=f"the row key's stamp is a {stamp['kind']} of marque "
                                   f"{stamp['marque_id']} nonce {stamp['nonce']} dispatch "
                                   f"{stamp['dispatch_attempt']}: this dispatch never committed")
+
+    def row_stamps_of_marque(self, marque_id: str) -> list[dict[str, Any]]:
+        """Every row stamp of one marque, whatever its nonce (evidence, DESIGN §10): an
+        Effect Set's executions leave row stamps only, never a nonce-level stamp."""
+        conn = self._row_read_open()
+        try:
+            if self._row_stamp_version(conn) < ROW_STAMPS_SINCE:
+                return []  # no Effect Set ever ran here: no row stamps to show
+            rows = self._row_exec(conn, self._p(
+                f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
+                "WHERE marque_id = ? ORDER BY nonce, created_at"), (marque_id,)).fetchall()
+        except Exception as exc:
+            raise self._row_translate(exc) from exc
+        finally:
+            self._row_close(conn)
+        return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]
 
     def row_stamps_of(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         """Every row stamp one execution left (evidence and tests)."""

@@ -383,6 +383,9 @@ class SqliteTarget(SqlTarget):
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
 
+    def _row_stamp_version(self, conn: Any) -> int:
+        return stamp_schema.sqlite_version(conn)
+
     def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         return conn.execute(sql, params)
 
