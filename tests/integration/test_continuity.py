@@ -95,3 +95,42 @@ def test_an_unreachable_target_that_comes_back_to_an_intact_ledger_just_runs(env
     assert env.pilot.incarnation == old
     assert env.pilot.continuity_unchecked == set()
     assert env.balances()[1] == 80
+
+
+def test_a_restored_ledger_is_caught_by_an_effect_sets_row_stamps(tmp_path: Path) -> None:
+    """An Effect Set leaves row stamps and no nonce-level stamp: a ledger restored from before
+    its execution is still caught at start (new incarnation, finding), so the second execution
+    the budget allows cannot apply the rows again."""
+    from effects_world import build_effect_world, member
+
+    world = build_effect_world(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}")
+    try:
+        preview = world.preview([member("bump", "update")],
+                                {"bump": [{"id": 1, "name": "anchor", "qty": 6}]})
+        token = world.issue(preview.effect_preview_cid, executions=2)
+        old = world.pilot.incarnation
+        world.pilot.close()
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        base = world.home / "ledger.sqlite3"
+        for path in (base, base.with_name(base.name + "-wal"), base.with_name(base.name + "-shm")):
+            if path.exists():
+                shutil.copy(path, copy / path.name)
+        world.pilot = open_pilot(world.home)
+        assert world.run(token, "n-1").status == "applied"
+        world.pilot.close()
+        for path in (base, base.with_name(base.name + "-wal"), base.with_name(base.name + "-shm")):
+            path.unlink(missing_ok=True)
+        for saved in copy.iterdir():
+            shutil.copy(saved, world.home / saved.name)
+
+        world.pilot = open_pilot(world.home)
+        assert world.pilot.incarnation != old
+        assert world.pilot.logbook is not None
+        [finding] = world.pilot.logbook.entries("finding.ledger_regressed")
+        assert finding["body"]["unknown_stamps"][0]["row"] is True
+        with pytest.raises(WrongIncarnation):
+            world.run(token, "n-2")
+        assert world.items()[1] == ("anchor", 6)
+    finally:
+        world.close()

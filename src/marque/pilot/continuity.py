@@ -50,6 +50,8 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
             continue
         try:
             stamps = target.stamps(pilot.incarnation, live_after)
+            live_rows = getattr(target, "row_stamps_live", None)
+            row_stamps = [] if live_rows is None else live_rows(pilot.incarnation, live_after)
         except Exception as exc:  # an unreachable target cannot vouch either way: asked again
             unchecked.append(name)
             pilot.continuity_errors[name] = exc if isinstance(exc, MarqueError) else \
@@ -60,6 +62,9 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
         for stamp in stamps:
             if not _knows(pilot, stamp):
                 unknown.append({"target": name, **stamp})
+        for stamp in row_stamps:
+            if not _knows_nonce(pilot, stamp):
+                unknown.append({"target": name, "row": True, **stamp})
     pilot.continuity_unchecked = (pilot.continuity_unchecked - set(checked)) | set(unchecked)
     if not unknown:
         return None
@@ -104,6 +109,19 @@ def unreadable(pilot: Pilot, target: str) -> MarqueError | None:
         "whether its ledger was restored from an older copy: nothing was sent to the target. "
         "The same nonce runs again once the target is reachable",
         detail={"target": target, "reason": "continuity_unchecked"})
+
+
+def _knows_nonce(pilot: Pilot, stamp: dict[str, Any]) -> bool:
+    """Whether the ledger holds (or reaped) the execution an Effect Set row stamp names.
+
+    A row stamp names its nonce, not the nonce's attempt: a ledger that never
+    claimed that nonce went back in time. (One restored from the middle of the
+    execution still knows the nonce; its rows' stamps keep those rows from
+    applying twice.)
+    """
+    if pilot.ledger.attempts(stamp["marque_id"], stamp["nonce"]):
+        return True
+    return pilot.ledger.reaped(stamp["marque_id"], stamp["nonce"]) is not None
 
 
 def _knows(pilot: Pilot, stamp: dict[str, Any]) -> bool:

@@ -335,6 +335,22 @@ class RowTarget(abc.ABC):
             self._row_close(conn)
         return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]
 
+    def row_stamps_live(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
+        """Row stamps a Pilot incarnation left, of marques live after a time (the
+        continuity check, DESIGN §5: an Effect Set leaves no nonce-level stamp)."""
+        conn = self._row_read_open()
+        try:
+            if self._row_stamp_version(conn) < ROW_STAMPS_SINCE:
+                return []
+            rows = self._row_exec(conn, self._p(
+                f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
+                "WHERE incarnation = ? AND expires_at > ?"), (incarnation, live_after)).fetchall()
+        except Exception as exc:
+            raise self._row_translate(exc) from exc
+        finally:
+            self._row_close(conn)
+        return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]
+
     def row_stamps_of(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         """Every row stamp one execution left (evidence and tests)."""
         conn = self._row_read_open()
