@@ -9,8 +9,9 @@ in the seed's order: row CIDs, member CIDs, the set CID, then the keys.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
+
+from jcs_reference import jcs, jcs_string, reference_cid
 
 from marque.cid import canonicalize
 from marque.effects import cids
@@ -18,45 +19,8 @@ from marque.effects.declare import bind, capture_input, parse_declaration
 from marque.effects.preview import Strength, build_preview
 from marque.harbour.identity import NO_INPUT_INTENT
 
-# -- a second JCS encoder, for the test only ----------------------------------------
-
-_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
-          "\t": "\\t"}
-
-
-def _jcs_string(text: str) -> str:
-    out = []
-    for char in text:
-        if char in _SHORT:
-            out.append(_SHORT[char])
-        elif ord(char) < 0x20:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-def _jcs(value: Any) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return _jcs_string(value)
-    if isinstance(value, list):
-        return "[" + ",".join(_jcs(v) for v in value) + "]"
-    if isinstance(value, dict):
-        keys = sorted(value, key=lambda k: k.encode("utf-16-be"))
-        return "{" + ",".join(_jcs_string(k) + ":" + _jcs(value[k]) for k in keys) + "}"
-    raise TypeError(type(value))
-
-
-def _cid(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(_jcs(value).encode("utf-8")).hexdigest()
+# The second JCS encoder: tests/unit/jcs_reference.py.
+_jcs, _jcs_string, _cid = jcs, jcs_string, reference_cid
 
 
 SCOPE = _cid({"version": "actql-logical-request/0.1", "authority_scope_cid": _cid({"a": 1}),

@@ -12,6 +12,7 @@ import inspect
 from typing import Any
 
 import pytest
+from jcs_reference import jcs, jcs_string, reference_cid
 
 from marque.change import Budget, Change, Guard, Statement
 from marque.cid import canonicalize
@@ -31,45 +32,8 @@ from marque.harbour.identity import (
     resolve_request_id,
 )
 
-# -- a second JCS encoder, for the test only ----------------------------------------
-
-_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
-          "\t": "\\t"}
-
-
-def _jcs_string(text: str) -> str:
-    out = []
-    for char in text:
-        if char in _SHORT:
-            out.append(_SHORT[char])
-        elif ord(char) < 0x20:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-def _jcs(value: Any) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return _jcs_string(value)
-    if isinstance(value, list):
-        return "[" + ",".join(_jcs(v) for v in value) + "]"
-    if isinstance(value, dict):
-        keys = sorted(value, key=lambda k: k.encode("utf-16-be"))
-        return "{" + ",".join(_jcs_string(k) + ":" + _jcs(value[k]) for k in keys) + "}"
-    raise TypeError(type(value))
-
-
-def _cid(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(_jcs(value).encode("utf-8")).hexdigest()
+# The second JCS encoder: tests/unit/jcs_reference.py.
+_jcs, _jcs_string, _cid = jcs, jcs_string, reference_cid
 
 
 def test_test_encoder_agrees_with_marque_cid_on_a_tricky_object() -> None:
