@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -213,3 +214,18 @@ def request_body(sql: str, *, pilot_id: str = "p1", request_id: str | None = Non
     if request_id is not None:
         body["request_id"] = request_id
     return body
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (for a service told where to listen)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+#: An Effect Set that tops up three of `bank`'s accounts (1 and 2 exist; tests add 3).
+TOPUP_DECLARATION = {"version": "marque-effect-set/0.1", "members": [
+    {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
+     "failure_policy": "halt", "max_items": 10}]}
+TOPUP_ROWS = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "balance": 350}]

@@ -12,7 +12,6 @@ the HTTP API and through the CLI; real SQLite, nothing mocked.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import subprocess
 import time
@@ -23,23 +22,23 @@ from typing import Any
 import httpx
 import pytest
 from e2e_support import Result, run_cli
-from harbour_support import MARQUE, Harbour, HarbourServer, PilotBank, cli_env, cli_json
+from harbour_support import (
+    MARQUE,
+    TOPUP_DECLARATION,
+    TOPUP_ROWS,
+    Harbour,
+    HarbourServer,
+    PilotBank,
+    cli_env,
+    cli_json,
+    free_port,
+)
 
 from marque.change import EffectSetChange
 from marque.harbour.routing import BOOTSTRAP_PROFILE_TOML
 from marque.token import make_proof, unverified_claims
 
-DECLARATION = {"version": "marque-effect-set/0.1", "members": [
-    {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
-     "failure_policy": "halt", "max_items": 10}]}
-ROWS = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "balance": 350}]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+DECLARATION, ROWS, _free_port = TOPUP_DECLARATION, TOPUP_ROWS, free_port
 
 
 class Stack:

@@ -12,7 +12,6 @@ the request ends verified, its receipt in agreement with the rows.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import subprocess
 import time
@@ -23,21 +22,21 @@ from typing import Any
 import httpx
 import pytest
 from e2e_support import run_cli
-from harbour_support import MARQUE, Harbour, HarbourServer, PilotBank, cli_env, cli_json
+from harbour_support import (
+    MARQUE,
+    TOPUP_DECLARATION,
+    TOPUP_ROWS,
+    Harbour,
+    HarbourServer,
+    PilotBank,
+    cli_env,
+    cli_json,
+    free_port,
+)
 
 from marque.token import make_proof, unverified_claims
 
-DECLARATION = {"version": "marque-effect-set/0.1", "members": [
-    {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
-     "failure_policy": "halt", "max_items": 10}]}
-ROWS = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "balance": 350}]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+DECLARATION, ROWS, _free_port = TOPUP_DECLARATION, TOPUP_ROWS, free_port
 
 
 class CrashStack:
