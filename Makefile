@@ -25,7 +25,7 @@ test: lint
 	./scripts/ensure-faketime
 	$(BIN)/python -m pytest -q
 
-# The reliability campaign (tests/soak/README.md): `make soak` is bounded (at most 15
+# The reliability campaign (docs/reliability.md): `make soak` is bounded (at most 15
 # minutes here); `make soak FULL=1` runs the fault matrix's full counts (hours).
 .PHONY: soak
 
