@@ -36,7 +36,7 @@ from cluster import BenchCluster  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 from scenarios import MarqueBed  # noqa: E402
 
-from marque.target.base import Run  # noqa: E402
+from marque.target.base import TargetAttempt  # noqa: E402
 from marque.target.postgres import PostgresTarget  # noqa: E402
 from marque.token import Change, Statement, make_proof, read_marque, verify_proof  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> None:
         counter = iter(range(10**9))
 
         def target_op(_: int) -> None:
-            run = Run("mq_floor", f"n{next(counter)}", 1, "floor", "inc_floor", change, 1,
+            run = TargetAttempt("mq_floor", f"n{next(counter)}", 1, "floor", "inc_floor", change, 1,
                       30_000, expires_at=time.time() + 600)
             target.execute(run, lambda *a, **k: None)
 
