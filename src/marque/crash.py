@@ -16,6 +16,8 @@ and the target can tell. The points, in the order an execution passes them
 ``after_commit``             the target committed, the ledger does not know yet (an Effect
                              Set passes it once per row: its row and row stamp committed,
                              the dispatch ledger not yet told — ``@n`` stops after row n)
+``settle_behind``            an applied write was answered and its outcome is held for the
+                             ledger (``settle_write_behind``), not yet recorded
 ``after_outcome_recorded``   the ledger holds the outcome, it is not yet reported
 ``before_report_ack``        reports delivered (logbook, Harbourmaster), the outbox not yet
                              acknowledged
@@ -33,7 +35,7 @@ import threading
 
 POINTS = frozenset({
     "after_verify", "after_claim", "after_begin", "after_stamp", "after_statement",
-    "before_commit", "after_commit", "after_outcome_recorded", "before_report_ack",
+    "before_commit", "after_commit", "settle_behind", "after_outcome_recorded", "before_report_ack",
     "after_reconcile_evidence", "stream_before_outcome", "stream_after_first_chunk",
 })
 

@@ -58,29 +58,44 @@ def make_pool(
     pool_logger = logging.getLogger("psycopg.pool")
     if not pool_logger.handlers:
         pool_logger.addHandler(logging.NullHandler())
-    returned: dict[int, float] = {}
-
-    def note_return(conn: Conn) -> None:
-        returned[id(conn)] = time.monotonic()
-
-    def check(conn: Conn) -> None:
-        last = returned.pop(id(conn), None)
-        if check_always or last is None or time.monotonic() - last > IDLE_CHECK_SECONDS:
-            ConnectionPool.check_connection(conn)
-
     kwargs: dict[str, Any] = {"autocommit": autocommit, "connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    return ConnectionPool(
+    pool = _Pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
         kwargs=kwargs,
         configure=configure,
-        reset=note_return,
-        check=check,
         timeout=CHECKOUT_TIMEOUT_SECONDS,
         open=True,
         name=name,
     )
+    pool.check_always = check_always
+    return pool
+
+
+class _Pool(ConnectionPool[Conn]):
+    """A pool that pings only connections idle longer than :data:`IDLE_CHECK_SECONDS`.
+
+    The time a connection came back is noted in ``putconn`` itself: psycopg_pool's
+    ``reset`` hook would do it too, but a pool with a ``reset`` hands every returned
+    connection to a worker thread, and the next caller then often finds none ready
+    (measured: a thread hand-off and a second connection per transaction).
+    """
+
+    check_always = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._returned: dict[int, float] = {}
+        super().__init__(*args, check=self._check_idle, **kwargs)
+
+    def putconn(self, conn: Conn) -> None:
+        self._returned[id(conn)] = time.monotonic()
+        super().putconn(conn)
+
+    def _check_idle(self, conn: Conn) -> None:
+        last = self._returned.pop(id(conn), None)
+        if self.check_always or last is None or time.monotonic() - last > IDLE_CHECK_SECONDS:
+            ConnectionPool.check_connection(conn)
 
 
 def checkout(pool: ConnectionPool[Conn], dsn: str) -> Conn:

@@ -333,13 +333,14 @@ class World:
 class Service:
     """A `marque pilot serve` child process."""
 
-    def __init__(self, world: World, *, port: int = 0, workers: int = 1) -> None:
+    def __init__(self, world: World, *, port: int = 0, workers: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.world = world
         self.proc = subprocess.Popen(
             [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen",
              f"127.0.0.1:{port}", "--json", "--workers", str(workers)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(), cwd=world.root)
+            text=True, env=cli_env(env), cwd=world.root)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line, self.proc.stderr.read() if self.proc.stderr else "no output"

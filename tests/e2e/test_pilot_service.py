@@ -27,7 +27,7 @@ SLOW = (
     "SELECT x+1 FROM c WHERE x < 4000000) SELECT count(*) - count(*) FROM c) WHERE id = 1"
 )
 ORDER = ["claimed", "fence_checked", "statement_started", "statement_finished", "asserted",
-         "committed", "outcome_recorded"]
+         "committed", "settle_behind"]
 
 
 
@@ -63,7 +63,10 @@ def test_an_execution_streams_its_events_in_order_then_the_outcome(
         got = lines(response)
     kinds = [e["event"] for e in got]
     assert [k for k in kinds if k in ORDER] == [k for k in ORDER if k in kinds]
-    assert {"claimed", "committed", "outcome_recorded"} <= set(kinds)
+    # An applied write is answered from the target's commit and recorded just behind
+    # (settle_write_behind, on by default): the stream says so, the ledger then holds it.
+    assert {"claimed", "committed", "settle_behind"} <= set(kinds)
+    assert "outcome_recorded" not in kinds
     assert kinds[-1] == "outcome"
     outcome = got[-1]["outcome"]
     assert (outcome["status"], outcome["attempt"], outcome["rows_affected"]) == ("applied", 1, 1)
@@ -169,6 +172,45 @@ def test_a_service_killed_mid_execution_is_settled_after_a_restart(world: World)
     finally:
         second.stop()
     assert world.balances()[1] == 90
+
+
+def test_a_service_killed_behind_an_applied_answer_settles_it_from_the_stamp(
+        world: World) -> None:
+    """MARQUE_CRASH_AT=settle_behind: the caller got `applied`, then the service died before
+    the ledger recorded it. The ledger says in_progress (the window was real); after a
+    restart, recovery settles it applied from the target's stamp, and a retry replays."""
+    marque = world.issue([DEBIT], attempts=3)
+    marque_id = world.marque_id(marque)
+    first = Service(world, env={"MARQUE_CRASH_AT": "settle_behind"})
+    try:
+        try:
+            response = httpx.post(f"{first.url}/v1/executions",
+                                  json=body(world, marque, "s1"), timeout=30)
+        except httpx.RemoteProtocolError:
+            pass  # the settler died before the outcome line left: the caller retries below
+        else:  # the line went out first: it said applied
+            outcome = json.loads(response.text.splitlines()[-1])["outcome"]
+            assert (outcome["status"], outcome["rows_affected"]) == ("applied", 1)
+        assert first.proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        first.stop(signal.SIGKILL)
+    [(status,)] = world.ledger_rows(
+        "SELECT status FROM attempts WHERE marque_id = ? AND nonce = ?", (marque_id, "s1"))
+    assert status == "in_progress"
+    second = Service(world)
+    try:
+        retry = httpx.post(f"{second.url}/v1/executions", json=body(world, marque, "s1"),
+                           timeout=30)
+        final = json.loads(retry.text.splitlines()[-1])["outcome"]
+        assert (final["status"], final["attempt"], final["rows_affected"]) == ("applied", 1, 1)
+        assert final["replayed"] is True
+    finally:
+        second.stop()
+    assert world.balances()[1] == 90  # once
+    [(status, rows)] = world.ledger_rows(
+        "SELECT status, rows_affected FROM attempts WHERE marque_id = ? AND nonce = ?",
+        (marque_id, "s1"))
+    assert (status, rows) == ("applied", 1)
 
 
 def test_health_and_metrics_follow_the_ledger(world: World, service: Service) -> None:

@@ -113,10 +113,12 @@ def test_open_pilot_background_reports_reconciles_and_closes_cleanly(env: Env) -
     assert "reported" not in [e["event"] for e in env.events]  # not on the caller's path
     assert pilot.logbook is not None
     logbook = pilot.logbook
-    # Delivered to the logbook, then acknowledged in the ledger's outbox.
+    # Recorded (just behind the answer: settle_write_behind), delivered to the logbook,
+    # then acknowledged in the ledger's outbox.
+    _wait_for(lambda: [e["body"]["nonce"] for e in logbook.entries("execution.applied")]
+              == ["n-1"], "the reporter to deliver n-1")
     _wait_for(lambda: pilot.ledger.stats(time.time())["unreported_outcomes"] == 0,
-              "the reporter to deliver n-1")
-    assert [e["body"]["nonce"] for e in logbook.entries("execution.applied")] == ["n-1"]
+              "the outbox to acknowledge n-1")
 
     # A run that died after claiming, while this Pilot is up: settled with no one asking.
     mid = _orphan(env, token, "n-orphan")

@@ -21,6 +21,7 @@ def test_anything_else_arms_nothing() -> None:
         assert _armed(spec) == (None, 0), spec
 
 
-def test_there_are_twelve_points() -> None:
-    """Every step boundary of DESIGN §3, the reporter, reconciliation and the stream."""
-    assert len(POINTS) == 12
+def test_there_are_thirteen_points() -> None:
+    """Every step boundary of DESIGN §3 (the settle behind the answer included), the
+    reporter, reconciliation and the stream."""
+    assert len(POINTS) == 13

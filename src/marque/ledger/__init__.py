@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from marque.dsn import is_postgres, is_sqlite, sqlite_path
 from marque.errors import InvalidInput
-from marque.ledger.base import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
+from marque.ledger.base import (
+    AttemptRecord,
+    Claim,
+    ClaimTicket,
+    Ledger,
+    Observed,
+    OutboxEntry,
+)
 
 __all__ = [
     "AttemptRecord",
     "Claim",
     "ClaimTicket",
     "Ledger",
+    "Observed",
     "OutboxEntry",
     "create_ledger",
     "open_ledger",

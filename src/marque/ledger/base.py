@@ -34,6 +34,9 @@ class ClaimTicket:
     #: The proof's jti, recorded in the claim transaction (a replay raises PopReplayed).
     pop_jti: str | None = None
     pop_forget_after: float = 0.0
+    #: Outcomes answered earlier and not yet recorded (``settle_write_behind``), written
+    #: in this claim's transaction: they share its commit. If the claim fails, so do they.
+    carried: tuple[Observed, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,22 @@ class AttemptRecord:
     lease_expires_at: float
     started_at: float
     settled_at: float | None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One observation of one attempt, for :meth:`Ledger.observe_all`."""
+
+    marque_id: str
+    nonce: str
+    attempt: int
+    status: Status
+    now: float
+    cause: str
+    rows_affected: int | None = None
+    error: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    events: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +197,20 @@ class Ledger(abc.ABC):
         same transaction, and an outcome report is queued in the outbox when
         the status changed.
         """
+
+    @abc.abstractmethod
+    def observe_all(self, observed: list[Observed]) -> list[AttemptRecord]:
+        """:meth:`observe` for each item, all in one transaction (one durable commit).
+
+        For observations recorded behind their answer (``settle_write_behind``):
+        many settles share one commit. Returns the attempts in the items' order.
+        """
+
+    @abc.abstractmethod
+    def hold_jti(self, pop_jti: str, pop_forget_after: float) -> None:
+        """Check a proof's ``jti`` unseen (``PopReplayed`` otherwise) and remember it
+        write-behind, as :meth:`replay` does: for a proof that can only read an
+        outcome this process already answered."""
 
     @abc.abstractmethod
     def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:

@@ -30,6 +30,7 @@ from marque.ledger.base import (
     Claim,
     ClaimTicket,
     Ledger,
+    Observed,
     OutboxEntry,
 )
 from marque.ledger.effects import EFFECT_MIGRATION, EffectLedger
@@ -359,6 +360,8 @@ class SqlLedger(Housekeeping, EffectLedger, Ledger):
         if ticket.pop_jti is not None and ticket.pop_jti in self._jtis:
             raise PopReplayed("this proof has been used before")
         with self.transaction() as tx:
+            for item in ticket.carried:
+                self._observe_txn(tx, item)
             if ticket.pop_jti is not None and not self._remember_pop_jti_txn(
                 tx, ticket.pop_jti, ticket.pop_forget_after
             ):
@@ -475,6 +478,16 @@ class SqlLedger(Housekeeping, EffectLedger, Ledger):
             self._jtis.add(pop_jti, pop_forget_after)
         return latest
 
+    def hold_jti(self, pop_jti: str, pop_forget_after: float) -> None:
+        with self._replay_lock:
+            if pop_jti in self._jtis:
+                raise PopReplayed("this proof has been used before")
+            with self.reading() as tx:
+                seen = tx.one("SELECT 1 FROM pop_jtis WHERE jti = ?", (pop_jti,))
+            if seen is not None:
+                raise PopReplayed("this proof has been used before")
+            self._jtis.add(pop_jti, pop_forget_after)
+
     def _write_jtis(self, batch: list[tuple[str, float]]) -> None:
         with self.transaction() as tx:
             for jti, forget_after in batch:
@@ -496,76 +509,88 @@ class SqlLedger(Housekeeping, EffectLedger, Ledger):
         result: dict[str, Any] | None = None,
         events: list[dict[str, Any]] | None = None,
     ) -> AttemptRecord:
-        key = (marque_id, nonce, attempt)
         with self.transaction() as tx:
-            # Compare-and-set on rank (outcome.advance): a weaker or equal observation
-            # changes nothing, and a settled attempt never changes again.
-            changed = tx.one(
-                "UPDATE attempts SET status = ?, status_rank = ?, "
-                "rows_affected = COALESCE(?, rows_affected), error = ?, "
-                "result = COALESCE(?, result), settled_at = ? "
-                "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
-                f"AND status_rank < {SETTLED_RANK} "
-                f"RETURNING {_ATTEMPT_COLUMNS_BARE}",
-                (
-                    status.value,
-                    status.rank,
-                    rows_affected,
-                    _dumps(error),
-                    _dumps(result),
-                    now if status.settled else None,
-                    *key,
-                    status.rank,
-                ),
-            )
+            return self._observe_txn(tx, Observed(
+                marque_id, nonce, attempt, status, now=now, cause=cause,
+                rows_affected=rows_affected, error=error, result=result, events=events))
+
+    def observe_all(self, observed: list[Observed]) -> list[AttemptRecord]:
+        with self.transaction() as tx:
+            return [self._observe_txn(tx, item) for item in observed]
+
+    def _observe_txn(self, tx: Tx, item: Observed) -> AttemptRecord:
+        marque_id, nonce, attempt, status = item.marque_id, item.nonce, item.attempt, item.status
+        now, cause, rows_affected = item.now, item.cause, item.rows_affected
+        error, result, events = item.error, item.result, item.events
+        key = (marque_id, nonce, attempt)
+        # Compare-and-set on rank (outcome.advance): a weaker or equal observation
+        # changes nothing, and a settled attempt never changes again.
+        changed = tx.one(
+            "UPDATE attempts SET status = ?, status_rank = ?, "
+            "rows_affected = COALESCE(?, rows_affected), error = ?, "
+            "result = COALESCE(?, result), settled_at = ? "
+            "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
+            f"AND status_rank < {SETTLED_RANK} "
+            f"RETURNING {_ATTEMPT_COLUMNS_BARE}",
+            (
+                status.value,
+                status.rank,
+                rows_affected,
+                _dumps(error),
+                _dumps(result),
+                now if status.settled else None,
+                *key,
+                status.rank,
+            ),
+        )
+        tx.execute(
+            "INSERT INTO observations (id, marque_id, nonce, attempt, status, cause, "
+            "detail, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                uuid.uuid4().hex,
+                marque_id,
+                nonce,
+                attempt,
+                status.value,
+                cause,
+                _dumps({"error": error, "rows_affected": rows_affected}),
+                now,
+            ),
+        )
+        if events:
+            self._append_events_txn(tx, marque_id, nonce, events)
+        row = changed or tx.one(
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a "
+            "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?",
+            key,
+        )
+        if row is None:
+            raise LedgerMissing(f"no attempt {attempt} of nonce {nonce} in this ledger")
+        record = _record(row)
+        if changed is not None and record.status is not Status.IN_PROGRESS:
+            payload = {
+                "marque_id": marque_id,
+                "nonce": nonce,
+                "attempt": attempt,
+                "status": record.status.value,
+                "rows_affected": record.rows_affected,
+                "error": record.error,
+                "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
+                "cause": cause,
+            }
+            effect_set = (record.result or {}).get("effect_set")
+            if isinstance(effect_set, dict):
+                # An Effect Set attempt's summary and set receipt travel with its
+                # report, so the Harbourmaster keeps the receipt with the request.
+                payload["effect_set"] = effect_set
             tx.execute(
-                "INSERT INTO observations (id, marque_id, nonce, attempt, status, cause, "
-                "detail, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    uuid.uuid4().hex,
-                    marque_id,
-                    nonce,
-                    attempt,
-                    status.value,
-                    cause,
-                    _dumps({"error": error, "rows_affected": rows_affected}),
-                    now,
-                ),
+                "INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "
+                "SET status = excluded.status, payload = excluded.payload, "
+                "queued_at = excluded.queued_at, acked_at = NULL",
+                (*key, record.status.value, _dumps(payload), now),
             )
-            if events:
-                self._append_events_txn(tx, marque_id, nonce, events)
-            row = changed or tx.one(
-                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a "
-                "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?",
-                key,
-            )
-            if row is None:
-                raise LedgerMissing(f"no attempt {attempt} of nonce {nonce} in this ledger")
-            record = _record(row)
-            if changed is not None and record.status is not Status.IN_PROGRESS:
-                payload = {
-                    "marque_id": marque_id,
-                    "nonce": nonce,
-                    "attempt": attempt,
-                    "status": record.status.value,
-                    "rows_affected": record.rows_affected,
-                    "error": record.error,
-                    "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
-                    "cause": cause,
-                }
-                effect_set = (record.result or {}).get("effect_set")
-                if isinstance(effect_set, dict):
-                    # An Effect Set attempt's summary and set receipt travel with its
-                    # report, so the Harbourmaster keeps the receipt with the request.
-                    payload["effect_set"] = effect_set
-                tx.execute(
-                    "INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "
-                    "SET status = excluded.status, payload = excluded.payload, "
-                    "queued_at = excluded.queued_at, acked_at = NULL",
-                    (*key, record.status.value, _dumps(payload), now),
-                )
-            return record
+        return record
 
     def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
         with self.reading() as tx:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from marque.harbour.logbook import Logbook
-from marque.pilot.background import Reconciler, Reporter
+from marque.pilot.background import start_background
 from marque.pilot.config import PilotConfig, PilotHome, Settings
 from marque.pilot.core import Pilot, PilotOptions, check_nonce
 from marque.pilot.home import open_bound_ledger
@@ -78,7 +78,5 @@ def open_pilot(
         pilot.check_continuity()
         pilot.recover()
     if background:
-        pilot.options.report_inline = False
-        pilot.attach(Reporter(pilot).start())
-        pilot.attach(Reconciler(pilot).start())
+        start_background(pilot)
     return pilot

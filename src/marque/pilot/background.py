@@ -17,6 +17,21 @@ import threading
 from typing import Any
 
 from marque.pilot.core import Pilot
+from marque.pilot.settle_behind import SettleBehind
+
+
+def start_background(pilot: Pilot) -> None:
+    """Make ``pilot`` a long-running one: outcomes reported by a reporter thread,
+    unsettled attempts reconciled by a reconciler thread, and applied writes settled
+    behind their answer when its settings allow (``settle_write_behind``)."""
+    pilot.options.report_inline = False
+    pilot.attach(Reporter(pilot).start())
+    pilot.attach(Reconciler(pilot).start())
+    if pilot.options.settle_write_behind:
+        # Attached last, so stopped first: what it still holds is recorded before the
+        # reporter's last round.
+        pilot.settler = SettleBehind(pilot)
+        pilot.attach(pilot.settler)
 
 
 class Reconciler:

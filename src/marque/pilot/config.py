@@ -139,6 +139,11 @@ class Settings:
     #: Replays of applied nonces: proof jti written just behind the answer (see
     #: marque/ledger/jtis.py for the trade); false makes every replay wait for it.
     replay_jti_write_behind: bool = _setting(True, _Rule("bool"))
+    #: Long-running Pilots: an applied write is answered once the target committed, and
+    #: its outcome recorded moments later, many to one ledger commit (its stamp is the
+    #: durable record meanwhile; see marque/pilot/settle_behind.py); false records every
+    #: outcome before answering.
+    settle_write_behind: bool = _setting(True, _Rule("bool"))
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "settings") -> Settings:

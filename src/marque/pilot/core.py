@@ -31,11 +31,12 @@ from marque.errors import (
     OwnerGone,
 )
 from marque.harbour.logbook import Logbook
-from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, OutboxEntry
+from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, Observed, OutboxEntry
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
 from marque.pilot.continuity import ensure_continuity, unreadable
 from marque.pilot.processes import ProcessRegistry
+from marque.pilot.settle_behind import SettleBehind
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
 from marque.target import Evidence, StampConflict, Target, TargetAttempt
 from marque.target.base import STAMP_APPLIED
@@ -125,6 +126,9 @@ class Pilot:
         self.continuity_unchecked: set[str] = set()
         self.continuity_errors: dict[str, MarqueError] = {}
         self.continuity_lock = threading.Lock()
+        #: Applied writes answered before their outcome is recorded (long-running Pilots
+        #: with ``settle_write_behind``; see :mod:`marque.pilot.settle_behind`).
+        self.settler: SettleBehind | None = None
 
     @property
     def pilot_id(self) -> str:
@@ -214,6 +218,14 @@ class Pilot:
     ) -> Outcome:
         now = self.clock()
         forget_after = jti_forget_after(now, self.options.pop_window_seconds)
+        if self.settler is not None and (
+                held := self.settler.held(marque.marque_id, nonce)) is not None:
+            if self.options.replay_jti_write_behind:
+                # Answered applied already, its settle just behind: a proof for it can
+                # only read that outcome again, as for any replay of an applied nonce.
+                self.ledger.hold_jti(jti, forget_after)
+                return self._outcome(held, replayed=True)
+            self.settler.flush()  # every replay records its jti: let the claim see it
         if self.options.replay_jti_write_behind:
             # An applied nonce is absorbing: answer its replay from a read, no durable write.
             settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
@@ -245,6 +257,11 @@ class Pilot:
         else:
             target_attempt = self._target_attempt(marque, nonce, claim.record.attempt)
             observation = self._observe_target(target_attempt, claim.record, attempt)
+        if self.settler is not None and self.settler.takes(observation):
+            # The stamp committed with the write is its durable record until the settle lands.
+            attempt.emit("settle_behind", status=Status.APPLIED.value)
+            return self._outcome(self.settler.hold(observation, attempt.events, claim.record),
+                                 replayed=False)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)
@@ -278,6 +295,18 @@ class Pilot:
         """Step 2: claim the nonce (or learn what is recorded) in one ledger transaction."""
         # The lease must outlive the longest the target may legitimately take.
         lease = self._statement_timeout_ms(marque) / 1000 + self.options.lease_grace_seconds
+        taken, carried = self.settler.carry() if self.settler is not None else ({}, ())
+        committed = False
+        try:
+            claim = self._claim_ticket(marque, nonce, jti, now, forget_after, lease, carried)
+            committed = True
+            return claim
+        finally:
+            if self.settler is not None:
+                self.settler.carried(taken, committed=committed)
+
+    def _claim_ticket(self, marque: Marque, nonce: str, jti: str, now: float,
+                      forget_after: float, lease: float, carried: tuple[Observed, ...]) -> Claim:
         return self.ledger.claim(
             ClaimTicket(
                 marque_id=marque.marque_id,
@@ -292,6 +321,7 @@ class Pilot:
                 now=now,
                 pop_jti=jti,
                 pop_forget_after=forget_after,
+                carried=carried,
             )
         )
 
@@ -490,6 +520,10 @@ class Pilot:
           once rather than at the background reconciler's next round.
         """
         key = (record.marque_id, record.nonce, record.attempt)
+        if record.status is Status.IN_PROGRESS and self.settler is not None and (
+                self.settler.holds(*key)):
+            self.settler.flush()  # answered applied already: record it, then read it
+            return self._current(record)
         if record.status is Status.IN_PROGRESS and key in self._unrecorded:
             self._record_unrecorded()
             return self._current(record)
@@ -764,6 +798,9 @@ class Pilot:
         what was kept of it in ``detail``) and :class:`NotFound` for a nonce
         this ledger never claimed.
         """
+        held = None if self.settler is None else self.settler.held(marque_id, nonce)
+        if held is not None:  # answered applied, recorded just behind
+            return self._outcome(held, replayed=True)
         record = self.ledger.outcome(marque_id, nonce)
         if record is not None:
             return self._outcome(record, replayed=True)
@@ -854,11 +891,20 @@ class Pilot:
         """Own a background worker (anything with ``stop()``): stopped first on close."""
         self._workers.append(worker)
 
+    def keep_unrecorded(self, held: list[tuple[Observation, list[dict[str, Any]]]]) -> None:
+        """Observations answered but not recorded (the ledger refused them): kept for
+        :meth:`recover` and :meth:`close`, like those the ledger missed after a COMMIT."""
+        for observation, events in held:
+            target_attempt = observation.target_attempt
+            key = (target_attempt.marque_id, target_attempt.nonce, target_attempt.number)
+            self._unrecorded[key] = (observation, events)
+
     def close(self) -> None:
         """Stop background work; release the ledger, targets, logbook and this run's lock."""
         for worker in reversed(self._workers):
             worker.stop()
         self._workers.clear()
+        self.settler = None
         if self._unrecorded:
             self._record_unrecorded()  # a last try: the ledger may be back
         for target in self.targets.values():

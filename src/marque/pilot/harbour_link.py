@@ -252,7 +252,7 @@ def open_linked_pilot(home: str | os.PathLike[str], *, log: Log = _stderr,
     exactly ``open_pilot(home, background=True)``.
     """
     from marque.pilot import open_pilot
-    from marque.pilot.background import Reconciler, Reporter
+    from marque.pilot.background import start_background
 
     config = PilotHome(home).load()
     if config.harbour is None:
@@ -262,9 +262,7 @@ def open_linked_pilot(home: str | os.PathLike[str], *, log: Log = _stderr,
         attach_harbour(pilot, config, log=log)
         pilot.check_continuity()
         pilot.recover()
-        pilot.options.report_inline = False
-        pilot.attach(Reporter(pilot).start())
-        pilot.attach(Reconciler(pilot).start())
+        start_background(pilot)
         pilot_home = PilotHome(home)
         registrar = Registrar(pilot, config.harbour,
                               {name: pilot_home.resolve(dsn)

@@ -21,7 +21,8 @@ from soak.world import DiedAtStart, PilotProcess, SoakWorld
 
 #: The points in the order an execution passes them; reconciliation's is reached on recovery.
 ORDERED = ("after_verify", "after_claim", "after_begin", "after_stamp", "after_statement",
-           "before_commit", "after_commit", "after_outcome_recorded", "before_report_ack",
+           "before_commit", "after_commit", "settle_behind", "after_outcome_recorded",
+           "before_report_ack",
            "after_reconcile_evidence", "stream_before_outcome", "stream_after_first_chunk")
 assert set(ORDERED) == POINTS
 #: How long a crash that happens behind the answer (the reporter) may take to come.

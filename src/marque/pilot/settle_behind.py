@@ -1,0 +1,204 @@
+"""Settling an applied write *behind* its answer (``settle_write_behind``).
+
+DESIGN §3 step 5 records an outcome durably after the target's COMMIT. For an
+applied write the target's stamp is already a durable record that it applied:
+it committed in the same transaction as the change. So a long-running Pilot
+may answer ``applied`` as soon as the target has committed and let this
+settler record the outcome moments later, many outcomes to one ledger commit,
+instead of making each caller wait for a second fsync.
+
+What keeps every guarantee while an outcome is held here:
+
+* **A replay in this process** is answered from the held outcome
+  (``applied``, ``replayed: true``); its proof's ``jti`` is checked unseen and
+  written behind, as for any replay of an applied nonce. Nothing runs twice:
+  the nonce is claimed in the ledger (``in_progress``, owned by this live
+  process), so another process answers ``in_progress`` and never re-runs it.
+* **A crash before the settle is durable** (crash point ``settle_behind``)
+  leaves the attempt ``in_progress`` with a dead owner. Recovery — at the
+  next start, or by any other process of the same ledger — reconciles it from
+  the target's stamp: ``applied``, with its ``rows_affected``.
+* **A ledger that refuses the write** keeps the outcome held and tries again,
+  backing off; closing the Pilot hands what is still held to the Pilot's
+  unrecorded observations, so the process leaves a trace and another one
+  reconciles them from their stamps at once.
+
+Only applied writes whose result is nothing but a row count go behind. Reads
+(and anything returning rows) settle before the answer, since their result
+exists nowhere else; so do Effect Sets, failures and uncertain outcomes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from marque.crash import crash_point
+from marque.errors import MarqueError
+from marque.ledger import AttemptRecord, Observed
+from marque.outcome import Status
+from marque.pilot.stream import Observation
+
+if TYPE_CHECKING:
+    from marque.pilot.core import Pilot
+
+log = logging.getLogger(__name__)
+
+#: Seconds between tries of a settle the ledger refused, growing to the last.
+RETRY_DELAYS = (0.05, 0.2, 1.0, 5.0)
+#: How long a held outcome waits for a claim to carry it before the thread records it.
+GATHER_SECONDS = 0.01
+#: At most this many held outcomes ride on one claim.
+CARRY_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class _Held:
+    observation: Observation
+    events: list[dict[str, Any]]
+    #: What the caller was told, and what a replay is told until the settle lands.
+    record: AttemptRecord
+
+
+class SettleBehind:
+    """Applied writes answered but not yet recorded, and the thread that records them.
+
+    A held outcome is recorded by whichever comes first: the next claim's transaction
+    (:meth:`carry`, so it shares that commit and costs no fsync of its own), or this
+    thread, :data:`GATHER_SECONDS` after it was held, many to one transaction.
+    """
+
+    def __init__(self, pilot: Pilot) -> None:
+        self._pilot = pilot
+        self._held: dict[tuple[str, str], _Held] = {}
+        #: Taken by a claim whose transaction is writing them now.
+        self._carrying: dict[tuple[str, str], _Held] = {}
+        self._lock = threading.Lock()
+        # One flush at a time: a replay's flush and the thread's must not record twice.
+        self._flushing = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="marque-settler", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def takes(observation: Observation) -> bool:
+        """Whether this observation may be answered before it is recorded."""
+        change = observation.target_attempt.change
+        return (observation.status is Status.APPLIED and observation.result is None
+                and change is not None and not change.read_only)
+
+    def hold(self, observation: Observation, events: list[dict[str, Any]],
+             claimed: AttemptRecord) -> AttemptRecord:
+        """Keep ``observation`` for the settler; returns the attempt as the caller is told it."""
+        record = replace(claimed, status=Status.APPLIED,
+                         rows_affected=observation.rows_affected, error=None,
+                         settled_at=self._pilot.clock())
+        with self._lock:
+            self._held[(record.marque_id, record.nonce)] = _Held(observation, events, record)
+        self._wake.set()
+        return record
+
+    def held(self, marque_id: str, nonce: str) -> AttemptRecord | None:
+        """The answered outcome of a nonce whose settle has not landed yet, if any."""
+        key = (marque_id, nonce)
+        with self._lock:
+            held = self._held.get(key) or self._carrying.get(key)
+        return None if held is None else held.record
+
+    def holds(self, marque_id: str, nonce: str, attempt: int) -> bool:
+        """Whether that very attempt is answered here and not yet recorded."""
+        record = self.held(marque_id, nonce)
+        return record is not None and record.attempt == attempt
+
+    def carry(self) -> tuple[dict[tuple[str, str], _Held], tuple[Observed, ...]]:
+        """Take what is held for a claim's transaction to record; hand the first value
+        back to :meth:`carried` once that transaction has ended."""
+        with self._lock:
+            taken = dict(list(self._held.items())[:CARRY_LIMIT])
+            for key in taken:
+                del self._held[key]
+            self._carrying.update(taken)
+        return taken, tuple(self._observed(held) for held in taken.values())
+
+    def carried(self, taken: dict[tuple[str, str], _Held], *, committed: bool) -> None:
+        """The claim's transaction ended: recorded, or (``committed`` false) held again."""
+        if not taken:
+            return
+        with self._lock:
+            for key, held in taken.items():
+                if self._carrying.get(key) is held:
+                    del self._carrying[key]
+                if not committed:
+                    self._held.setdefault(key, held)
+        if committed:
+            self._pilot.report_wanted.set()
+        else:
+            self._wake.set()
+
+    def _observed(self, held: _Held) -> Observed:
+        target_attempt = held.observation.target_attempt
+        now = self._pilot.clock()
+        recorded = {"event": "outcome_recorded", "marque_id": target_attempt.marque_id,
+                    "nonce": target_attempt.nonce, "attempt": target_attempt.number,
+                    "at": round(now, 6), "status": Status.APPLIED.value}
+        return Observed(target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
+                        Status.APPLIED, now=now, cause="execution",
+                        rows_affected=held.observation.rows_affected,
+                        events=[*held.events, recorded])
+
+    def flush(self) -> None:
+        """Record everything held now, in one ledger transaction; raises what the ledger
+        raised (the outcomes stay held)."""
+        with self._flushing:
+            taken, observed = self.carry()
+            if not taken:
+                return
+            try:
+                crash_point("settle_behind")
+                self._pilot.ledger.observe_all(list(observed))
+            except BaseException:
+                self.carried(taken, committed=False)
+                raise
+            self.carried(taken, committed=True)
+
+    def _loop(self) -> None:
+        failures = 0
+        while True:
+            self._wake.wait()
+            if not self._closed:
+                # Most held outcomes ride on the next claim's commit; wait for one first.
+                time.sleep(GATHER_SECONDS)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                self.flush()
+                failures = 0
+            except (MarqueError, OSError):  # held, retried: an answered outcome is never dropped
+                delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
+                failures += 1
+                log.warning("recording applied outcomes behind their answer failed; "
+                            "retrying in %ss", delay, exc_info=True)
+                time.sleep(delay)
+                self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread and record what is still held; what the ledger still refuses
+        goes to the Pilot's unrecorded observations (see :meth:`Pilot.close`)."""
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        self._thread.join()
+        try:
+            self.flush()
+        except (MarqueError, OSError):
+            with self._lock:
+                left = [*self._held.values(), *self._carrying.values()]
+                self._held.clear()
+            log.warning("%d applied outcomes were not recorded at close; their stamps will "
+                        "settle them", len(left), exc_info=True)
+            self._pilot.keep_unrecorded([(held.observation, held.events) for held in left])
