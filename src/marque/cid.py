@@ -26,6 +26,7 @@ refused with :class:`marque.errors.InvalidInput` instead of being guessed at.
 from __future__ import annotations
 
 import hashlib
+import json.encoder
 import math
 import re
 
@@ -117,8 +118,14 @@ def is_cid(value: str) -> bool:
 
 
 def _emit(obj: object, out: list[str]) -> None:
-    # bool before int: bool is an int subclass.
-    if obj is None:
+    # Exact types first (the common case, and cheap); bool before int: bool is an int
+    # subclass. Subclasses of str, int, dict and list fall through to the isinstance chain.
+    kind = type(obj)
+    if kind is str:
+        out.append(_string(obj))  # type: ignore[arg-type]
+    elif kind is dict:
+        _emit_object(obj, out)  # type: ignore[arg-type]
+    elif obj is None:
         out.append("null")
     elif obj is True:
         out.append("true")
@@ -139,25 +146,28 @@ def _emit(obj: object, out: list[str]) -> None:
 
 
 def _emit_object(obj: dict[object, object], out: list[str]) -> None:
-    keyed: list[tuple[bytes, str, object]] = []
-    for key, value in obj.items():
+    for key in obj:
         if not isinstance(key, str):
             raise _Rejected(f"object key {key!r} is {type(key).__name__}, not str")
-        if _SURROGATE_RE.search(key) is not None:
-            raise _Rejected(f"object key {key!r} contains a lone surrogate")
+    keys: list[str] = list(obj)  # type: ignore[arg-type]
+    if all(key.isascii() for key in keys):
+        # ASCII code points are UTF-16 code units: plain string order is the same order.
+        keys.sort()
+    else:
         # Big-endian UTF-16 bytes compare exactly as the sequence of code units does.
-        keyed.append((key.encode("utf-16-be"), key, value))
-    keyed.sort(key=lambda item: item[0])
+        keys.sort(key=lambda key: key.encode("utf-16-be", "surrogatepass"))
     out.append("{")
     first = True
-    for _, key, value in keyed:
+    for key in keys:
         if not first:
             out.append(",")
         first = False
-        out.append(_string(key))
+        if _SURROGATE_RE.search(key) is not None:
+            raise _Rejected(f"object key {key!r} contains a lone surrogate")
+        out.append(_quote(key))
         out.append(":")
         try:
-            _emit(value, out)
+            _emit(obj[key], out)
         except _Rejected as exc:
             exc.path.append(_key_segment(key))
             raise
@@ -186,7 +196,21 @@ def _key_segment(key: str) -> str:
 def _string(value: str) -> str:
     if _SURROGATE_RE.search(value) is not None:
         raise _Rejected("string contains a lone surrogate (not encodable as UTF-8)")
+    return _quote(value)
+
+
+def _quote_translate(value: str) -> str:
     return '"' + value.translate(_ESCAPES) + '"'
+
+
+# The json module's C string encoder (non-ASCII kept literal) escapes exactly what
+# RFC 8785 §3.2.2.2 escapes: '"', '\\', \b \t \n \f \r by their short forms and every
+# other control character below U+0020 as \u00xx in lowercase hex. It is checked
+# against the translation table at import, and not used if it ever differs.
+_quote = getattr(json.encoder, "c_encode_basestring", None) or _quote_translate
+_PROBE = "".join(map(chr, range(0x80))) + "\u00e9\u2028\U0001f600"
+if _quote(_PROBE) != _quote_translate(_PROBE):
+    _quote = _quote_translate
 
 
 def _integer(value: int) -> str:
