@@ -119,10 +119,11 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
         line += " [dim](recorded outcome: nothing ran now)[/]"
     out.say(line)
     if not outcome.recorded:
-        out.say("  [bold magenta]not recorded in the ledger[/]: the Pilot could not write this "
-                "outcome down. Do not retry with a new nonce; once the ledger is back, "
-                "`marque reconcile` (or a retry of the same nonce) settles it from the target's "
-                "stamp")
+        out.say("  [bold magenta]not yet recorded in the ledger[/]: the target's stamp is the "
+                "durable record that it applied. The Pilot records it just behind this answer "
+                "(settle_write_behind), or, if it could not write it down, `marque reconcile` "
+                "(or a retry of the same nonce) settles it from the stamp once the ledger is "
+                "back. Do not retry with a new nonce")
     if stalled is not None:
         out.say(f"  claimed, but nothing is running it ({stalled.code}): "
                 f"{literal(stalled.message)}. Run `marque reconcile` (or retry the same "

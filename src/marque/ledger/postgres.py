@@ -2,7 +2,7 @@
 
 Tables live in their own schema (``marque_ledger``) so a ledger can share a
 database with anything else. Connections come from a pool; each ledger
-transaction is one pooled connection inside ``conn.transaction()``; reads go
+transaction is one pooled connection, its ``BEGIN`` sent with its first statement; reads go
 through a second pool of autocommit connections and see the latest commit. Claims
 rely on ``INSERT … ON CONFLICT DO NOTHING`` waiting for a concurrent insert of
 the same key, and the budget on a conditional ``UPDATE`` re-checking its
@@ -34,12 +34,27 @@ SCHEMA = "marque_ledger"
 
 
 class _PgTx(Tx):
-    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+    """Statements on one connection; with ``begin``, the first one carries the ``BEGIN``."""
+
+    def __init__(self, conn: psycopg.Connection[TupleRow], *, begin: bool = False) -> None:
         self._conn = conn
+        self._begin = begin
+        #: Whether BEGIN went out: the transaction then needs its COMMIT or ROLLBACK.
+        self.begun = False
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         # Our own statements never hold a literal '%' or '?' other than placeholders.
-        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params) if params else None)
+        sql = sql.replace("?", "%s")
+        bound = tuple(params) if params else None
+        if self._begin and not self.begun:
+            # One message, one round trip: BEGIN and the first statement, its parameters
+            # bound client-side (our own values), as the target sends its stamp.
+            self.begun = True
+            cur: psycopg.Cursor[Any] = psycopg.ClientCursor(self._conn)
+            cur.execute("BEGIN; " + sql, bound)
+            cur.nextset()
+        else:
+            cur = self._conn.execute(sql, bound)
         return cur.fetchall() if cur.description is not None else []
 
 
@@ -76,7 +91,7 @@ class PostgresLedger(SqlLedger):
         self.dsn = dsn
         self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = make_pool(
             dsn, name="marque-ledger", min_size=1, max_size=pool_size, configure=_configure,
-            check_always=True,
+            autocommit=True,
         )
         # No wait for the pool here: the first use (``_has_schema``) reports a server
         # that refuses us at once, with its reason (pgpool.checkout).
@@ -106,9 +121,22 @@ class PostgresLedger(SqlLedger):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
+        # BEGIN travels with the first statement and the connection is pinged only after
+        # sitting idle (pgpool), so a transaction costs its statements and its COMMIT. A
+        # connection that died in the last moment fails the first message, before
+        # anything of the transaction reached the server: ``ledger_unavailable``, nothing
+        # written, as any outage before the claim.
         try:
-            with connection(self._pool, self.dsn) as conn, conn.transaction():
-                yield _PgTx(conn)
+            with connection(self._pool, self.dsn) as conn:
+                tx = _PgTx(conn, begin=True)
+                try:
+                    yield tx
+                except BaseException:
+                    if tx.begun and not conn.broken:
+                        conn.execute("ROLLBACK")
+                    raise
+                if tx.begun:
+                    conn.execute("COMMIT")
         except psycopg.Error as exc:
             raise unavailable(self.dsn, exc) from exc
 

@@ -224,7 +224,7 @@ class Pilot:
                 # Answered applied already, its settle just behind: a proof for it can
                 # only read that outcome again, as for any replay of an applied nonce.
                 self.ledger.hold_jti(jti, forget_after)
-                return self._outcome(held, replayed=True)
+                return self._outcome(held, replayed=True, recorded=False)
             self.settler.flush()  # every replay records its jti: let the claim see it
         if self.options.replay_jti_write_behind:
             # An applied nonce is absorbing: answer its replay from a read, no durable write.
@@ -261,7 +261,7 @@ class Pilot:
             # The stamp committed with the write is its durable record until the settle lands.
             attempt.emit("settle_behind", status=Status.APPLIED.value)
             return self._outcome(self.settler.hold(observation, attempt.events, claim.record),
-                                 replayed=False)
+                                 replayed=False, recorded=False)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)
@@ -800,7 +800,7 @@ class Pilot:
         """
         held = None if self.settler is None else self.settler.held(marque_id, nonce)
         if held is not None:  # answered applied, recorded just behind
-            return self._outcome(held, replayed=True)
+            return self._outcome(held, replayed=True, recorded=False)
         record = self.ledger.outcome(marque_id, nonce)
         if record is not None:
             return self._outcome(record, replayed=True)
@@ -873,7 +873,8 @@ class Pilot:
             return None
         return self._lost(record)
 
-    def _outcome(self, record: AttemptRecord, *, replayed: bool) -> Outcome:
+    def _outcome(self, record: AttemptRecord, *, replayed: bool,
+                 recorded: bool = True) -> Outcome:
         return Outcome(
             marque_id=record.marque_id,
             nonce=record.nonce,
@@ -885,6 +886,7 @@ class Pilot:
             replayed=replayed,
             error=record.error,
             result=record.result,
+            recorded=recorded,
         )
 
     def attach(self, worker: Any) -> None:
