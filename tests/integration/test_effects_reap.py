@@ -32,6 +32,7 @@ def test_a_reaped_effect_set_leaves_its_row_stamps_known_and_its_ledger_rows_gon
         marque_id = str((unverified_claims(token) or {})["jti"])
         assert world.run(token, "n-1").status == "applied"
         ledger = world.pilot.ledger
+        assert ledger.effect_run_state(marque_id, "n-1") is not None
         incarnation = world.pilot.incarnation
 
         # Past the marque's expiry and the skew allowance, by the Pilot's clock only.
@@ -39,8 +40,8 @@ def test_a_reaped_effect_set_leaves_its_row_stamps_known_and_its_ledger_rows_gon
         counts = world.pilot.reap()
 
         assert counts["marques"] == 1
-        assert (counts["effect_runs"], counts["effect_dispatch"], counts["effect_previews"]) == (
-            1, 2, 1)
+        assert (counts["effect_runs"], counts["effect_run_states"], counts["effect_dispatch"],
+                counts["effect_previews"]) == (1, 1, 2, 1)
         assert counts["effect_receipts"] == 2  # the member receipt and the set receipt
         assert ledger.effect_run(marque_id, "n-1") is None
         assert ledger.effect_run_state(marque_id, "n-1") is None

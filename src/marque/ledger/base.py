@@ -320,6 +320,11 @@ class Ledger(abc.ABC):
         """Compare-and-set the Run's record from ``before`` to ``after``; False if moved."""
 
     @abc.abstractmethod
+    def effect_attach_summary(self, marque_id: str, nonce: str, attempt: int,
+                              result: dict[str, Any], now: float) -> bool:
+        """Keep a still-indeterminate attempt's sealed summary once and re-queue its report."""
+
+    @abc.abstractmethod
     def effect_put_receipt(self, marque_id: str, nonce: str, kind: str, subject: str,
                            body: dict[str, Any], now: float) -> bool:
         """Keep an immutable receipt; False for a redelivery, ``Conflict`` for another body."""

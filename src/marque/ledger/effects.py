@@ -270,6 +270,30 @@ class EffectLedger(abc.ABC):
                  before["state"], before["revision"]))
         return moved is not None
 
+    def effect_attach_summary(self, marque_id: str, nonce: str, attempt: int,
+                              result: dict[str, Any], now: float) -> bool:
+        """Keep the sealed summary of an attempt that stays ``indeterminate`` (recovered, its
+        rows still unknown) as its result, once, and send its report again with it (the
+        outbox payload gains ``effect_set``, as an execution's own indeterminate report has).
+        False if the attempt is not indeterminate or already holds a result."""
+        with self.transaction() as tx:
+            kept = tx.one(
+                "UPDATE attempts SET result = ? WHERE marque_id = ? AND nonce = ? "
+                "AND attempt = ? AND status = 'indeterminate' AND result IS NULL "
+                "RETURNING attempt", (_dumps(result), marque_id, nonce, attempt))
+            if kept is None:
+                return False
+            queued = tx.one("SELECT payload FROM outbox WHERE marque_id = ? AND nonce = ? "
+                            "AND attempt = ? AND status = 'indeterminate'",
+                            (marque_id, nonce, attempt))
+            if queued is not None:
+                payload = json.loads(queued[0])
+                payload["effect_set"] = result["effect_set"]
+                tx.execute("UPDATE outbox SET payload = ?, queued_at = ?, acked_at = NULL "
+                           "WHERE marque_id = ? AND nonce = ? AND attempt = ?",
+                           (_dumps(payload), now, marque_id, nonce, attempt))
+        return True
+
     # -- receipts -----------------------------------------------------------------------
 
     def effect_put_receipt(self, marque_id: str, nonce: str, kind: str, subject: str,
