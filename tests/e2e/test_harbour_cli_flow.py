@@ -69,15 +69,7 @@ class Stack:
         joined = cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.url,
                           "--token", self.pilot_token, "--url", f"http://127.0.0.1:{port}")
         assert joined["pilot_id"] == "p1"
-        self.pilot = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
-             f"127.0.0.1:{port}", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(), cwd=root)
-        assert self.pilot.stdout is not None
-        line = self.pilot.stdout.readline()
-        assert line, self.pilot.stderr.read() if self.pilot.stderr else "no output"
-        self.bank.proc = self.pilot  # stopped with the bank
+        self.bank.start(listen=f"127.0.0.1:{port}")  # stopped with the bank
 
     def as_(self, token: str, *args: Any, timeout: float = 60) -> Result:
         return cli(*args, token=token, harbour=self.url, timeout=timeout)

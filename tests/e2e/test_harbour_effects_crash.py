@@ -23,7 +23,6 @@ import httpx
 import pytest
 from e2e_support import run_cli
 from harbour_support import (
-    MARQUE,
     TOPUP_DECLARATION,
     TOPUP_ROWS,
     Harbour,
@@ -62,31 +61,22 @@ class CrashStack:
 
     def start_pilot(self, crash_at: str | None = None) -> None:
         """``pilot serve`` at the joined address (with a crash point, if given)."""
-        env = cli_env({"MARQUE_CRASH_AT": crash_at} if crash_at else None)
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
-             f"127.0.0.1:{self.port}", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=env, cwd=self.root)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
+        self.bank.start(listen=f"127.0.0.1:{self.port}",
+                        env={"MARQUE_CRASH_AT": crash_at} if crash_at else None)
+        assert self.bank.pilot is not None
+        self.proc = self.bank.pilot.proc
 
     def wait_pilot(self) -> int:
-        assert self.proc is not None
-        status = self.proc.wait(timeout=60)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        assert self.bank.pilot is not None
+        status = self.bank.pilot.wait_dead(60)
+        assert status is not None, "pilot serve still runs after a minute"
         return status
 
     def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
         return self.server.call(method, path, token, **kwargs)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.wait_pilot()
+        self.bank.stop()
         self.server.stop()
 
 
