@@ -52,6 +52,23 @@ def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
     return body
 
 
+def cli_json_together(*commands: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Run independent ``marque ARGS --json`` commands side by side (each must succeed, and
+    none may touch what another writes); their JSON objects, in order."""
+    procs = [subprocess.Popen([str(MARQUE), *map(str, args), "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              env=cli_env())
+             for args in commands]
+    bodies = []
+    for args, proc in zip(commands, procs, strict=True):
+        out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, (args, out, err)
+        body = json.loads(out)
+        assert isinstance(body, dict), out
+        bodies.append(body)
+    return bodies
+
+
 class Harbour:
     """A Harbourmaster's home, made by ``marque harbour init``, and its principals' tokens."""
 
@@ -251,14 +268,16 @@ class PilotServe:
 
 
 class PilotBank:
-    """A Pilot home serving a SQLite ``bank`` (accounts 1→100, 2→100), trusting ``harbour``.
+    """A Pilot home serving a SQLite ``bank`` (accounts 1→100, 2→100), trusting ``harbour``
+    (unless ``trust=False``: a Pilot that is to join it, which pins its keys).
 
     ``holder_pub`` is a requester's public key (give it to ``Harbour.add``);
     ``start()`` runs ``marque pilot serve`` (a :class:`PilotServe`, kept as ``pilot``)
     and returns its URL.
     """
 
-    def __init__(self, root: Path, harbour: Harbour, *, pilot_id: str = "p1") -> None:
+    def __init__(self, root: Path, harbour: Harbour, *, pilot_id: str = "p1",
+                 trust: bool = True) -> None:
         self.root = root
         self.pilot_id = pilot_id
         self.home = root / "pilot"
@@ -271,11 +290,14 @@ class PilotBank:
             conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
             conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
         conn.close()
-        made = cli_json("keys", "new", "--out", self.holder_key)
+        # The holder's key and the ledger are independent: made side by side.
+        made, initialised = cli_json_together(
+            ("keys", "new", "--out", self.holder_key),
+            ("pilot", "init", "--home", self.home, "--pilot-id", pilot_id))
         self.holder_pub.write_text(json.dumps(made["public_jwk"]))
-        self.incarnation: str = cli_json("pilot", "init", "--home", self.home, "--pilot-id",
-                                         pilot_id)["incarnation"]
-        cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
+        self.incarnation: str = initialised["incarnation"]
+        if trust:
+            cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
         cli_json("pilot", "target", "add", "--home", self.home, "bank",
                  f"sqlite:///{self.bank.resolve()}")
         self.pilot: PilotServe | None = None
