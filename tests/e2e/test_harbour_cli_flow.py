@@ -392,17 +392,33 @@ def test_logbook_tail_follow_prints_new_entries_until_interrupted(tmp_path: Path
             [str(MARQUE), "logbook", "tail", "--follow", "--after", str(after), "--kind",
              "principal.", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, text=True, env=env)
+        said: list[str] = []
+
+        def read_stderr() -> None:
+            assert follower.stderr is not None
+            for line in follower.stderr:  # each streamed entry as it comes
+                said.append(line)
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
         try:
-            time.sleep(1.5)
+            time.sleep(1.5)  # it is following before the entries are appended
             harbour.add("zed", "requester")  # appended while it follows
             harbour.revoke("zed")
             deadline = time.monotonic() + 10
-            time.sleep(2.5)
-            assert follower.poll() is None
+            while len([line for line in said if line.strip()]) < 2:
+                if time.monotonic() > deadline:
+                    break  # the assertions below say what did arrive
+                time.sleep(0.05)
+            assert follower.poll() is None  # both streamed, and still following
         finally:
             follower.terminate()
-            stdout, stderr = follower.communicate(timeout=10)
-        assert time.monotonic() < deadline + 10
+            follower.wait(timeout=10)
+            reader.join(timeout=10)
+        assert follower.stdout is not None
+        stdout = follower.stdout.read()
+        follower.stdout.close()
+        stderr = "".join(said)
         assert follower.returncode == 0, (stdout, stderr)
         streamed = [json.loads(line) for line in stderr.splitlines() if line.strip()]
         assert [(e["kind"], e["subject"]) for e in streamed] == [
