@@ -4,10 +4,16 @@ Runs the server as the ``postgres`` OS user when we are root (PostgreSQL
 refuses to run as root), on a free loopback port, in a temporary directory
 that is removed on stop. Faults are real: :meth:`crash` is
 ``pg_ctl stop -m immediate``.
+
+``initdb`` runs once per process: every cluster's data directory is a copy of
+that pristine one (``cp -a``: the same files initdb would write, a second
+instead of a few), with its own settings appended to its own
+``postgresql.conf``. The template is removed when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import pwd
@@ -30,6 +36,10 @@ def find_bindir() -> Path | None:
         return Path(found[-1]).parent
     initdb = shutil.which("initdb")
     return Path(initdb).parent if initdb else None
+
+
+#: A pristine initdb data directory per server bindir, made by the first cluster.
+_TEMPLATES: dict[Path, Path] = {}
 
 
 def free_port() -> int:
@@ -70,9 +80,23 @@ class PgCluster:
     def _run(self, *args: str) -> None:
         subprocess.run(self._cmd(*args), check=True, capture_output=True, timeout=120)
 
-    def init(self) -> PgCluster:
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
+    def _template(self) -> Path:
+        """This process's pristine data directory for ``bindir`` (initdb'd on first use)."""
+        found = _TEMPLATES.get(self.bindir)
+        if found is not None and found.is_dir():
+            return found
+        root = Path(tempfile.mkdtemp(prefix="marque-pg-template-"))
+        atexit.register(shutil.rmtree, root, True)
+        if self._as_postgres:
+            pw = pwd.getpwnam("postgres")
+            os.chown(root, pw.pw_uid, pw.pw_gid)
+        self._run(str(self.bindir / "initdb"), "-D", str(root / "data"), "-U", "postgres",
                   "--auth=trust", "-E", "UTF8", "--no-sync")
+        _TEMPLATES[self.bindir] = root / "data"
+        return root / "data"
+
+    def init(self) -> PgCluster:
+        self._run("cp", "-a", str(self._template()), str(self.data))
         conf = self.data / "postgresql.conf"
         extra = (
             f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"

@@ -17,8 +17,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +34,7 @@ from e2e.harbour_support import (
     PilotBank,
     cli_env,
     cli_json,
+    free_port,
     request_body,
 )
 
@@ -80,13 +79,6 @@ def fresh_id(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{next(_ids)}"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @dataclass
 class World:
     """One Harbourmaster, one joined Pilot, and the principals' tokens."""
@@ -95,7 +87,6 @@ class World:
     bank: PilotBank
     server: HarbourServer
     pilot_url: str
-    pilot_proc: subprocess.Popen[str]
     root: Path
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -173,29 +164,17 @@ def make_world(root: Path) -> Iterator[World]:
     harbour.add("audrey", "auditor")
     harbour.add("p1", "pilot")
     server = HarbourServer(harbour.home)
-    pilot_proc: subprocess.Popen[str] | None = None
     try:
         pilot_url = f"http://127.0.0.1:{free_port()}"
         cli_json("pilot", "join", "--home", bank.home, "--harbour", server.url, "--token",
                  harbour.tokens["p1"], "--url", pilot_url)
-        log = (root / "pilot-serve.log").open("w")
-        pilot_proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(bank.home), "--listen",
-             pilot_url.removeprefix("http://"), "--json"],
-            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-            env=cli_env(), cwd=bank.root)
-        assert pilot_proc.stdout is not None
-        assert pilot_proc.stdout.readline(), (root / "pilot-serve.log").read_text()
-        world = World(harbour, bank, server, pilot_url, pilot_proc, root)
+        bank.start(listen=pilot_url.removeprefix("http://"))
+        world = World(harbour, bank, server, pilot_url, root)
         wait_for("the Pilot's registration", lambda: world.api(
             "GET", "/v1/pilots", "admin").json()["pilots"])
         yield world
     finally:
-        if pilot_proc is not None and pilot_proc.poll() is None:
-            pilot_proc.send_signal(signal.SIGTERM)
-            pilot_proc.wait(timeout=60)
-        if pilot_proc is not None and pilot_proc.stdout is not None:
-            pilot_proc.stdout.close()
+        bank.stop()
         server.stop()
 
 

@@ -2,9 +2,11 @@
 
 A :class:`Harbour` is a home made by ``marque harbour init`` with principals
 added through the CLI; a :class:`HarbourServer` is a ``marque harbour serve``
-process on a free loopback port; a :class:`PilotBank` is a Pilot home (made by
-the CLI) serving a SQLite bank target and trusting a Harbourmaster's issuer
-key, run as ``marque pilot serve``. Nothing is mocked.
+process on a free loopback port; a :class:`PilotServe` is a ``marque pilot
+serve`` process over any Pilot home (the one way the tests start one: here, in
+the soak's worlds and in the browser tier); a :class:`PilotBank` is a Pilot
+home (made by the CLI) serving a SQLite bank target and trusting a
+Harbourmaster's issuer key, run as a :class:`PilotServe`. Nothing is mocked.
 
 This module imports nothing from the other test helpers, so a test anywhere
 (``tests/pg`` included, as ``e2e.harbour_support``) can use it.
@@ -19,6 +21,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,23 @@ def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
     body = json.loads(proc.stdout)
     assert isinstance(body, dict), proc.stdout
     return body
+
+
+def cli_json_together(*commands: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Run independent ``marque ARGS --json`` commands side by side (each must succeed, and
+    none may touch what another writes); their JSON objects, in order."""
+    procs = [subprocess.Popen([str(MARQUE), *map(str, args), "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                              env=cli_env())
+             for args in commands]
+    bodies = []
+    for args, proc in zip(commands, procs, strict=True):
+        out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, (args, out, err)
+        body = json.loads(out)
+        assert isinstance(body, dict), out
+        bodies.append(body)
+    return bodies
 
 
 class Harbour:
@@ -131,14 +152,132 @@ class HarbourServer:
         return status
 
 
-class PilotBank:
-    """A Pilot home serving a SQLite ``bank`` (accounts 1→100, 2→100), trusting ``harbour``.
+class DiedAtStart(RuntimeError):
+    """``pilot serve`` exited (or closed its stdout) before it said it listens: a crash
+    point in start-up recovery, or a home it refuses; ``status`` is its exit status."""
 
-    ``holder_pub`` is a requester's public key (give it to ``Harbour.add``);
-    ``start()`` runs ``marque pilot serve`` and returns its URL.
+    def __init__(self, status: int | None, log: str) -> None:
+        super().__init__(f"pilot serve exited {status} before listening: {log[-2000:]}")
+        self.status = status
+
+
+class PilotServe:
+    """``marque pilot serve --home HOME --listen LISTEN --json`` as a child process.
+
+    ``listen`` is ``host:port``; port 0 lets the OS choose, and :meth:`start` reads the
+    URL from the service's ready line. ``env`` is added to :func:`cli_env` (a crash point,
+    faketime). stderr goes to ``log`` (by default a fresh file in ``cwd`` or beside the
+    home), never to a pipe nobody drains. :meth:`start` returns the ready line once the
+    service listens, or raises :class:`DiedAtStart`.
     """
 
-    def __init__(self, root: Path, harbour: Harbour, *, pilot_id: str = "p1") -> None:
+    #: Seconds a start may take before the service is taken for dead.
+    START_SECONDS = 30.0
+
+    def __init__(self, home: Path, *, listen: str = "127.0.0.1:0",
+                 env: dict[str, str] | None = None, cwd: Path | None = None,
+                 workers: int | None = None, log: Path | None = None) -> None:
+        self.home = home
+        self.listen = listen
+        self.env = env
+        self.cwd = cwd
+        self.workers = workers
+        where = cwd if cwd is not None else home.parent
+        self.log = log or where / f"pilot-serve-{time.monotonic_ns()}.log"
+        self.proc: subprocess.Popen[str] | None = None
+        self.ready: dict[str, Any] = {}
+        # A fixed port's URL is known before the start (a joined Pilot's is).
+        self.url = "" if listen.endswith(":0") else f"http://{listen}"
+
+    def start(self) -> dict[str, Any]:
+        """Run it; its ready line (``url``, ``pilot_id``, ``incarnation``...)."""
+        args = [str(MARQUE), "pilot", "serve", "--home", str(self.home), "--listen",
+                self.listen, "--json"]
+        if self.workers:
+            args += ["--workers", str(self.workers)]
+        with self.log.open("w") as stderr:
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr,
+                                         stdin=subprocess.DEVNULL, text=True,
+                                         env=cli_env(self.env), cwd=self.cwd)
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(self.START_SECONDS)
+        if not got or not got[0]:
+            try:  # it closed its stdout: it is dying, or dead; its status says how
+                status: int | None = self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                status = None
+            self.kill()
+            raise DiedAtStart(status, self.stderr())
+        self.ready = json.loads(got[0])
+        self.url = str(self.ready["url"])
+        return self.ready
+
+    def stderr(self) -> str:
+        """What it wrote to stderr so far."""
+        return self.log.read_text() if self.log.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` if it still runs."""
+        if self.proc is not None and self.alive:
+            self.proc.send_signal(sig)
+
+    def wait_dead(self, timeout: float = 30.0) -> int | None:
+        """Its exit status once it has died (a crash point), None if it is still up."""
+        assert self.proc is not None
+        try:
+            status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._close()
+        return status
+
+    def kill(self) -> None:
+        """SIGKILL (a power cut) and reap it."""
+        if self.proc is None:
+            return
+        self.signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._close()
+
+    def stop(self) -> int:
+        """SIGTERM, an orderly stop (SIGCONT first, for one left SIGSTOPped); its exit
+        status. One that does not stop within a minute is SIGKILLed."""
+        if self.proc is None:
+            return 0
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            status = -signal.SIGKILL
+        self._close()
+        return status
+
+    def _close(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class PilotBank:
+    """A Pilot home serving a SQLite ``bank`` (accounts 1→100, 2→100), trusting ``harbour``
+    (unless ``trust=False``: a Pilot that is to join it, which pins its keys).
+
+    ``holder_pub`` is a requester's public key (give it to ``Harbour.add``);
+    ``start()`` runs ``marque pilot serve`` (a :class:`PilotServe`, kept as ``pilot``)
+    and returns its URL.
+    """
+
+    def __init__(self, root: Path, harbour: Harbour, *, pilot_id: str = "p1",
+                 trust: bool = True) -> None:
         self.root = root
         self.pilot_id = pilot_id
         self.home = root / "pilot"
@@ -151,27 +290,24 @@ class PilotBank:
             conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
             conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
         conn.close()
-        made = cli_json("keys", "new", "--out", self.holder_key)
+        # The holder's key and the ledger are independent: made side by side.
+        made, initialised = cli_json_together(
+            ("keys", "new", "--out", self.holder_key),
+            ("pilot", "init", "--home", self.home, "--pilot-id", pilot_id))
         self.holder_pub.write_text(json.dumps(made["public_jwk"]))
-        self.incarnation: str = cli_json("pilot", "init", "--home", self.home, "--pilot-id",
-                                         pilot_id)["incarnation"]
-        cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
+        self.incarnation: str = initialised["incarnation"]
+        if trust:
+            cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
         cli_json("pilot", "target", "add", "--home", self.home, "bank",
                  f"sqlite:///{self.bank.resolve()}")
-        self.proc: subprocess.Popen[str] | None = None
+        self.pilot: PilotServe | None = None
         self.url = ""
 
-    def start(self) -> str:
-        """Run ``marque pilot serve`` on a free loopback port; its URL."""
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(self.home), "--listen",
-             "127.0.0.1:0", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(), cwd=self.root)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
-        self.url = json.loads(line)["url"]
+    def start(self, *, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None) -> str:
+        """Run ``marque pilot serve`` (on a free loopback port, or at ``listen``); its URL."""
+        self.pilot = PilotServe(self.home, listen=listen, env=env, cwd=self.root)
+        self.pilot.start()
+        self.url = self.pilot.url
         return self.url
 
     def registration(self) -> dict[str, Any]:
@@ -181,13 +317,8 @@ class PilotBank:
 
     def stop(self) -> None:
         """Stop ``pilot serve`` (SIGTERM), if it runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        if self.proc is not None:
-            for stream in (self.proc.stdout, self.proc.stderr):
-                if stream is not None:
-                    stream.close()
+        if self.pilot is not None:
+            self.pilot.stop()
 
     def balances(self) -> dict[int, int]:
         """The bank's balances, read directly."""

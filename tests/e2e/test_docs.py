@@ -33,6 +33,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,15 +173,22 @@ FILES_WITH_BLOCKS = [path for path in doc_files() if marked_blocks(path)]
 
 @pytest.fixture(scope="module")
 def doc_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Block], DocRun]]:
-    """Every file's tested blocks, run once each in its own fresh directory."""
-    runs = {}
-    for path in FILES_WITH_BLOCKS:
+    """Every file's tested blocks, run once each in its own fresh directory.
+
+    The files share nothing (each has its own directory, bash session and services on
+    ports chosen at run time), so two run at once: most of their time is spent starting
+    processes and waiting on them."""
+    bases = {path: tmp_path_factory.mktemp(path.stem) for path in FILES_WITH_BLOCKS}
+
+    def run_file(path: Path) -> tuple[str, tuple[list[Block], DocRun]]:
         blocks = marked_blocks(path)
-        base = tmp_path_factory.mktemp(path.stem)
+        base = bases[path]
         (base / "work").mkdir()
         (base / "scripts").mkdir()
-        runs[path.name] = (blocks, run_blocks(blocks, base / "work", base / "scripts"))
-    return runs
+        return path.name, (blocks, run_blocks(blocks, base / "work", base / "scripts"))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run_file, FILES_WITH_BLOCKS))
 
 
 def _report(block: Block, run: DocRun, number: int) -> str:

@@ -77,6 +77,8 @@ def test_a_partial_failure_exits_4_with_its_set_receipt(tmp_path: Path) -> None:
     assert done.returncode == 4, done.stderr
     printed = json.loads(done.stdout)
     assert printed["set_receipt"]["status"] == "partial_failure"
+    assert (printed["run"]["version"], printed["run"]["state"]) == ("actql-run-state/0.1",
+                                                                    "failed")
     assert _qty(tmp_path) == {1: 10, 2: 2, 3: 30}
 
 
@@ -94,6 +96,10 @@ def test_a_pilot_killed_between_rows_is_reconciled_by_the_cli(tmp_path: Path) ->
     assert [r["outcome"]["state"] for r in printed["reconciliation_receipts"]] == ["applied"]
     assert printed["set_receipt"]["status"] == "unknown_outcome"
     assert settled.returncode == 4  # now: one applied row, two unattempted
+    # The Run the dead owner left running was ended by the reconciliation, in the ledger.
+    assert printed["run"]["state"] == "failed" and printed["run"]["terminal_error"] is None
+    shown = marque(tmp_path, "effects", "receipt", "--home", "home", marque_id, "n-1", "--json")
+    assert json.loads(shown.stdout)["run"] == printed["run"]
     assert _qty(tmp_path) == {1: 10, 2: 2, 3: 3}
     again = marque(tmp_path, *APPLY)
     assert json.loads(again.stdout)["outcome"]["replayed"] is True

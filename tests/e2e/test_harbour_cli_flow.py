@@ -69,15 +69,7 @@ class Stack:
         joined = cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.url,
                           "--token", self.pilot_token, "--url", f"http://127.0.0.1:{port}")
         assert joined["pilot_id"] == "p1"
-        self.pilot = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
-             f"127.0.0.1:{port}", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(), cwd=root)
-        assert self.pilot.stdout is not None
-        line = self.pilot.stdout.readline()
-        assert line, self.pilot.stderr.read() if self.pilot.stderr else "no output"
-        self.bank.proc = self.pilot  # stopped with the bank
+        self.bank.start(listen=f"127.0.0.1:{port}")  # stopped with the bank
 
     def as_(self, token: str, *args: Any, timeout: float = 60) -> Result:
         return cli(*args, token=token, harbour=self.url, timeout=timeout)
@@ -400,17 +392,33 @@ def test_logbook_tail_follow_prints_new_entries_until_interrupted(tmp_path: Path
             [str(MARQUE), "logbook", "tail", "--follow", "--after", str(after), "--kind",
              "principal.", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, text=True, env=env)
+        said: list[str] = []
+
+        def read_stderr() -> None:
+            assert follower.stderr is not None
+            for line in follower.stderr:  # each streamed entry as it comes
+                said.append(line)
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
         try:
-            time.sleep(1.5)
+            time.sleep(1.5)  # it is following before the entries are appended
             harbour.add("zed", "requester")  # appended while it follows
             harbour.revoke("zed")
             deadline = time.monotonic() + 10
-            time.sleep(2.5)
-            assert follower.poll() is None
+            while len([line for line in said if line.strip()]) < 2:
+                if time.monotonic() > deadline:
+                    break  # the assertions below say what did arrive
+                time.sleep(0.05)
+            assert follower.poll() is None  # both streamed, and still following
         finally:
             follower.terminate()
-            stdout, stderr = follower.communicate(timeout=10)
-        assert time.monotonic() < deadline + 10
+            follower.wait(timeout=10)
+            reader.join(timeout=10)
+        assert follower.stdout is not None
+        stdout = follower.stdout.read()
+        follower.stdout.close()
+        stderr = "".join(said)
         assert follower.returncode == 0, (stdout, stderr)
         streamed = [json.loads(line) for line in stderr.splitlines() if line.strip()]
         assert [(e["kind"], e["subject"]) for e in streamed] == [

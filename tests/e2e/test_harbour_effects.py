@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ import httpx
 import pytest
 from e2e_support import Result, run_cli
 from harbour_support import (
-    MARQUE,
     TOPUP_DECLARATION,
     TOPUP_ROWS,
     Harbour,
@@ -63,15 +61,7 @@ class Stack:
         port = _free_port()
         cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.url,
                  "--token", pilot_token, "--url", f"http://127.0.0.1:{port}")
-        self.bank.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
-             f"127.0.0.1:{port}", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(), cwd=root)
-        assert self.bank.proc.stdout is not None
-        line = self.bank.proc.stdout.readline()
-        assert line, self.bank.proc.stderr.read() if self.bank.proc.stderr else "no output"
-        self.bank.url = json.loads(line)["url"]
+        self.bank.start(listen=f"127.0.0.1:{port}")
         self._ids = 0
 
     def fresh(self, prefix: str) -> str:

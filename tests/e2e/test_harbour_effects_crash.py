@@ -23,7 +23,6 @@ import httpx
 import pytest
 from e2e_support import run_cli
 from harbour_support import (
-    MARQUE,
     TOPUP_DECLARATION,
     TOPUP_ROWS,
     Harbour,
@@ -62,31 +61,22 @@ class CrashStack:
 
     def start_pilot(self, crash_at: str | None = None) -> None:
         """``pilot serve`` at the joined address (with a crash point, if given)."""
-        env = cli_env({"MARQUE_CRASH_AT": crash_at} if crash_at else None)
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
-             f"127.0.0.1:{self.port}", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=env, cwd=self.root)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
+        self.bank.start(listen=f"127.0.0.1:{self.port}",
+                        env={"MARQUE_CRASH_AT": crash_at} if crash_at else None)
+        assert self.bank.pilot is not None
+        self.proc = self.bank.pilot.proc
 
     def wait_pilot(self) -> int:
-        assert self.proc is not None
-        status = self.proc.wait(timeout=60)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        assert self.bank.pilot is not None
+        status = self.bank.pilot.wait_dead(60)
+        assert status is not None, "pilot serve still runs after a minute"
         return status
 
     def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
         return self.server.call(method, path, token, **kwargs)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.wait_pilot()
+        self.bank.stop()
         self.server.stop()
 
 
@@ -175,8 +165,9 @@ def test_a_pilot_killed_mid_set_reconciles_on_restart_and_the_request_shows_the_
 def test_a_row_left_unknown_at_restart_is_reported_then_settled_by_a_later_report(
         crash_stack: CrashStack) -> None:
     """Killed after row 2's commit and restarted while another writer holds the bank's write
-    lock: the tombstone cannot be written, so the attempt is reported indeterminate (no
-    receipt yet) and the request awaits reconciliation; once the lock is gone the Pilot's
+    lock: the tombstone cannot be written, so the attempt is reported indeterminate with its
+    sealed unknown_outcome receipt and the request awaits reconciliation; once the lock is
+    gone the Pilot's
     periodic recovery settles row 2 applied and a later report of the same attempt brings
     the settled row states."""
     stack = crash_stack
@@ -208,9 +199,19 @@ def test_a_row_left_unknown_at_restart_is_reported_then_settled_by_a_later_repor
         assert [(e["nonce"], e["status"]) for e in pending["executions"]] == [
             ("n-1", "indeterminate")], pending
         assert pending["state"] == "reconciliation"
-        # The recovery's indeterminate report carries no set receipt yet (docs/effects.md,
-        # choice 43): the request shows none until the row is settled.
-        assert pending["receipt"] is None
+        # The recovery's indeterminate report carries the sealed unknown_outcome receipt and
+        # the rows' states (docs/effects.md, choice 43), so the request in reconciliation
+        # shows what is known and what is not.
+        unknown = _wait(stack, request["id"], lambda r: r["receipt"] is not None)
+        assert unknown["state"] == "reconciliation", unknown
+        assert unknown["receipt"]["status"] == "unknown_outcome"
+        assert unknown["receipt"]["set_receipt"]["status"] == "unknown_outcome"
+        assert unknown["receipt"]["run_outcome"] == "needs_reconciliation"
+        assert unknown["receipt"]["row_states"] == {"topup": ["applied", "unknown",
+                                                              "unattempted"]}
+        run = unknown["receipt"]["run_state"]
+        assert (run["state"], run["next_action"]) == (
+            "needs_reconciliation", {"kind": "reconcile", "effects": ["topup"]})
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
@@ -220,6 +221,9 @@ def test_a_row_left_unknown_at_restart_is_reported_then_settled_by_a_later_repor
     assert [(e["nonce"], e["status"]) for e in final["executions"]] == [("n-1", "applied")]
     receipt = final["receipt"]
     assert receipt["row_states"] == {"topup": ["applied", "applied", "unattempted"]}
+    # Row 3 stays unattempted under halt (choice 18): the Run ends failed, reconciled.
+    assert (receipt["run_state"]["state"], receipt["run_state"]["next_action"]) == (
+        "failed", {"kind": "none"})
     assert stack.bank.balances() == {1: 150, 2: 250, 3: 100}
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import signal
 import socket
 import sqlite3
 import stat
@@ -34,6 +33,7 @@ from harbour_support import (
     Harbour,
     HarbourServer,
     PilotBank,
+    PilotServe,
     cli_env,
     cli_json,
     request_body,
@@ -78,38 +78,10 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
         time.sleep(0.1)
 
 
-class LinkedPilot:
+def linked_pilot(bank: PilotBank, port: int) -> PilotServe:
     """`marque pilot serve` on a port chosen up front (its join needs the URL first)."""
-
-    def __init__(self, bank: PilotBank, port: int) -> None:
-        self.bank = bank
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.stderr_path = bank.root / f"pilot-serve-{port}-{time.monotonic_ns()}.log"
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self) -> dict[str, Any]:
-        with self.stderr_path.open("w") as stderr:
-            self.proc = subprocess.Popen(
-                [str(MARQUE), "pilot", "serve", "--home", str(self.bank.home), "--listen",
-                 f"127.0.0.1:{self.port}", "--json"],
-                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True,
-                env=cli_env(), cwd=self.bank.root)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, self.stderr()
-        ready: dict[str, Any] = json.loads(line)
-        return ready
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
+    return PilotServe(bank.home, listen=f"127.0.0.1:{port}", cwd=bank.root,
+                      log=bank.root / f"pilot-serve-{port}-{time.monotonic_ns()}.log")
 
 
 @pytest.fixture
@@ -131,23 +103,12 @@ def server(harbour: Harbour) -> Iterator[HarbourServer]:
 @pytest.fixture
 def bank(tmp_path: Path, harbour: Harbour) -> PilotBank:
     """A Pilot home serving ``bank``; NOT trusting the Harbourmaster yet (join pins it)."""
-    made = PilotBank(tmp_path / "site", harbour, pilot_id=PILOT)
-    kid = json.loads((harbour.home / "issuer.jwk").read_text()).get("kid")
-    trusted = cli_json("pilot", "show", "--home", made.home)["issuers"]
-    for known in trusted:
-        # A key id may begin with "-": after "--" it is the argument, never an option.
-        untrusted = subprocess.run(
-            [str(MARQUE), "pilot", "untrust", "--home", str(made.home), "--json", "--", known],
-            capture_output=True, text=True, timeout=TIMEOUT, env=cli_env(),
-            stdin=subprocess.DEVNULL)
-        assert untrusted.returncode == 0, untrusted
-    assert kid is None or kid in trusted
-    return made
+    return PilotBank(tmp_path / "site", harbour, pilot_id=PILOT, trust=False)
 
 
 @pytest.fixture
-def pilots() -> Iterator[list[LinkedPilot]]:
-    started: list[LinkedPilot] = []
+def pilots() -> Iterator[list[PilotServe]]:
+    started: list[PilotServe] = []
     try:
         yield started
     finally:
@@ -358,7 +319,7 @@ def test_the_harbour_section_is_read_strictly() -> None:
 
 def test_serve_registers_at_start_and_a_new_incarnation_is_a_finding(
         harbour: Harbour, server: HarbourServer, bank: PilotBank,
-        pilots: list[LinkedPilot]) -> None:
+        pilots: list[PilotServe]) -> None:
     """`pilot serve` registers as it starts; after the ledger is wiped and re-created, the
     next start registers the new incarnation: the finding, and the request pinned to the
     old one goes to reconciliation."""
@@ -366,7 +327,7 @@ def test_serve_registers_at_start_and_a_new_incarnation_is_a_finding(
     port = free_port()
     assert join(bank, server, harbour.tokens[PILOT], f"http://127.0.0.1:{port}"
                 ).returncode == 0
-    first = LinkedPilot(bank, port)
+    first = linked_pilot(bank, port)
     pilots.append(first)
     assert first.start()["incarnation"] == bank.incarnation
     assert registered(server, harbour)[PILOT]["incarnation"] == bank.incarnation
@@ -381,7 +342,7 @@ def test_serve_registers_at_start_and_a_new_incarnation_is_a_finding(
     # pilot init keeps what the home knew: its Harbourmaster is still joined.
     assert cli_json("pilot", "show", "--home", bank.home)["harbour"]["url"] == server.url
 
-    second = LinkedPilot(bank, port)
+    second = linked_pilot(bank, port)
     pilots.append(second)
     assert second.start()["incarnation"] == again["incarnation"]
     # Registered before it said it serves: no waiting needed.
@@ -395,7 +356,7 @@ def test_serve_registers_at_start_and_a_new_incarnation_is_a_finding(
 
 def test_a_ledger_wiped_with_an_unreported_outcome_is_settled_from_the_targets_stamps(
         harbour: Harbour, server: HarbourServer, bank: PilotBank,
-        pilots: list[LinkedPilot]) -> None:
+        pilots: list[PilotServe]) -> None:
     """One marque ran while the Harbourmaster was away, then the ledger (and its unreported
     outcome) was wiped: the new incarnation is the finding, both pinned requests go to
     reconciliation, the Pilot refuses their old marques, and the stamps settle them — the
@@ -404,7 +365,7 @@ def test_a_ledger_wiped_with_an_unreported_outcome_is_settled_from_the_targets_s
     port = free_port()
     assert join(bank, server, harbour.tokens[PILOT], f"http://127.0.0.1:{port}"
                 ).returncode == 0
-    first = LinkedPilot(bank, port)
+    first = linked_pilot(bank, port)
     pilots.append(first)
     first.start()
     ran = prepared_read(server, harbour, bank, "alice")
@@ -422,7 +383,7 @@ def test_a_ledger_wiped_with_an_unreported_outcome_is_settled_from_the_targets_s
 
     back = HarbourServer(harbour.home, port=harbour_port)
     try:
-        second = LinkedPilot(bank, port)
+        second = linked_pilot(bank, port)
         pilots.append(second)
         assert second.start()["incarnation"] == again["incarnation"]
         findings = logbook(back, harbour, "finding.ledger_incarnation_changed")
@@ -459,13 +420,13 @@ def test_a_ledger_wiped_with_an_unreported_outcome_is_settled_from_the_targets_s
 
 def test_serve_without_a_reachable_harbourmaster_serves_and_warns(
         harbour: Harbour, server: HarbourServer, bank: PilotBank,
-        pilots: list[LinkedPilot]) -> None:
+        pilots: list[PilotServe]) -> None:
     """A Harbourmaster that is down when the Pilot starts is a warning, never fatal."""
     port = free_port()
     assert join(bank, server, harbour.tokens[PILOT], f"http://127.0.0.1:{port}"
                 ).returncode == 0
     server.stop()
-    pilot = LinkedPilot(bank, port)
+    pilot = linked_pilot(bank, port)
     pilots.append(pilot)
     assert pilot.start()["pilot_id"] == PILOT
     assert httpx.get(f"{pilot.url}/v1/health", timeout=TIMEOUT).status_code == 200
@@ -503,7 +464,7 @@ def test_registration_repeats_and_survives_the_harbourmaster_going_away(
 
 def test_an_outcome_reached_while_the_harbourmaster_is_down_is_delivered_once_it_is_back(
         harbour: Harbour, server: HarbourServer, bank: PilotBank,
-        pilots: list[LinkedPilot]) -> None:
+        pilots: list[PilotServe]) -> None:
     """Executed while the Harbourmaster is stopped: applied, but the outbox entry stays
     unacknowledged; once the Harbourmaster is back on its URL the report arrives, the
     request is verified, and the Pilot's own logbook has it too. Delivered again (a lost
@@ -512,7 +473,7 @@ def test_an_outcome_reached_while_the_harbourmaster_is_down_is_delivered_once_it
     port = free_port()
     assert join(bank, server, harbour.tokens[PILOT], f"http://127.0.0.1:{port}"
                 ).returncode == 0
-    pilot = LinkedPilot(bank, port)
+    pilot = linked_pilot(bank, port)
     pilots.append(pilot)
     pilot.start()
     marque = prepared_read(server, harbour, bank, "alice")
@@ -521,11 +482,11 @@ def test_an_outcome_reached_while_the_harbourmaster_is_down_is_delivered_once_it
 
     outcome = execute(bank, pilot.url, marque, "n-1")
     assert outcome["status"] == "applied", outcome
-    time.sleep(1.5)  # several reporter rounds, all refused
+    # The reporter's first round to the stopped Harbourmaster is refused (it says so once).
+    wait_for("a refused report round", lambda: "outcome reports not delivered" in pilot.stderr())
     assert [(m, n, s) for m, n, s, _ in outbox(bank)] == [(marque["marque_id"], "n-1",
                                                           "applied")]
     assert all(acked is None for *_, acked in outbox(bank)), "acked without the Harbourmaster"
-    assert "outcome reports not delivered" in pilot.stderr()
 
     back = HarbourServer(harbour.home, port=harbour_port)
     try:

@@ -80,6 +80,28 @@ def test_indeterminate_then_applied_and_the_failed_rule(store: HarbourStore) -> 
     assert {rid, other} == {r.id for r in store.list_requests()}
 
 
+def test_a_later_same_status_report_completes_a_missing_effect_set_summary_once(
+        store: HarbourStore) -> None:
+    """An indeterminate report without its Effect Set summary, then the same status with it:
+    the stored report gains the summary (nothing moves, nothing new is journalled); a third
+    with another summary changes nothing (docs/effects.md, choice 43)."""
+    _prepared(store, "req-fx")
+    bare = _report("indeterminate", marque_id="mq_req-fx")
+    summary = {"set_receipt": {"status": "unknown_outcome"}, "row_states": {"m": ["unknown"]}}
+    store.ingest_report(bare, actor="pilot-1", now=T0 + 1)
+    seqs = len(store.logbook_entries(limit=1000))
+
+    new, request = store.ingest_report({**bare, "effect_set": summary}, actor="pilot-1",
+                                       now=T0 + 2)
+    store.ingest_report({**bare, "effect_set": {**summary, "row_states": {}}},
+                        actor="pilot-1", now=T0 + 3)
+
+    assert new is False and request is not None and request.state.value == "reconciliation"
+    [held] = store.reports("mq_req-fx")
+    assert held.body["effect_set"] == summary
+    assert len(store.logbook_entries(limit=1000)) == seqs
+
+
 def test_reports_of_an_unknown_marque_or_another_pilot_move_nothing(store: HarbourStore) -> None:
     rid = _prepared(store, "req-z")
     assert store.ingest_report(_report("applied", marque_id="mq_nobody"), actor="p",

@@ -52,6 +52,8 @@ def test_a_new_target_gets_the_current_stamp_table_and_its_version_row(env: Env)
     assert "expires_at" in columns
     assert _bank_rows(env, "SELECT name FROM sqlite_master WHERE type = 'index' "
                            "AND name = 'marque_stamps_live'") == [("marque_stamps_live",)]
+    assert _bank_rows(env, "SELECT name FROM sqlite_master WHERE type = 'index' "
+                           "AND name = 'marque_row_stamps_live'") == [("marque_row_stamps_live",)]
 
 
 def test_a_version_1_stamp_table_is_upgraded_in_place_and_keeps_its_stamps(env: Env) -> None:
@@ -81,6 +83,46 @@ def test_a_version_1_stamp_table_is_upgraded_in_place_and_keeps_its_stamps(env: 
     assert env.balances()[1] == 90
     assert {(s["marque_id"], s["kind"]) for s in env.stamps()} == {
         ("mq_old", "applied"), (marque_id_of(token), "applied")}
+
+
+def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_row_stamps(
+    env: Env,
+) -> None:
+    """A version-3 stamp table (row stamps without their live index) is migrated to the
+    current version at start-up: the ``(incarnation, expires_at)`` index exists and the
+    row stamps it held survive, read by the continuity query."""
+    env.pilot.close()
+    conn = sqlite3.connect(env.bank_path, isolation_level=None)
+    try:
+        for statements in SQLITE_MIGRATIONS[:3]:
+            for statement in statements:
+                conn.execute(statement)
+        conn.execute("CREATE TABLE marque_versions (component TEXT PRIMARY KEY, "
+                     "version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO marque_versions VALUES ('stamps', 3)")
+        conn.execute("INSERT INTO marque_row_stamps (effect_apply_key, row_idempotency_key, "
+                     "marque_id, nonce, dispatch_attempt, kind, pilot_id, incarnation, "
+                     "rows_affected, created_at, expires_at) VALUES "
+                     "('k', 'r', 'mq_old', 'n-old', 1, 'applied', 'p0', 'inc_old', 1, ?, ?)",
+                     (time.time(), time.time() + 3600))
+    finally:
+        conn.close()
+    live = "SELECT name FROM sqlite_master WHERE type = 'index' AND name = 'marque_row_stamps_live'"
+    assert _bank_rows(env, live) == []
+
+    env.reopen()  # start-up reads the target's stamps, upgrading the table first
+
+    assert VERSION == 4
+    assert _bank_rows(env, "SELECT component, version FROM marque_versions") == [
+        ("stamps", VERSION)]
+    assert _bank_rows(env, live) == [("marque_row_stamps_live",)]
+    target = env.pilot.targets["bank"]
+    assert [(s["marque_id"], s["kind"]) for s in target.row_stamps_live("inc_old", 0.0)] == [
+        ("mq_old", "applied")]
+    plan = " ".join(str(r[-1]) for r in _bank_rows(
+        env, "EXPLAIN QUERY PLAN SELECT * FROM marque_row_stamps "
+             "WHERE incarnation = 'x' AND expires_at > 0"))
+    assert "marque_row_stamps_live" in plan
 
 
 def test_a_stamp_table_newer_than_the_pilot_is_refused_before_anything_is_sent(

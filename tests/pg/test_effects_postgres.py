@@ -211,18 +211,19 @@ outcome = "deny"
 
 
 class PgStack:
-    """``harbour serve`` (routing: PG_ROUTING), a joined ``pilot serve``
+    """``harbour serve`` (routing: PG_ROUTING; its store a SQLite file in its home, or the
+    PostgreSQL database ``store``), a joined ``pilot serve``
     whose target ``bank`` is a PostgreSQL database (``accounts``: 1, 2, 3 → 100, with the
     write log), a requester holding a key, and an approver."""
 
-    def __init__(self, root: Path, dsn: str) -> None:
+    def __init__(self, root: Path, dsn: str, *, store: str | None = None) -> None:
         self.dsn = dsn
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
             conn.execute("INSERT INTO accounts VALUES (1, 100), (2, 100), (3, 100)")
             conn.execute(WRITE_LOG.replace("ON items", "ON accounts")
                          .replace("NEW.qty", "NEW.balance"))
-        self.harbour = Harbour(root / "harbour", routing=PG_ROUTING)
+        self.harbour = Harbour(root / "harbour", routing=PG_ROUTING, store=store)
         self.holder_key = root / "holder.jwk"
         made = cli_json("keys", "new", "--out", self.holder_key)
         holder_pub = root / "holder.pub.jwk"
@@ -354,6 +355,81 @@ def test_an_effect_set_request_on_a_postgres_target_is_routed_previewed_approved
         "resolution_cids": claims["approval"]["resolutions"]}
     assert [(m["effect_id"], m["state"]) for m in receipt["set_receipt"]["members"]] == [
         ("topup", "applied")]
+
+
+@pytest.fixture
+def pg_store_stack(tmp_path: Path, pg_dsn: str, pg_admin_dsn: str) -> Iterator[PgStack]:
+    """A PgStack whose Harbourmaster keeps its store in a PostgreSQL database of its own."""
+    from pgcluster import create_database, drop_database
+
+    name, store = create_database(pg_admin_dsn)
+    running = PgStack(tmp_path, pg_dsn, store=store)
+    try:
+        yield running
+    finally:
+        running.stop()
+        drop_database(pg_admin_dsn, name)
+
+
+def test_an_effect_set_request_on_a_postgres_harbourmaster_store_keeps_its_receipt(
+        pg_store_stack: PgStack) -> None:
+    """With the Harbourmaster's store in PostgreSQL: a request with change.effect_set is
+    stored, previewed, approved and issued from that store; the Pilot applies it; its report
+    (set receipt, row states, the Run's projection) lands in the store's reports table, and
+    GET /v1/requests/{id} shows the request verified with that receipt."""
+    stack = pg_store_stack
+    store = json.loads((stack.harbour.home / "harbour.json").read_text())["store"]
+    assert store.startswith("postgresql://")
+    assert not list(stack.harbour.home.glob("*.sqlite3"))  # nothing of the store in the home
+    declaration = {"version": "marque-effect-set/0.1", "members": [
+        {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
+         "failure_policy": "halt", "max_items": 10}]}
+    body = {"request_id": "pg-store-1", "pilot_id": "p1", "target": "bank",
+            "change": {"effect_set": {"declaration": declaration, "inputs": {"topup": {
+                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
+                "rows": [{"id": 1, "balance": 110}, {"id": 3, "balance": 330}]}}}},
+            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
+            "reason": "two rows"}
+    answer = stack.call("POST", "/v1/requests", stack.alice, json=body)
+    assert answer.status_code == 201, answer.text
+    request = answer.json()
+    assert request["state"] == "awaiting_approval"
+    assert "effect_set" in request["change"]
+    effect_preview_cid = request["preview"]["effect_preview_cid"]
+    assert request["checkpoint"]["body"]["preview_cid"] == effect_preview_cid
+    with psycopg.connect(store, autocommit=True) as conn:
+        [(stored_change,)] = conn.execute(
+            "SELECT change FROM marque_harbour.requests WHERE id = %s",
+            (request["id"],)).fetchall()
+    assert "effect_set" in json.loads(stored_change)
+
+    approved = stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob,
+                          json={"reason": "two rows, as shown"})
+    assert approved.status_code == 200, approved.text
+    handed = stack.call("GET", f"/v1/requests/{request['id']}/marque", stack.alice).json()
+    claims = unverified_claims(handed["marque"]) or {}
+    assert claims["change"] == EffectSetChange(effect_preview_cid).to_claim()
+
+    outcome = stack.execute(handed["marque"], "n-1")
+    assert outcome["status"] == "applied" and outcome["rows_affected"] == 2
+    assert stack.balances() == {1: 110, 2: 100, 3: 330}
+
+    final = _wait(stack, request["id"], lambda r: r["state"] == "verified"
+                  and r["receipt"] is not None)
+    assert final["state"] == "verified", final
+    receipt = final["receipt"]
+    assert (receipt["status"], receipt["run_outcome"]) == ("applied", "succeeded")
+    assert receipt["row_states"] == {"topup": ["applied", "applied"]}
+    assert receipt["effect_preview_cid"] == effect_preview_cid
+    assert receipt["run_state"]["state"] == "succeeded"
+    assert receipt["set_receipt"]["authorization"]["checkpoint_cid"] == \
+        request["checkpoint"]["cid"]
+    with psycopg.connect(store, autocommit=True) as conn:
+        reports = [json.loads(r[0]) for r in conn.execute(
+            "SELECT body FROM marque_harbour.reports WHERE marque_id = %s",
+            (claims["jti"],)).fetchall()]
+    assert [r["effect_set"]["set_receipt_cid"] for r in reports] == [
+        receipt["set_receipt_cid"]]
 
 
 def _wait(stack: PgStack, rq: str, ready: Any, seconds: float = 20) -> dict[str, Any]:

@@ -384,6 +384,38 @@ def test_a_version_1_stamp_table_is_upgraded_and_keeps_its_stamps(sqlite_world: 
     assert world.balances() == {**START, 1: 90}
 
 
+def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_row_stamps(
+    sqlite_world: World,
+) -> None:
+    """A version-3 ``marque`` schema (row stamps without their live index) is migrated to
+    the current version on first use: ``row_stamps_live`` exists, the row stamps survive."""
+    world = sqlite_world
+    with psycopg.connect(world.target_dsn, autocommit=True) as conn:
+        for statements in POSTGRES_MIGRATIONS[:3]:
+            for statement in statements:
+                conn.execute(statement)
+        conn.execute("CREATE TABLE marque.versions (component text PRIMARY KEY, "
+                     "version int NOT NULL)")
+        conn.execute("INSERT INTO marque.versions VALUES ('stamps', 3)")
+        conn.execute("INSERT INTO marque.row_stamps (effect_apply_key, row_idempotency_key, "
+                     "marque_id, nonce, dispatch_attempt, kind, pilot_id, incarnation, "
+                     "rows_affected, created_at, expires_at) VALUES "
+                     "('k', 'r', 'mq_old', 'n-old', 1, 'applied', 'p0', 'inc_old', 1, 0, 1e12)")
+    token = world.issue(DEBIT)
+
+    assert world.execute(token, "n-1").status == "applied"
+
+    assert VERSION == 4
+    with psycopg.connect(world.target_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT component, version FROM marque.versions").fetchall() == [
+            ("stamps", VERSION)]
+        assert conn.execute("SELECT 1 FROM pg_indexes WHERE schemaname = 'marque' "
+                            "AND indexname = 'row_stamps_live'").fetchone() == (1,)
+        assert conn.execute("SELECT marque_id, kind FROM marque.row_stamps").fetchall() == [
+            ("mq_old", "applied")]
+    assert world.balances() == {**START, 1: 90}
+
+
 def test_a_stamp_table_newer_than_the_pilot_is_target_unavailable(sqlite_world: World) -> None:
     """A stamp table a newer Marque upgraded is refused before anything is sent."""
     world = sqlite_world

@@ -28,10 +28,14 @@ def _run(run: Any, tmp_path: Path, count: int, pg: str | None = None,
 
 
 def test_row_12_every_tamper_is_named_at_its_seq(tmp_path: Path, pg_admin_dsn: str) -> None:
-    """Flips, deletions, reorderings and truncations of three logbooks: each named at its seq."""
-    result = _run(tamper.run, tmp_path, 45, pg_admin_dsn)
+    """Flips, deletions, reorderings and truncations of three logbooks: each named at its seq
+    (every tamper kind twice on each logbook, the first round through the real CLI too)."""
+    count = 2 * len(tamper.TAMPERS) * 3
+    result = _run(tamper.run, tmp_path, count, pg_admin_dsn)
     assert result.ok, result.violations
-    assert result.cases == 45 and result.figures["cli_runs"] >= 3
+    assert result.cases == count and result.figures["cli_runs"] >= 3
+    assert all(set(kinds) == set(tamper.TAMPERS) for kinds in
+               result.figures["by_logbook"].values()), result.figures["by_logbook"]
 
 
 def test_row_12_checker_reports_a_tamper_that_went_unnoticed(tmp_path: Path) -> None:

@@ -14,8 +14,11 @@ import pytest
 from soak.run import load_scenarios, run_one
 
 ROWS = load_scenarios()
-#: Cases per row in the fast form.
-FAST = {"sigkill": 14, "duplicate_nonce": 6, "reconcilers_race": 4, "combined": 4}
+#: Cases per row in the fast form: sigkill, each of the 12 crash points once and two
+#: random-moment kills; duplicate_nonce, two races of sixteen submitters in each form (in
+#: process, through the service); reconcilers_race, each of its two variants twice;
+#: combined, four stateful examples.
+FAST = {"sigkill": 14, "duplicate_nonce": 4, "reconcilers_race": 4, "combined": 4}
 
 
 @pytest.mark.parametrize("name", sorted(FAST))

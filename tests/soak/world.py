@@ -9,24 +9,23 @@ must never exceed its budget, and rows per nonce must be 0 or 1.
 
 Marques and proofs are made in process with the library (the same code the
 CLI runs); the Pilot runs as a real ``marque pilot serve`` child process
-that scenarios SIGKILL, SIGSTOP and restart.
+that scenarios SIGKILL, SIGSTOP and restart (the tests' one ``pilot serve``
+helper, :class:`e2e.harbour_support.PilotServe`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from e2e.harbour_support import DiedAtStart, PilotServe  # noqa: F401 - scenarios import both
 
 from marque.change import Budget, Change, Statement
 from marque.pilot.setup import add_target, init_home, trust_issuer
@@ -34,7 +33,6 @@ from marque.token import issue_marque, make_proof, new_key, public_jwk, unverifi
 
 MARQUE = Path(sys.executable).parent / "marque"
 TARGET = "t"
-START_SECONDS = 30.0
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
@@ -134,83 +132,17 @@ class SoakWorld:
         return make_proof(self.holder, op.token, nonce=nonce, pilot_id=self.pilot_id, now=now)
 
 
-class DiedAtStart(RuntimeError):
-    """The service died before it said it listens (a crash point in start-up recovery)."""
-
-    def __init__(self, status: int | None, log: str) -> None:
-        super().__init__(f"pilot serve exited {status} before listening: {log[-2000:]}")
-        self.status = status
-
-
-class PilotProcess:
-    """``marque pilot serve`` over a world's home, on a free loopback port."""
+class PilotProcess(PilotServe):
+    """``marque pilot serve`` over a world's home, started at once: on a free loopback
+    port, or on ``port`` (a joined Pilot's URL is known up front); its log in the world."""
 
     def __init__(self, world: SoakWorld, *, env: dict[str, str] | None = None,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, port: int = 0) -> None:
         self.world = world
-        args = [str(MARQUE), "pilot", "serve", "--home", str(world.home),
-                "--listen", "127.0.0.1:0", "--json"]
-        if workers:
-            args += ["--workers", str(workers)]
-        self.log = world.root / f"pilot-serve-{time.monotonic_ns()}.log"
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr,
-                                         stdin=subprocess.DEVNULL, text=True, env=_env(env),
-                                         cwd=world.root)
-        self.url = self._ready()
-
-    def _ready(self) -> str:
-        got: list[str] = []
-        assert self.proc.stdout is not None
-        stdout = self.proc.stdout
-        reader = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(START_SECONDS)
-        if not got or not got[0]:
-            try:  # it closed its stdout: it is dying, or dead; its status says how
-                status: int | None = self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                status = None
-            self.kill()
-            raise DiedAtStart(status, self.log.read_text())
-        return str(json.loads(got[0])["url"])
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait_dead(self, timeout: float = 30.0) -> int | None:
-        """Its exit status once it has died (a crash point), None if it is still up."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def signal(self, sig: int) -> None:
-        if self.alive:
-            self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        """SIGKILL (a power cut) and reap it."""
-        self.signal(signal.SIGKILL)
-        self.proc.wait(30)
-        self._close()
-
-    def stop(self) -> int:
-        """SIGTERM: an orderly stop; its exit status."""
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
-        try:
-            status = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            status = -signal.SIGKILL
-        self._close()
-        return status
-
-    def _close(self) -> None:
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().__init__(world.home, listen=f"127.0.0.1:{port}", env=env, cwd=world.root,
+                         workers=workers,
+                         log=world.root / f"pilot-serve-{time.monotonic_ns()}.log")
+        self.start()
 
 
 @dataclass

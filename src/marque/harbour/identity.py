@@ -323,7 +323,6 @@ def request_identity(
 ) -> RequestIdentity:
     """The :class:`RequestIdentity` of a statement request; the request id is checked first."""
     caller_request_id = check_request_id(request_id)
-    authority = authority_scope_cid(harbour_id, principal)
     program = program_definition_cid(
         pilot_id,
         target,
@@ -335,14 +334,23 @@ def request_identity(
         ttl_seconds,
     )
     parameters = parameter_values_cid([statement.params for statement in change.statements])
+    return _identity(harbour_id, principal, caller_request_id, program, parameters,
+                     NO_INPUT_INTENT)
+
+
+def _identity(harbour_id: str, principal: str, caller_request_id: str, program: str,
+              parameters: str, intent: str) -> RequestIdentity:
+    """The scope and fingerprint of a checked request id, over its program, parameters and
+    caller input intent (§11.1): the same for statement and Effect Set requests."""
+    authority = authority_scope_cid(harbour_id, principal)
     return RequestIdentity(
         caller_request_id=caller_request_id,
         authority_scope_cid=authority,
         logical_request_scope=logical_request_scope(authority, caller_request_id),
         program_definition_cid=program,
         parameter_values_cid=parameters,
-        caller_input_intent_cid=NO_INPUT_INTENT,
-        intent_fingerprint=intent_fingerprint(NO_INPUT_INTENT, parameters, program),
+        caller_input_intent_cid=intent,
+        intent_fingerprint=intent_fingerprint(intent, parameters, program),
     )
 
 
@@ -380,18 +388,8 @@ def effect_request_identity(
 ) -> RequestIdentity:
     """The :class:`RequestIdentity` of an Effect Set request (module docstring)."""
     caller_request_id = check_request_id(request_id)
-    authority = authority_scope_cid(harbour_id, principal)
     program = effect_program_definition_cid(
         pilot_id, target, submission.declaration.declaration_cid,
         {eid: s.value for eid, s in submission.strength.items()}, budget, ttl_seconds)
-    parameters = parameter_values_cid([])
-    intent = submission.caller_input_intent_cid
-    return RequestIdentity(
-        caller_request_id=caller_request_id,
-        authority_scope_cid=authority,
-        logical_request_scope=logical_request_scope(authority, caller_request_id),
-        program_definition_cid=program,
-        parameter_values_cid=parameters,
-        caller_input_intent_cid=intent,
-        intent_fingerprint=intent_fingerprint(intent, parameters, program),
-    )
+    return _identity(harbour_id, principal, caller_request_id, program,
+                     parameter_values_cid([]), submission.caller_input_intent_cid)

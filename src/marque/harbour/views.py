@@ -74,8 +74,9 @@ def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
 def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     """An Effect Set request's set receipt, from the last report (in the order received)
     that carried one: ``{nonce, attempt, status, set_receipt, row_states, run_outcome,
-    effect_preview_cid, set_receipt_cid}`` — ``row_states`` is every row's latest state by
-    member, so a row reconciliation settled shows its settled state. None until a Pilot
+    run_state, effect_preview_cid, set_receipt_cid}`` — ``row_states`` is every row's latest
+    state by member, so a row reconciliation settled shows its settled state (``run_state``
+    the Run's projection with that report). None until a Pilot
     reported one (and for every statement request)."""
     found = None
     for body in reports:
@@ -86,6 +87,7 @@ def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
                      "set_receipt_cid": summary.get("set_receipt_cid"),
                      "effect_preview_cid": summary.get("effect_preview_cid"),
                      "run_outcome": summary.get("run_outcome"),
+                     "run_state": summary.get("run_state"),
                      "row_states": summary.get("row_states"),
                      "set_receipt": summary["set_receipt"]}
     return found

@@ -338,6 +338,26 @@ class Ledger(abc.ABC):
         """Compare-and-set one dispatch row from ``before`` to ``after``; False if moved."""
 
     @abc.abstractmethod
+    def effect_run_start(self, marque_id: str, nonce: str, record: dict[str, Any],
+                         bound: dict[str, str], now: float) -> dict[str, Any]:
+        """Keep an execution's first Run record unless it has one; the stored ``{record,
+        bound}``."""
+
+    @abc.abstractmethod
+    def effect_run_state(self, marque_id: str, nonce: str) -> dict[str, Any] | None:
+        """``{record, bound}`` of an execution's Run, or None."""
+
+    @abc.abstractmethod
+    def effect_run_advance(self, marque_id: str, nonce: str, before: dict[str, Any],
+                           after: dict[str, Any], now: float) -> bool:
+        """Compare-and-set the Run's record from ``before`` to ``after``; False if moved."""
+
+    @abc.abstractmethod
+    def effect_attach_summary(self, marque_id: str, nonce: str, attempt: int,
+                              result: dict[str, Any], now: float) -> bool:
+        """Keep a still-indeterminate attempt's sealed summary once and re-queue its report."""
+
+    @abc.abstractmethod
     def effect_put_receipt(self, marque_id: str, nonce: str, kind: str, subject: str,
                            body: dict[str, Any], now: float) -> bool:
         """Keep an immutable receipt; False for a redelivery, ``Conflict`` for another body."""

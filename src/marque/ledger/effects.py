@@ -12,6 +12,11 @@ DESIGN §7 and seed 002. Three things a Pilot must remember across a crash:
   Every move is a compare-and-set on the record's ``revision`` (and the state
   and fence it was read with), so an owner fenced out by a takeover can never
   settle a row again: its ``UPDATE … WHERE revision = ?`` matches nothing;
+* the **Run** of each execution (seed 002's Run state machine, migration 5):
+  its current :class:`~marque.effects.run.RunRecord` and the CIDs its resume
+  revalidation compares. A move is a compare-and-set on the stored state and
+  revision, never an in-process lock: two processes that both think they own a
+  Run cannot both move it;
 * **receipts** (row outcome, member, set, reconciliation), immutable, keyed by
   ``(marque_id, nonce, kind, subject)``: one member receipt per member, one
   set receipt, one reconciliation receipt per attempt of a row's chain. A
@@ -77,6 +82,23 @@ EFFECT_MIGRATION: list[str] = [
         created_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (marque_id, nonce, kind, subject))""",
 ]
+
+#: Migration 5 of the ledger: the Run of each Effect Set execution. A new table only.
+EFFECT_RUN_MIGRATION: list[str] = [
+    """CREATE TABLE effect_run_states (
+        marque_id TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        run_identity_cid TEXT NOT NULL,
+        state TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        record TEXT NOT NULL,
+        bound TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (marque_id, nonce))""",
+]
+
+#: Every Effect Set table that holds rows of one execution (reaped with its marque).
+EXECUTION_TABLES = ("effect_receipts", "effect_dispatch", "effect_run_states", "effect_runs")
 
 _ROW_COLUMNS = ("member_index, row_index, row_preview_cid, effect_apply_key, row_idempotency_key, "
                 "state, attempt, fence, revision, was_unknown, outcome, outcome_receipt")
@@ -207,6 +229,70 @@ class EffectLedger(abc.ABC):
                  marque_id, nonce, before.effect_apply_key, before.row_idempotency_key,
                  before.state.value, before.revision, before.fence or ""))
         return moved is not None
+
+    # -- the Run ------------------------------------------------------------------------
+
+    def effect_run_start(self, marque_id: str, nonce: str, record: dict[str, Any],
+                         bound: dict[str, str], now: float) -> dict[str, Any]:
+        """Keep an execution's first Run record and the CIDs it binds, unless it has one;
+        returns the stored ``{record, bound}`` (the first stays: a second process starting
+        the same Run gets the one already there)."""
+        with self.transaction() as tx:
+            tx.execute(
+                "INSERT INTO effect_run_states (marque_id, nonce, run_identity_cid, state, "
+                "revision, record, bound, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (marque_id, nonce) DO NOTHING",
+                (marque_id, nonce, record["run_identity_cid"], record["state"],
+                 record["revision"], _dumps(record), _dumps(bound), now))
+            row = tx.one("SELECT record, bound FROM effect_run_states WHERE marque_id = ? "
+                         "AND nonce = ?", (marque_id, nonce))
+        assert row is not None
+        return {"record": json.loads(row[0]), "bound": json.loads(row[1])}
+
+    def effect_run_state(self, marque_id: str, nonce: str) -> dict[str, Any] | None:
+        """``{record, bound}`` of an execution's Run, or None if it has none."""
+        with self.reading() as tx:
+            row = tx.one("SELECT record, bound FROM effect_run_states WHERE marque_id = ? "
+                         "AND nonce = ?", (marque_id, nonce))
+        return None if row is None else {"record": json.loads(row[0]),
+                                         "bound": json.loads(row[1])}
+
+    def effect_run_advance(self, marque_id: str, nonce: str, before: dict[str, Any],
+                           after: dict[str, Any], now: float) -> bool:
+        """Compare-and-set the Run from ``before`` (its state and revision as read) to
+        ``after``; False if another process moved it meanwhile (this one must re-read)."""
+        with self.transaction() as tx:
+            moved = tx.one(
+                "UPDATE effect_run_states SET state = ?, revision = ?, record = ?, "
+                "updated_at = ? WHERE marque_id = ? AND nonce = ? AND state = ? "
+                "AND revision = ? RETURNING revision",
+                (after["state"], after["revision"], _dumps(after), now, marque_id, nonce,
+                 before["state"], before["revision"]))
+        return moved is not None
+
+    def effect_attach_summary(self, marque_id: str, nonce: str, attempt: int,
+                              result: dict[str, Any], now: float) -> bool:
+        """Keep the sealed summary of an attempt that stays ``indeterminate`` (recovered, its
+        rows still unknown) as its result, once, and send its report again with it (the
+        outbox payload gains ``effect_set``, as an execution's own indeterminate report has).
+        False if the attempt is not indeterminate or already holds a result."""
+        with self.transaction() as tx:
+            kept = tx.one(
+                "UPDATE attempts SET result = ? WHERE marque_id = ? AND nonce = ? "
+                "AND attempt = ? AND status = 'indeterminate' AND result IS NULL "
+                "RETURNING attempt", (_dumps(result), marque_id, nonce, attempt))
+            if kept is None:
+                return False
+            queued = tx.one("SELECT payload FROM outbox WHERE marque_id = ? AND nonce = ? "
+                            "AND attempt = ? AND status = 'indeterminate'",
+                            (marque_id, nonce, attempt))
+            if queued is not None:
+                payload = json.loads(queued[0])
+                payload["effect_set"] = result["effect_set"]
+                tx.execute("UPDATE outbox SET payload = ?, queued_at = ?, acked_at = NULL "
+                           "WHERE marque_id = ? AND nonce = ? AND attempt = ?",
+                           (_dumps(payload), now, marque_id, nonce, attempt))
+        return True
 
     # -- receipts -----------------------------------------------------------------------
 

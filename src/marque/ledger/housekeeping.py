@@ -11,6 +11,13 @@ reaped) and one per reaped nonce (its final attempt, status and rows), so a
 later ``outcome`` says "reaped" instead of "never claimed", and a reaped
 marque's budget is never born again. SQL here, like in :mod:`.sql`, uses only
 what SQLite and PostgreSQL share.
+
+An Effect Set execution's rows (its Run, dispatch ledger and receipts, see
+:mod:`.effects`) go with their marque. Its preview, kept by CID rather than by
+marque, goes with the last execution that named it: a preview that an
+execution of a marque still held here names is kept (docs/effects.md, choice
+44), and so is one no execution has named yet — the ledger cannot know which
+unclaimed marques name it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from marque.errors import MarqueExpired
 from marque.ledger.base import ReapedRecord
+from marque.ledger.effects import EXECUTION_TABLES
 from marque.outcome import SETTLED_RANK, Status
 from marque.timefmt import iso_time
 
@@ -76,8 +84,9 @@ class Housekeeping(abc.ABC):
     def reap(self, now: float, *, skew_seconds: float = 0.0) -> dict[str, int]:
         # Many small transactions, not one big one: executions keep flowing while
         # a large ledger is reaped, and no transaction grows without bound.
-        tables = ("events", "observations", "outbox", "attempts", "claims", "budgets")
-        counts = dict.fromkeys((*tables, "pop_jtis", "marques"), 0)
+        tables = (*EXECUTION_TABLES, "events", "observations", "outbox", "attempts", "claims",
+                  "budgets")
+        counts = dict.fromkeys((*tables, "effect_previews", "pop_jtis", "marques"), 0)
         cutoff = now - skew_seconds
         while True:
             with self.transaction() as tx:
@@ -86,10 +95,15 @@ class Housekeeping(abc.ABC):
                 if ids:
                     self._keep_reaped_txn(tx, ids, now)
                 marks = ", ".join("?" * len(ids))
+                previews = [r[0] for r in tx.execute(
+                    "SELECT DISTINCT effect_preview_cid FROM effect_runs "
+                    f"WHERE marque_id IN ({marks})", ids)] if ids else []
                 for table in tables if ids else ():
                     counts[table] += len(tx.execute(
                         f"DELETE FROM {table} WHERE marque_id IN ({marks}) RETURNING 1", ids
                     ))
+                if previews:
+                    counts["effect_previews"] += self._reap_previews_txn(tx, previews)
             counts["marques"] += len(ids)
             if len(ids) < REAP_BATCH:
                 break
@@ -106,6 +120,17 @@ class Housekeeping(abc.ABC):
         if counts["marques"] or counts["pop_jtis"]:
             self._compact()
         return counts
+
+    @staticmethod
+    def _reap_previews_txn(tx: Tx, previews: list[str]) -> int:
+        """Delete the previews the reaped executions named that no execution left in the
+        ledger names (same transaction, after those executions' rows went)."""
+        marks = ", ".join("?" * len(previews))
+        return len(tx.execute(
+            f"DELETE FROM effect_previews WHERE effect_preview_cid IN ({marks}) "
+            "AND NOT EXISTS (SELECT 1 FROM effect_runs r "
+            "WHERE r.effect_preview_cid = effect_previews.effect_preview_cid) RETURNING 1",
+            previews))
 
     def _keep_reaped_txn(self, tx: Tx, ids: list[str], now: float) -> None:
         """Keep the small record of marques about to be reaped (same transaction)."""

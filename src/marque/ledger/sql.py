@@ -33,7 +33,7 @@ from marque.ledger.base import (
     Observed,
     OutboxEntry,
 )
-from marque.ledger.effects import EFFECT_MIGRATION, EffectLedger
+from marque.ledger.effects import EFFECT_MIGRATION, EFFECT_RUN_MIGRATION, EffectLedger
 from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
 from marque.outcome import SETTLED_RANK, Status
@@ -136,6 +136,8 @@ MIGRATIONS: list[list[str]] = [
     # 4: Effect Sets (DESIGN §7): previews by CID, the per-row dispatch ledger and its
     # receipts (ledger/effects.py). New tables only.
     EFFECT_MIGRATION,
+    # 5: the Run of each Effect Set execution (ledger/effects.py). A new table only.
+    EFFECT_RUN_MIGRATION,
 ]
 
 _ATTEMPT_COLUMNS = (

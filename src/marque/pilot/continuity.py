@@ -50,8 +50,7 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
             continue
         try:
             stamps = target.stamps(pilot.incarnation, live_after)
-            live_rows = getattr(target, "row_stamps_live", None)
-            row_stamps = [] if live_rows is None else live_rows(pilot.incarnation, live_after)
+            row_stamps = target.row_stamps_live(pilot.incarnation, live_after)
         except Exception as exc:  # an unreachable target cannot vouch either way: asked again
             unchecked.append(name)
             pilot.continuity_errors[name] = exc if isinstance(exc, MarqueError) else \

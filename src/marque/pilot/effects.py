@@ -69,6 +69,7 @@ from marque.effects.receipts import (
     set_receipt,
 )
 from marque.effects.request import EffectPreviewRequest
+from marque.effects.run import RunRecord, project
 from marque.errors import (
     EffectPreviewInvalid,
     EffectUnsupported,
@@ -80,6 +81,7 @@ from marque.errors import (
     UnknownTarget,
 )
 from marque.outcome import Status
+from marque.pilot import effect_run
 from marque.pilot.stream import Observation
 from marque.target import TargetAttempt
 from marque.target.rows import RowEvidence, RowStampConflict, RowTarget, RowWrite
@@ -350,6 +352,12 @@ def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecor
             pilot.ledger.effect_begin(marque.marque_id, nonce, preview.effect_preview_cid,
                                       authorization(marque), reserved, pilot.clock())
             rows = pilot.ledger.effect_rows(marque.marque_id, nonce)
+            effect_run.start(pilot, marque, nonce, preview)
+        else:
+            # A later attempt of the nonce resumes the Run's continuation: revalidated first.
+            refused = effect_run.resume(pilot, marque, nonce, preview)
+            if refused is not None:
+                return aborted(refused)
     except (NotApplied, TargetUnavailable) as exc:
         return aborted(exc)
     stream.emit("effect_admitted", effect_preview_cid=preview.effect_preview_cid,
@@ -413,6 +421,10 @@ def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
         stream.emit(_ROW_EVENT[outcome["state"]], **base, **extra)
 
 
+def _records(preview: EffectPreview, rows: list[DispatchRow]) -> list[list[DispatchRecord]]:
+    return [[r.record for r in member_rows] for member_rows in _by_member(preview, rows)]
+
+
 def _member_receipts(preview: EffectPreview,
                      rows: list[DispatchRow]) -> list[MemberReceipt]:
     return [member_receipt(preview, member.effect_id,
@@ -439,10 +451,11 @@ def _store_receipts(pilot: Pilot, marque_id: str, nonce: str, attempt: int,
 
 
 def _summary(preview: EffectPreview, sealed: SetReceipt, states: list[str],
-             rows: list[DispatchRow]) -> dict[str, Any]:
+             rows: list[DispatchRow], run: RunRecord | None) -> dict[str, Any]:
     """The attempt's ``result``: the set receipt (whole: it is what the Harbourmaster keeps
-    with the request, through the outbox report), the Run outcome, and every row's latest
-    state by member (``row_states``, in preview order)."""
+    with the request, through the outbox report), the Run outcome, every row's latest
+    state by member (``row_states``, in preview order), and the Run's ``actql-run-state/0.1``
+    projection as it stood when the outcome was recorded (``run_state``)."""
     by_member: dict[str, list[str]] = {}
     position = 0
     for member in preview.members:
@@ -453,6 +466,7 @@ def _summary(preview: EffectPreview, sealed: SetReceipt, states: list[str],
         "set_receipt_cid": sealed.receipt_cid, "status": sealed.status,
         "set_receipt": sealed.to_json(), "row_states": by_member,
         "run_outcome": run_outcome(states), "rows": dict(sorted(Counter(states).items())),
+        "run_state": None if run is None else project(run),
         "rows_affected": sum((r.outcome or {}).get("rows_affected", 0) for r in rows
                              if (r.outcome or {}).get("state") == "applied")}}
 
@@ -488,7 +502,9 @@ def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: Effec
     states = [state for receipt in members for state in receipt.states]
     stream.emit("receipts_sealed", set_receipt_cid=sealed.receipt_cid, status=sealed.status)
     status, error = _status_of(states, rows, unavailable)
-    summary = _summary(preview, sealed, states, rows)
+    ended = effect_run.end_attempt(pilot, marque_id, nonce, preview, states, status,
+                                   _records(preview, rows), sealed.receipt_cid)
+    summary = _summary(preview, sealed, states, rows, ended)
     return Observation(target_attempt, status,
                        rows_affected=summary["effect_set"]["rows_affected"], result=summary,
                        error=error)
@@ -578,9 +594,15 @@ def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> Attemp
     states = effective_states(members, chains)
     all_rows = pilot.ledger.effect_rows(mid, nonce)
     status, error = _status_of(states, all_rows, None)
+    ended = effect_run.end_attempt(pilot, mid, nonce, preview, states, status,
+                                   _records(preview, all_rows), sealed.receipt_cid)
+    summary = _summary(preview, sealed, states, all_rows, ended)
     if status is Status.INDETERMINATE:
+        # Still unknown (no tombstone could be written): the sealed unknown_outcome receipt
+        # and the rows' states go with the attempt's report now, not only once it settles
+        # (docs/effects.md, choice 43).
+        pilot.ledger.effect_attach_summary(mid, nonce, record.attempt, summary, pilot.clock())
         return record
-    summary = _summary(preview, sealed, states, all_rows)
     return pilot.ledger.observe(
         mid, nonce, record.attempt, status, now=pilot.clock(), cause="reconciliation",
         rows_affected=summary["effect_set"]["rows_affected"], error=error, result=summary)
@@ -619,6 +641,7 @@ def execution_receipts(pilot: Pilot, marque_id: str, nonce: str) -> dict[str, An
         "marque_id": marque_id, "nonce": nonce,
         "effect_preview_cid": run["effect_preview_cid"],
         "authorization": run["authorization"],
+        "run": effect_run.projection(pilot, marque_id, nonce),
         "set_receipt": sets[-1]["body"] if sets else None,
         "member_receipts": [r["body"] for r in receipts if r["kind"] == "member"],
         "reconciliation_receipts": [r["body"] for r in receipts

@@ -57,9 +57,8 @@ def marque_evidence(pilot: Pilot, query_token: str, marque_id: str) -> dict[str,
             stamps.extend(dict(s, target=name) for s in target.stamps_of(marque_id))
             # An Effect Set leaves a stamp per row and none per nonce: its rows are evidence
             # too, or a marque whose rows applied would look as if it never ran.
-            row_stamps = getattr(target, "row_stamps_of_marque", None)
-            if row_stamps is not None:
-                stamps.extend(dict(s, target=name, row=True) for s in row_stamps(marque_id))
+            stamps.extend(dict(s, target=name, row=True)
+                          for s in target.row_stamps_of_marque(marque_id))
         except MarqueError:
             reachable = False
         else:

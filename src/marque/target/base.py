@@ -137,6 +137,20 @@ class Target(abc.ABC):
         raise TargetUnavailable(f"target {self.name} ({type(self).__name__}) cannot list the "
                                 "stamps of one marque yet")
 
+    def location(self) -> str:
+        """Where this target's data lives, without credentials (a file, or
+        ``host:port/dbname``): an Effect Set Run binds it (resume revalidation)."""
+        return self.name
+
+    def row_stamps_of_marque(self, marque_id: str) -> list[dict[str, Any]]:
+        """Every Effect Set row stamp of one marque; none on a target without row stamps."""
+        return []
+
+    def row_stamps_live(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
+        """Row stamps of a Pilot incarnation, of marques live after a time; none on a target
+        without row stamps."""
+        return []
+
 
 class StampConflict(Exception):
     """The fence pre-check found a stamp for this nonce: reconcile, don't run."""

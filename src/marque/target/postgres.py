@@ -143,6 +143,10 @@ class PostgresTarget(SqlTarget):
         self._pool_lock = threading.Lock()
         self._schema_ready = False
 
+    def location(self) -> str:
+        """``host:port/dbname`` of the DSN (never its password)."""
+        return describe(self.dsn)
+
     # -- connections ------------------------------------------------------------
 
     def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:

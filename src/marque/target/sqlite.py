@@ -78,6 +78,10 @@ class SqliteTarget(SqlTarget):
         self.lock_timeout_ms = lock_timeout_ms
         self._stamps_ready = False
 
+    def location(self) -> str:
+        """The target file's absolute path."""
+        return os.path.abspath(self.path)
+
     def _connect(self) -> _TargetConnection:
         # mode=rw: a missing target file is an error, never a new empty database.
         conn = sqlite3.connect(

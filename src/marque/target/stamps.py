@@ -8,7 +8,10 @@ owner may use. Index ``i`` of a ``*_MIGRATIONS`` tuple takes the table from
 version ``i`` to ``i + 1``; they only ever move forward.
 
 Version 3 adds the per-row stamps of Effect Sets (``marque_row_stamps`` /
-``marque.row_stamps``), keyed by ``(effect_apply_key, row_idempotency_key)``.
+``marque.row_stamps``), keyed by ``(effect_apply_key, row_idempotency_key)``;
+version 4 gives them the ``(incarnation, expires_at)`` index the nonce stamps
+have had since version 2, so the continuity check reads live row stamps
+without scanning every row an Effect Set ever wrote.
 
 Stamp tables made before they carried a version row (by older Pilots, or by
 hand from DESIGN §3) are adopted: their version is read off their columns
@@ -34,7 +37,7 @@ if TYPE_CHECKING:  # a SQLite-only Pilot never imports the PostgreSQL driver
     PgConn = psycopg.Connection[TupleRow]
 
 #: The stamp table's current version.
-VERSION = 3
+VERSION = 4
 #: This component's row in the version table.
 COMPONENT = "stamps"
 
@@ -74,6 +77,12 @@ SQLITE_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS marque_row_stamps_nonce ON marque_row_stamps "
         "(marque_id, nonce)",
     ),
+    # 4: the start-up continuity check (DESIGN §5) reads the row stamps of one incarnation's
+    #    live marques, as migration 2 let it read the nonce stamps: the same index.
+    (
+        "CREATE INDEX IF NOT EXISTS marque_row_stamps_live ON marque_row_stamps "
+        "(incarnation, expires_at)",
+    ),
 )
 
 POSTGRES_TABLE = "marque.stamps"
@@ -108,6 +117,11 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " created_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION,"
         " PRIMARY KEY (effect_apply_key, row_idempotency_key))",
         "CREATE INDEX IF NOT EXISTS row_stamps_nonce ON marque.row_stamps (marque_id, nonce)",
+    ),
+    # 4: as SQLite's migration 4.
+    (
+        "CREATE INDEX IF NOT EXISTS row_stamps_live ON marque.row_stamps "
+        "(incarnation, expires_at)",
     ),
 )
 #: pg_advisory_xact_lock key serialising stamp migrations on one PostgreSQL database.

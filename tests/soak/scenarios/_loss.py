@@ -21,7 +21,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -199,12 +198,4 @@ class ListeningPilot(PilotProcess):
 
     def __init__(self, world: SoakWorld, port: int, *, env: dict[str, str] | None = None
                  ) -> None:
-        self.world = world
-        args = [str(MARQUE), "pilot", "serve", "--home", str(world.home),
-                "--listen", f"127.0.0.1:{port}", "--json"]
-        self.log = world.root / f"pilot-serve-{time.monotonic_ns()}.log"
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr,
-                                         stdin=subprocess.DEVNULL, text=True, env=_env(env),
-                                         cwd=world.root)
-        self.url = self._ready()
+        super().__init__(world, env=env, port=port)

@@ -449,6 +449,7 @@ class RequestRecords(HarbourStore):
                 "RETURNING marque_id", (marque_id, nonce, attempt, status, dumps(report),
                                         None if request is None else request.id, at))
             if not added:
+                self._effect_set_later_tx(tx, report)
                 return False, request
             journal: Journal = [(f"execution.{status}", actor,
                                  marque_id if request is None else request.id, {
@@ -474,6 +475,23 @@ class RequestRecords(HarbourStore):
                         updates=_failure_of(to, attempts))
             self._flush_tx(tx, journal, at)
         return True, request
+
+    @staticmethod
+    def _effect_set_later_tx(tx: Tx, report: dict[str, Any]) -> None:
+        """A report of a status already received, now carrying the attempt's Effect Set
+        summary the first one lacked (a recovered attempt that stays indeterminate: its
+        sealed receipt is attached afterwards, docs/effects.md choice 43), completes the
+        stored report once. Nothing moves and nothing is journalled: the status is the same."""
+        if not isinstance(report.get("effect_set"), dict):
+            return
+        key = (str(report["marque_id"]), str(report["nonce"]), int(report["attempt"]),
+               str(report["status"]))
+        held = tx.one("SELECT body FROM reports WHERE marque_id = ? AND nonce = ? "
+                      "AND attempt = ? AND status = ?", key)
+        if held is None or isinstance(loads(held[0]).get("effect_set"), dict):
+            return
+        tx.execute("UPDATE reports SET body = ? WHERE marque_id = ? AND nonce = ? "
+                   "AND attempt = ? AND status = ?", (dumps(report), *key))
 
     def _report_moves_tx(self, tx: Tx, request: Request, report: dict[str, Any]) -> bool:
         """Whether a report may move its request: only from the request's own Pilot, and
