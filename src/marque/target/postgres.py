@@ -159,6 +159,10 @@ class PostgresTarget(SqlTarget):
             return self._pool
 
     def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
+        # Nothing here is worth preparing: the Pilot's messages carry their values bound
+        # client-side (a new text each time), and approved SQL is run a few times at most.
+        # Off, psycopg skips its per-query bookkeeping of candidates.
+        conn.prepare_threshold = None
         # The Pilot's timeouts for every statement on this connection, ours included.
         conn.execute("SELECT set_config('statement_timeout', %s, false), "
                      "set_config('lock_timeout', %s, false)",
