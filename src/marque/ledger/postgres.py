@@ -28,34 +28,83 @@ from marque.dsn import describe
 from marque.errors import LedgerUnavailable
 from marque.ledger.base import Durability
 from marque.ledger.sql import SqlLedger, Tx
-from marque.pgpool import CONNECT_TIMEOUT_SECONDS, connection, make_pool, reason
+from marque.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_pool, reason
 
 SCHEMA = "marque_ledger"
 
 
 class _PgTx(Tx):
-    """Statements on one connection; with ``begin``, the first one carries the ``BEGIN``."""
+    """Statements on one connection."""
 
-    def __init__(self, conn: psycopg.Connection[TupleRow], *, begin: bool = False) -> None:
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
         self._conn = conn
-        self._begin = begin
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        # Our own statements never hold a literal '%' or '?' other than placeholders.
+        cur = self._conn.execute(sql.replace("?", "%s"), tuple(params) if params else None)
+        return cur.fetchall() if cur.description is not None else []
+
+
+class _PgWriteTx(Tx):
+    """A write transaction whose ``BEGIN`` travels with its first statement.
+
+    A pooled connection is pinged only after sitting idle (pgpool), so one may have
+    died a moment ago (a server restart). That fails the first message, BEGIN and
+    all, before anything of the transaction can have committed: it is sent again,
+    once, on a fresh connection.
+    """
+
+    def __init__(self, pool: ConnectionPool[psycopg.Connection[TupleRow]], dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self.conn: psycopg.Connection[TupleRow] | None = checkout(pool, dsn)
         #: Whether BEGIN went out: the transaction then needs its COMMIT or ROLLBACK.
         self.begun = False
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        # Our own statements never hold a literal '%' or '?' other than placeholders.
+        assert self.conn is not None
         sql = sql.replace("?", "%s")
         bound = tuple(params) if params else None
-        if self._begin and not self.begun:
+        if self.begun:
+            cur = self.conn.execute(sql, bound)
+            return cur.fetchall() if cur.description is not None else []
+        for retry in (True, False):
             # One message, one round trip: BEGIN and the first statement, its parameters
             # bound client-side (our own values), as the target sends its stamp.
-            self.begun = True
-            cur: psycopg.Cursor[Any] = psycopg.ClientCursor(self._conn)
-            cur.execute("BEGIN; " + sql, bound)
+            cur = psycopg.ClientCursor(self.conn)
+            self.begun = True  # a statement that fails leaves the transaction to roll back
+            try:
+                cur.execute("BEGIN; " + sql, bound)
+            except psycopg.OperationalError as exc:
+                # Broken, or ended by the server (admin/crash shutdown, 57P0x): either
+                # way its session is gone, and with it anything of this transaction.
+                gone = self.conn.broken or (exc.sqlstate or "").startswith("57P")
+                if not (retry and gone):
+                    raise
+                self.begun = False
+                self.release()
+                # Its idle siblings died with it (a server restart): weed them out first.
+                self._pool.check()
+                self.conn = checkout(self._pool, self._dsn)
+                continue
             cur.nextset()
-        else:
-            cur = self._conn.execute(sql, bound)
-        return cur.fetchall() if cur.description is not None else []
+            return cur.fetchall() if cur.description is not None else []
+        raise AssertionError("unreachable")
+
+    def end(self, *, commit: bool) -> None:
+        """COMMIT (or ROLLBACK) what was begun."""
+        if self.conn is None or not self.begun:
+            return
+        if commit:
+            self.conn.execute("COMMIT")
+        elif not self.conn.broken:
+            self.conn.execute("ROLLBACK")
+
+    def release(self) -> None:
+        """Give the connection back (a broken one is discarded by the pool)."""
+        if self.conn is not None:
+            self._pool.putconn(self.conn)
+            self.conn = None
 
 
 class _PgReadTx(Tx):
@@ -122,21 +171,18 @@ class PostgresLedger(SqlLedger):
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
         # BEGIN travels with the first statement and the connection is pinged only after
-        # sitting idle (pgpool), so a transaction costs its statements and its COMMIT. A
-        # connection that died in the last moment fails the first message, before
-        # anything of the transaction reached the server: ``ledger_unavailable``, nothing
-        # written, as any outage before the claim.
+        # sitting idle (pgpool), so a transaction costs its statements and its COMMIT.
         try:
-            with connection(self._pool, self.dsn) as conn:
-                tx = _PgTx(conn, begin=True)
+            tx = _PgWriteTx(self._pool, self.dsn)
+            try:
                 try:
                     yield tx
                 except BaseException:
-                    if tx.begun and not conn.broken:
-                        conn.execute("ROLLBACK")
+                    tx.end(commit=False)
                     raise
-                if tx.begun:
-                    conn.execute("COMMIT")
+                tx.end(commit=True)
+            finally:
+                tx.release()
         except psycopg.Error as exc:
             raise unavailable(self.dsn, exc) from exc
 
