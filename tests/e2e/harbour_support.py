@@ -1,12 +1,17 @@
 """Support for tests of the Harbourmaster as a service: real homes, real processes.
 
-A :class:`Harbour` is a home made by ``marque harbour init`` with principals
-added through the CLI; a :class:`HarbourServer` is a ``marque harbour serve``
-process on a free loopback port; a :class:`PilotServe` is a ``marque pilot
-serve`` process over any Pilot home (the one way the tests start one: here, in
-the soak's worlds and in the browser tier); a :class:`PilotBank` is a Pilot
-home (made by the CLI) serving a SQLite bank target and trusting a
-Harbourmaster's issuer key, run as a :class:`PilotServe`. Nothing is mocked.
+A :class:`Harbour` is a home made by ``marque harbour init``; its routing is
+set with ``marque harbour routing set``, and its principals are added and
+revoked through ``marque.harbour.setup`` — the functions the ``marque harbour
+principal`` commands are thin wrappers of (those commands are tested as
+commands in ``test_harbour_cli.py``), called in process because a fixture may
+add half a dozen principals. A :class:`HarbourServer` is
+a ``marque harbour serve`` process on a free loopback port; a
+:class:`PilotServe` is a ``marque pilot serve`` process over any Pilot home
+(the one way the tests start one: here, in the soak's worlds and in the
+browser tier); a :class:`PilotBank` is a Pilot home (made by the CLI) serving a
+SQLite bank target and trusting a Harbourmaster's issuer key, run as a
+:class:`PilotServe`. Nothing is mocked.
 
 This module imports nothing from the other test helpers, so a test anywhere
 (``tests/pg`` included, as ``e2e.harbour_support``) can use it.
@@ -93,22 +98,23 @@ class Harbour:
         return self.home / "issuer.jwk"
 
     def add(self, name: str, *roles: str, key: Path | None = None) -> str:
-        """Add a principal; returns (and remembers) its token."""
-        args: list[Any] = ["harbour", "principal", "add", "--home", self.home, name]
-        for role in roles:
-            args += ["--role", role]
-        if key is not None:
-            args += ["--key", key]
-        token: str = cli_json(*args)["token"]
+        """Add a principal (``harbour principal add``'s core); returns (and remembers) its
+        token."""
+        from marque.harbour.setup import add_principal
+
+        jwk = None if key is None else json.loads(key.read_text())
+        token: str = add_principal(self.home, name, list(roles), public_jwk=jwk)["token"]
         self.tokens[name] = token
         return token
 
     def revoke(self, name: str) -> None:
         """Revoke a principal (its token is kept here, to show it no longer works)."""
-        cli_json("harbour", "principal", "revoke", "--home", self.home, name)
+        from marque.harbour.setup import revoke_principal
+
+        revoke_principal(self.home, name)
 
     def set_routing(self, text: str) -> dict[str, Any]:
-        """Adopt a routing config (TOML text)."""
+        """Adopt a routing config (TOML text) with ``marque harbour routing set``."""
         config = self.home / "routing-next.toml"
         config.write_text(text)
         return cli_json("harbour", "routing", "set", "--home", self.home, config)
