@@ -9,9 +9,10 @@ add half a dozen principals. A :class:`HarbourServer` is
 a ``marque harbour serve`` process on a free loopback port; a
 :class:`PilotServe` is a ``marque pilot serve`` process over any Pilot home
 (the one way the tests start one: here, in the soak's worlds and in the
-browser tier); a :class:`PilotBank` is a Pilot home (made by the CLI) serving a
-SQLite bank target and trusting a Harbourmaster's issuer key, run as a
-:class:`PilotServe`. Nothing is mocked.
+browser tier); a :class:`PilotBank` is a Pilot home (made by the functions the
+``pilot init|trust|target add`` commands wrap) serving a SQLite bank target and
+trusting a Harbourmaster's issuer key, run as a :class:`PilotServe`. Nothing
+is mocked.
 
 This module imports nothing from the other test helpers, so a test anywhere
 (``tests/pg`` included, as ``e2e.harbour_support``) can use it.
@@ -55,23 +56,6 @@ def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
     body = json.loads(proc.stdout)
     assert isinstance(body, dict), proc.stdout
     return body
-
-
-def cli_json_together(*commands: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """Run independent ``marque ARGS --json`` commands side by side (each must succeed, and
-    none may touch what another writes); their JSON objects, in order."""
-    procs = [subprocess.Popen([str(MARQUE), *map(str, args), "--json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                              env=cli_env())
-             for args in commands]
-    bodies = []
-    for args, proc in zip(commands, procs, strict=True):
-        out, err = proc.communicate(timeout=TIMEOUT)
-        assert proc.returncode == 0, (args, out, err)
-        body = json.loads(out)
-        assert isinstance(body, dict), out
-        bodies.append(body)
-    return bodies
 
 
 class Harbour:
@@ -219,6 +203,9 @@ class PilotServe:
             self.kill()
             raise DiedAtStart(status, self.stderr())
         self.ready = json.loads(got[0])
+        if "url" not in self.ready:  # an error object: it refused to serve
+            self.kill()
+            raise DiedAtStart(self.proc.returncode, got[0] + self.stderr())
         self.url = str(self.ready["url"])
         return self.ready
 
@@ -296,16 +283,20 @@ class PilotBank:
             conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
             conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
         conn.close()
-        # The holder's key and the ledger are independent: made side by side.
-        made, initialised = cli_json_together(
-            ("keys", "new", "--out", self.holder_key),
-            ("pilot", "init", "--home", self.home, "--pilot-id", pilot_id))
-        self.holder_pub.write_text(json.dumps(made["public_jwk"]))
-        self.incarnation: str = initialised["incarnation"]
+        # What `keys new`, `pilot init`, `pilot trust` and `pilot target add` run, in
+        # process: those commands are tested as commands (tests/e2e/test_home.py, the e2e
+        # world template), and a stack needs its Pilot home in a few milliseconds.
+        from marque.cli.common import write_private
+        from marque.pilot.setup import add_target, init_home, trust_issuer
+        from marque.token import new_key, public_jwk
+
+        holder = new_key()
+        write_private(self.holder_key, holder)
+        self.holder_pub.write_text(json.dumps(public_jwk(holder)))
+        self.incarnation: str = init_home(self.home, pilot_id)["incarnation"]
         if trust:
-            cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
-        cli_json("pilot", "target", "add", "--home", self.home, "bank",
-                 f"sqlite:///{self.bank.resolve()}")
+            trust_issuer(self.home, json.loads(harbour.issuer_key.read_text()))
+        add_target(self.home, "bank", f"sqlite:///{self.bank.resolve()}")
         self.pilot: PilotServe | None = None
         self.url = ""
 
