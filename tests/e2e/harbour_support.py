@@ -1,18 +1,17 @@
 """Support for tests of the Harbourmaster as a service: real homes, real processes.
 
-A :class:`Harbour` is a home made by ``marque harbour init``; its routing is
-set with ``marque harbour routing set``, and its principals are added and
-revoked through ``marque.harbour.setup`` — the functions the ``marque harbour
-principal`` commands are thin wrappers of (those commands are tested as
-commands in ``test_harbour_cli.py``), called in process because a fixture may
-add half a dozen principals. A :class:`HarbourServer` is
-a ``marque harbour serve`` process on a free loopback port; a
-:class:`PilotServe` is a ``marque pilot serve`` process over any Pilot home
-(the one way the tests start one: here, in the soak's worlds and in the
-browser tier); a :class:`PilotBank` is a Pilot home (made by the functions the
-``pilot init|trust|target add`` commands wrap) serving a SQLite bank target and
-trusting a Harbourmaster's issuer key, run as a :class:`PilotServe`. Nothing
-is mocked.
+A :class:`Harbour` is a home made, and its principals added and revoked,
+through ``marque.harbour.setup`` — the functions the ``marque harbour init`` and
+``marque harbour principal`` commands are thin wrappers of (those commands are
+tested as commands in ``test_harbour_cli.py``), called in process because a
+stack may add half a dozen principals; its routing is set with ``marque
+harbour routing set``. A :class:`HarbourServer` is a ``marque harbour serve``
+process on a free loopback port; a :class:`PilotServe` is a ``marque pilot
+serve`` process over any Pilot home (the one way the tests start one: here, in
+the soak's worlds and in the browser tier); a :class:`PilotBank` is a Pilot
+home (made by the functions the ``pilot init|trust|target add`` commands wrap)
+serving a SQLite bank target and trusting a Harbourmaster's issuer key, run as
+a :class:`PilotServe`. Nothing is mocked.
 
 This module imports nothing from the other test helpers, so a test anywhere
 (``tests/pg`` included, as ``e2e.harbour_support``) can use it.
@@ -59,20 +58,16 @@ def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
 
 
 class Harbour:
-    """A Harbourmaster's home, made by ``marque harbour init``, and its principals' tokens."""
+    """A Harbourmaster's home, made as ``marque harbour init`` makes it (its core,
+    ``init_harbour``, in process: the command is tested as a command in
+    ``test_harbour_cli.py``), and its principals' tokens."""
 
     def __init__(self, home: Path, *, store: str | None = None,
                  routing: str | None = None) -> None:
+        from marque.harbour.setup import init_harbour
+
         self.home = home
-        args: list[Any] = ["harbour", "init", "--home", home]
-        if store is not None:
-            args += ["--store", store]
-        if routing is not None:
-            home.parent.mkdir(parents=True, exist_ok=True)
-            config = home.parent / f"{home.name}-routing.toml"
-            config.write_text(routing)
-            args += ["--routing", config]
-        made = cli_json(*args)
+        made = init_harbour(home, store_dsn=store, routing_text=routing)
         self.harbour_id: str = made["harbour_id"]
         self.tokens: dict[str, str] = {"admin": made["admin_token"]}
 
