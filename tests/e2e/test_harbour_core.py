@@ -34,6 +34,7 @@ from marque.harbour.principals import Principal
 from marque.harbour.routing import BOOTSTRAP_PROFILE_TOML, parse_config
 from marque.harbour.service import Harbourmaster
 from marque.harbour.setup import init_harbour
+from marque.pilot.setup import trust_issuer
 from marque.token import make_proof
 
 READ = "SELECT balance FROM accounts WHERE id = 1"
@@ -92,10 +93,8 @@ class Harbour:
 @pytest.fixture
 def harbour(world: World, tmp_path: Path) -> Iterator[Harbour]:
     made = init_harbour(tmp_path / "harbour")
-    pub = tmp_path / "harbour-issuer.pub.jwk"
-    pub.write_text(json.dumps(made["issuer"]["jwk"]))
-    res = world.run("pilot", "trust", "--home", world.home, pub, "--json")
-    assert res.returncode == 0, res
+    # `pilot trust`'s core, in process (the command is tested as one in test_home.py).
+    trust_issuer(world.home, made["issuer"]["jwk"])
     pilot = Service(world)
     hm = Harbourmaster.open(HarbourHome(tmp_path / "harbour"))
     try:
