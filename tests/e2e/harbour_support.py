@@ -321,6 +321,35 @@ class PilotBank:
             conn.close()
 
 
+def routing_toml(*entries: dict[str, Any]) -> str:
+    """A routing config (``marque-routing/0.1``, TOML) of ``entries`` in order; each entry's
+    ``principal``, ``target`` and ``resource`` are ``"*"`` unless it says otherwise."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(item) for item in v) + "]"
+        return json.dumps(v)  # a string (TOML's basic strings escape as JSON does) or a number
+
+    lines = ['version = "marque-routing/0.1"']
+    for entry in entries:
+        lines += ["", "[[entry]]"]
+        fields = {"principal": "*", "target": "*", "resource": "*", **entry}
+        lines += [f"{key} = {value(v)}" for key, v in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+#: Routing entries the tests' configs are made of.
+READS_ALLOWED: dict[str, Any] = {"operation": ["read"], "outcome": "allow"}
+WRITES_DENIED: dict[str, Any] = {"operation": ["write"], "outcome": "deny"}
+
+
+def writes_delegated(approvals: int, **extra: Any) -> dict[str, Any]:
+    """Writes, DDL and anything else delegated to ``approvals`` approvers."""
+    return {"operation": ["write", "ddl", "other"], "outcome": "delegate",
+            "approvals": approvals, **extra}
+
+
 READ = "SELECT balance FROM accounts WHERE id = 1"
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from e2e_support import Service, World
+from harbour_support import READS_ALLOWED, WRITES_DENIED, routing_toml
 
 from marque.client import PilotClient
 from marque.errors import (
@@ -204,20 +205,7 @@ def test_a_reject_ends_the_request(harbour: Harbour) -> None:
 
 def test_deny_and_no_match_have_their_codes_a_failed_request_and_no_marque(
         harbour: Harbour) -> None:
-    harbour.adopt("""version = "marque-routing/0.1"
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["read"]
-outcome = "allow"
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["write"]
-outcome = "deny"
-""")
+    harbour.adopt(routing_toml(READS_ALLOWED, WRITES_DENIED))
     with pytest.raises(AccountDenied) as denied:
         harbour.hm.submit(harbour.alice, harbour.body(WRITE, "d-1"), None)
     with pytest.raises(AccountNoMatch) as unmatched:
