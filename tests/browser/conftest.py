@@ -28,6 +28,7 @@ import httpx
 import pytest
 from e2e.harbour_support import (
     MARQUE,
+    READS_ALLOWED,
     TIMEOUT,
     Harbour,
     HarbourServer,
@@ -36,6 +37,8 @@ from e2e.harbour_support import (
     cli_json,
     free_port,
     request_body,
+    routing_toml,
+    writes_delegated,
 )
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -48,25 +51,7 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 
 #: Every write needs two distinct approvers, never the requester; reads are allowed.
-ROUTING = """\
-version = "marque-routing/0.1"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["read"]
-outcome = "allow"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["write", "ddl", "other"]
-outcome = "delegate"
-approvals = 2
-self_approval = false
-"""
+ROUTING = routing_toml(READS_ALLOWED, writes_delegated(2, self_approval=False))
 
 #: A write whose preview returns the changed row (a sample to read before approving).
 DEBIT_RETURNING = "UPDATE accounts SET balance = balance - 10 WHERE id = 1 RETURNING id, balance"

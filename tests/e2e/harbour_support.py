@@ -1,12 +1,17 @@
 """Support for tests of the Harbourmaster as a service: real homes, real processes.
 
-A :class:`Harbour` is a home made by ``marque harbour init`` with principals
-added through the CLI; a :class:`HarbourServer` is a ``marque harbour serve``
+A :class:`Harbour` is a home made, and its principals added and revoked,
+through ``marque.harbour.setup`` — the functions the ``marque harbour init`` and
+``marque harbour principal`` commands are thin wrappers of (those commands are
+tested as commands in ``test_harbour_cli.py``), called in process because a
+stack may add half a dozen principals; its routing is set with ``marque
+harbour routing set``. A :class:`HarbourServer` is a ``marque harbour serve``
 process on a free loopback port; a :class:`PilotServe` is a ``marque pilot
 serve`` process over any Pilot home (the one way the tests start one: here, in
 the soak's worlds and in the browser tier); a :class:`PilotBank` is a Pilot
-home (made by the CLI) serving a SQLite bank target and trusting a
-Harbourmaster's issuer key, run as a :class:`PilotServe`. Nothing is mocked.
+home (made by the functions the ``pilot init|trust|target add`` commands wrap)
+serving a SQLite bank target and trusting a Harbourmaster's issuer key, run as
+a :class:`PilotServe`. Nothing is mocked.
 
 This module imports nothing from the other test helpers, so a test anywhere
 (``tests/pg`` included, as ``e2e.harbour_support``) can use it.
@@ -52,38 +57,17 @@ def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
     return body
 
 
-def cli_json_together(*commands: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """Run independent ``marque ARGS --json`` commands side by side (each must succeed, and
-    none may touch what another writes); their JSON objects, in order."""
-    procs = [subprocess.Popen([str(MARQUE), *map(str, args), "--json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                              env=cli_env())
-             for args in commands]
-    bodies = []
-    for args, proc in zip(commands, procs, strict=True):
-        out, err = proc.communicate(timeout=TIMEOUT)
-        assert proc.returncode == 0, (args, out, err)
-        body = json.loads(out)
-        assert isinstance(body, dict), out
-        bodies.append(body)
-    return bodies
-
-
 class Harbour:
-    """A Harbourmaster's home, made by ``marque harbour init``, and its principals' tokens."""
+    """A Harbourmaster's home, made as ``marque harbour init`` makes it (its core,
+    ``init_harbour``, in process: the command is tested as a command in
+    ``test_harbour_cli.py``), and its principals' tokens."""
 
     def __init__(self, home: Path, *, store: str | None = None,
                  routing: str | None = None) -> None:
+        from marque.harbour.setup import init_harbour
+
         self.home = home
-        args: list[Any] = ["harbour", "init", "--home", home]
-        if store is not None:
-            args += ["--store", store]
-        if routing is not None:
-            home.parent.mkdir(parents=True, exist_ok=True)
-            config = home.parent / f"{home.name}-routing.toml"
-            config.write_text(routing)
-            args += ["--routing", config]
-        made = cli_json(*args)
+        made = init_harbour(home, store_dsn=store, routing_text=routing)
         self.harbour_id: str = made["harbour_id"]
         self.tokens: dict[str, str] = {"admin": made["admin_token"]}
 
@@ -93,22 +77,23 @@ class Harbour:
         return self.home / "issuer.jwk"
 
     def add(self, name: str, *roles: str, key: Path | None = None) -> str:
-        """Add a principal; returns (and remembers) its token."""
-        args: list[Any] = ["harbour", "principal", "add", "--home", self.home, name]
-        for role in roles:
-            args += ["--role", role]
-        if key is not None:
-            args += ["--key", key]
-        token: str = cli_json(*args)["token"]
+        """Add a principal (``harbour principal add``'s core); returns (and remembers) its
+        token."""
+        from marque.harbour.setup import add_principal
+
+        jwk = None if key is None else json.loads(key.read_text())
+        token: str = add_principal(self.home, name, list(roles), public_jwk=jwk)["token"]
         self.tokens[name] = token
         return token
 
     def revoke(self, name: str) -> None:
         """Revoke a principal (its token is kept here, to show it no longer works)."""
-        cli_json("harbour", "principal", "revoke", "--home", self.home, name)
+        from marque.harbour.setup import revoke_principal
+
+        revoke_principal(self.home, name)
 
     def set_routing(self, text: str) -> dict[str, Any]:
-        """Adopt a routing config (TOML text)."""
+        """Adopt a routing config (TOML text) with ``marque harbour routing set``."""
         config = self.home / "routing-next.toml"
         config.write_text(text)
         return cli_json("harbour", "routing", "set", "--home", self.home, config)
@@ -213,6 +198,9 @@ class PilotServe:
             self.kill()
             raise DiedAtStart(status, self.stderr())
         self.ready = json.loads(got[0])
+        if "url" not in self.ready:  # an error object: it refused to serve
+            self.kill()
+            raise DiedAtStart(self.proc.returncode, got[0] + self.stderr())
         self.url = str(self.ready["url"])
         return self.ready
 
@@ -290,16 +278,20 @@ class PilotBank:
             conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
             conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
         conn.close()
-        # The holder's key and the ledger are independent: made side by side.
-        made, initialised = cli_json_together(
-            ("keys", "new", "--out", self.holder_key),
-            ("pilot", "init", "--home", self.home, "--pilot-id", pilot_id))
-        self.holder_pub.write_text(json.dumps(made["public_jwk"]))
-        self.incarnation: str = initialised["incarnation"]
+        # What `keys new`, `pilot init`, `pilot trust` and `pilot target add` run, in
+        # process: those commands are tested as commands (tests/e2e/test_home.py, the e2e
+        # world template), and a stack needs its Pilot home in a few milliseconds.
+        from marque.cli.common import write_private
+        from marque.pilot.setup import add_target, init_home, trust_issuer
+        from marque.token import new_key, public_jwk
+
+        holder = new_key()
+        write_private(self.holder_key, holder)
+        self.holder_pub.write_text(json.dumps(public_jwk(holder)))
+        self.incarnation: str = init_home(self.home, pilot_id)["incarnation"]
         if trust:
-            cli_json("pilot", "trust", "--home", self.home, harbour.issuer_key)
-        cli_json("pilot", "target", "add", "--home", self.home, "bank",
-                 f"sqlite:///{self.bank.resolve()}")
+            trust_issuer(self.home, json.loads(harbour.issuer_key.read_text()))
+        add_target(self.home, "bank", f"sqlite:///{self.bank.resolve()}")
         self.pilot: PilotServe | None = None
         self.url = ""
 
@@ -327,6 +319,35 @@ class PilotBank:
             return dict(conn.execute("SELECT id, balance FROM accounts ORDER BY id"))
         finally:
             conn.close()
+
+
+def routing_toml(*entries: dict[str, Any]) -> str:
+    """A routing config (``marque-routing/0.1``, TOML) of ``entries`` in order; each entry's
+    ``principal``, ``target`` and ``resource`` are ``"*"`` unless it says otherwise."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(item) for item in v) + "]"
+        return json.dumps(v)  # a string (TOML's basic strings escape as JSON does) or a number
+
+    lines = ['version = "marque-routing/0.1"']
+    for entry in entries:
+        lines += ["", "[[entry]]"]
+        fields = {"principal": "*", "target": "*", "resource": "*", **entry}
+        lines += [f"{key} = {value(v)}" for key, v in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+#: Routing entries the tests' configs are made of.
+READS_ALLOWED: dict[str, Any] = {"operation": ["read"], "outcome": "allow"}
+WRITES_DENIED: dict[str, Any] = {"operation": ["write"], "outcome": "deny"}
+
+
+def writes_delegated(approvals: int, **extra: Any) -> dict[str, Any]:
+    """Writes, DDL and anything else delegated to ``approvals`` approvers."""
+    return {"operation": ["write", "ddl", "other"], "outcome": "delegate",
+            "approvals": approvals, **extra}
 
 
 READ = "SELECT balance FROM accounts WHERE id = 1"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from e2e_support import Service, World
+from harbour_support import READS_ALLOWED, WRITES_DENIED, routing_toml
 
 from marque.client import PilotClient
 from marque.errors import (
@@ -34,6 +35,7 @@ from marque.harbour.principals import Principal
 from marque.harbour.routing import BOOTSTRAP_PROFILE_TOML, parse_config
 from marque.harbour.service import Harbourmaster
 from marque.harbour.setup import init_harbour
+from marque.pilot.setup import trust_issuer
 from marque.token import make_proof
 
 READ = "SELECT balance FROM accounts WHERE id = 1"
@@ -92,10 +94,8 @@ class Harbour:
 @pytest.fixture
 def harbour(world: World, tmp_path: Path) -> Iterator[Harbour]:
     made = init_harbour(tmp_path / "harbour")
-    pub = tmp_path / "harbour-issuer.pub.jwk"
-    pub.write_text(json.dumps(made["issuer"]["jwk"]))
-    res = world.run("pilot", "trust", "--home", world.home, pub, "--json")
-    assert res.returncode == 0, res
+    # `pilot trust`'s core, in process (the command is tested as one in test_home.py).
+    trust_issuer(world.home, made["issuer"]["jwk"])
     pilot = Service(world)
     hm = Harbourmaster.open(HarbourHome(tmp_path / "harbour"))
     try:
@@ -205,20 +205,7 @@ def test_a_reject_ends_the_request(harbour: Harbour) -> None:
 
 def test_deny_and_no_match_have_their_codes_a_failed_request_and_no_marque(
         harbour: Harbour) -> None:
-    harbour.adopt("""version = "marque-routing/0.1"
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["read"]
-outcome = "allow"
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["write"]
-outcome = "deny"
-""")
+    harbour.adopt(routing_toml(READS_ALLOWED, WRITES_DENIED))
     with pytest.raises(AccountDenied) as denied:
         harbour.hm.submit(harbour.alice, harbour.body(WRITE, "d-1"), None)
     with pytest.raises(AccountNoMatch) as unmatched:

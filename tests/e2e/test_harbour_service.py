@@ -21,11 +21,14 @@ import pytest
 from harbour_support import (
     DEBIT,
     READ,
+    READS_ALLOWED,
+    WRITES_DENIED,
     Harbour,
     HarbourServer,
     PilotBank,
     cli_env,
     request_body,
+    routing_toml,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -566,23 +569,7 @@ def test_problems_and_successes_carry_the_callers_request_id(setup: Setup) -> No
     assert missing.headers["x-request-id"].startswith("req_")
 
 
-DENY_WRITES = """\
-version = "marque-routing/0.1"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["read"]
-outcome = "allow"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["write"]
-outcome = "deny"
-"""
+DENY_WRITES = routing_toml(READS_ALLOWED, WRITES_DENIED)
 
 
 def test_denied_and_unmatched_requests_are_stored_failed_and_answered_403_with_their_id(

@@ -163,3 +163,71 @@ def test_a_resume_whose_target_now_points_elsewhere_fails_revalidation_and_sends
     copy = EffectWorld(world.home, f"sqlite:///{tmp_path / 'other-checked.db'}", world.issuer,
                        world.holder, world.pilot)
     assert copy.items()[1] == ("anchor", 5) and copy.row_stamps() == []
+
+
+_CRASHING_APPLY = """
+import json, sys
+from marque.pilot import open_pilot
+from marque.token import make_proof
+home, token_file, holder_file, nonce = sys.argv[1:]
+pilot = open_pilot(home)
+token = open(token_file).read()
+proof = make_proof(json.load(open(holder_file)), token, nonce=nonce, pilot_id=pilot.pilot_id)
+pilot.execute(token, proof, nonce)
+"""
+
+
+def test_recovery_writes_no_tombstone_where_the_target_now_points_elsewhere(
+        world: EffectWorld, tmp_path: Path) -> None:
+    """Killed right after row 2 committed; before the restart `shop` is pointed at another
+    database. Recovery would prove row 2 'never applied' with a tombstone there: it writes
+    none, row 2 stays unknown and the Run needs reconciliation. Pointed back, the next
+    recovery settles row 2 applied from its own stamp."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    preview = world.preview([member("fix", "update")],
+                            {"fix": [{"id": 1, "qty": 11}, {"id": 2, "qty": 22},
+                                     {"id": 3, "qty": 33}]})
+    token = world.issue(preview.effect_preview_cid)
+    world.pilot.close()
+    token_file, holder_file = tmp_path / "marque.jws", tmp_path / "holder.jwk"
+    token_file.write_text(token)
+    holder_file.write_text(json.dumps(world.holder))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "MARQUE_CRASH_AT": "after_commit@2", "PYTHONPATH": str(root / "src")}
+    done = subprocess.run([sys.executable, "-c", _CRASHING_APPLY, str(world.home),
+                           str(token_file), str(holder_file), "n-1"], env=env, timeout=60,
+                          capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    other = tmp_path / "other.db"
+    seed_target(f"sqlite:///{other}")
+    add_target(world.home, "shop", f"sqlite:///{other}")
+
+    world.pilot = open_pilot(world.home)  # start-up recovery of the dead owner's attempt
+
+    receipts = world.receipts(token, "n-1")
+    marque_id = receipts["marque_id"]
+    assert world.pilot.outcome(marque_id, "n-1").status == "indeterminate"
+    assert [r["state"] for r in receipts["rows"]] == ["applied", "unknown", "prepared"]
+    assert receipts["reconciliation_receipts"] == []
+    assert receipts["run"]["state"] == "needs_reconciliation"
+    assert receipts["run"]["next_action"] == {"kind": "reconcile", "effects": ["fix"]}
+    elsewhere = EffectWorld(world.home, f"sqlite:///{other}", world.issuer, world.holder,
+                            world.pilot)
+    assert elsewhere.row_stamps() == []  # no tombstone in the other database
+    assert len(world.row_stamps()) == 2  # the real one: rows 1 and 2, as they committed
+
+    world.pilot.close()
+    add_target(world.home, "shop", world.dsn)
+    world.pilot = open_pilot(world.home)
+
+    settled = world.receipts(token, "n-1")
+    assert world.pilot.outcome(marque_id, "n-1").status == "applied"
+    assert [r["state"] for r in settled["rows"]] == ["applied", "applied", "prepared"]
+    assert [r["outcome"]["state"] for r in settled["reconciliation_receipts"]] == ["applied"]
+    assert (settled["run"]["state"], settled["run"]["terminal_error"]) == ("failed", None)
+    assert {k: v[1] for k, v in world.items().items()} == {1: 11, 2: 22, 3: 9}
+    assert elsewhere.row_stamps() == []

@@ -18,27 +18,20 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import DEBIT, READ, Harbour, HarbourServer, PilotBank, request_body
+from e2e.harbour_support import (
+    DEBIT,
+    READ,
+    READS_ALLOWED,
+    Harbour,
+    HarbourServer,
+    PilotBank,
+    request_body,
+    routing_toml,
+    writes_delegated,
+)
 
 CONCURRENT_POSTS = 16
-TWO_APPROVALS = """\
-version = "marque-routing/0.1"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["read"]
-outcome = "allow"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["write", "ddl", "other"]
-outcome = "delegate"
-approvals = 2
-"""
+TWO_APPROVALS = routing_toml(READS_ALLOWED, writes_delegated(2))
 
 
 @dataclass

@@ -25,7 +25,10 @@ The Run's life on a Pilot (docs/effects.md, choice 45):
   bound CIDs first (:func:`~marque.effects.run.revalidate_resume`): any
   difference ends the Run ``failed`` (``needs_reconciliation`` while an
   Effect is unknown) with ``ACTQL_E_RESUME_REVALIDATION_FAILED``, and nothing
-  is dispatched.
+  is dispatched;
+* recovery observes and never dispatches, but its tombstones are writes too:
+  it writes none while the target's name points elsewhere than the Run bound
+  (:func:`environment_holds`), so the rows stay unknown until it points back.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ if TYPE_CHECKING:
     from marque.pilot.core import Pilot
     from marque.token import Marque
 
-__all__ = ["bound_cids", "start", "resume", "end_attempt", "projection", "record_of"]
+__all__ = ["bound_cids", "environment_holds", "start", "resume", "end_attempt", "projection",
+           "record_of"]
 
 R, C = RunState, Cause
 #: Marque's preimages of what a Run binds at admission (resume revalidation compares them).
@@ -78,16 +82,12 @@ def bound_cids(pilot: Pilot, marque: Marque, preview: EffectPreview) -> dict[str
     """
     from marque.pilot.effects import authorization
 
-    target = pilot.targets[marque.target]
     return {
         "authorization_context_cid": cid({
             "version": AUTHORIZATION_VERSION, "marque_id": marque.marque_id,
             "issuer": marque.issuer, "kid": marque.kid,
             "authorization": authorization(marque)}),
-        "environment_binding_cid": cid({
-            "version": ENVIRONMENT_VERSION, "pilot_id": pilot.pilot_id,
-            "incarnation": pilot.incarnation, "target": marque.target,
-            "location": target.location()}),
+        "environment_binding_cid": _environment_cid(pilot, marque.target),
         "admitted_configuration_cid": cid({
             "version": CONFIGURATION_VERSION,
             "effect_preview_cid": preview.effect_preview_cid,
@@ -95,6 +95,23 @@ def bound_cids(pilot: Pilot, marque: Marque, preview: EffectPreview) -> dict[str
             "policies": {m.effect_id: m.failure_policy.value for m in preview.members},
             "max_rows": marque.budget.max_rows}),
     }
+
+
+def _environment_cid(pilot: Pilot, target: str) -> str:
+    return cid({"version": ENVIRONMENT_VERSION, "pilot_id": pilot.pilot_id,
+                "incarnation": pilot.incarnation, "target": target,
+                "location": pilot.targets[target].location()})
+
+
+def environment_holds(pilot: Pilot, marque_id: str, nonce: str, target: str) -> bool:
+    """Whether ``target`` still points where the execution's Run bound it (True for an
+    execution without a Run). Recovery asks before it writes a tombstone: one written in
+    another database would "prove" a row never applied that did apply where it was sent."""
+    stored = pilot.ledger.effect_run_state(marque_id, nonce)
+    if stored is None or target not in pilot.targets:
+        return True
+    return bool(stored["bound"].get("environment_binding_cid")
+                == _environment_cid(pilot, target))
 
 
 # -- the stored record ------------------------------------------------------------------

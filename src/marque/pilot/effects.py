@@ -539,6 +539,11 @@ def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> Attemp
     target = (_row_target(pilot, budget["target"]) if budget and budget["target"]
               in pilot.targets else None)
     mid, nonce = record.marque_id, record.nonce
+    if target is not None and budget is not None and not effect_run.environment_holds(
+            pilot, mid, nonce, budget["target"]):
+        # The target's name points at another database than the rows were sent to: a
+        # tombstone there proves nothing about them, so none is written (choice 45).
+        target = None
     now = pilot.clock()
     # A row its owner left dispatching may have been sent: it is unknown now (a takeover,
     # presenting the recorded fence; the compare-and-set refuses it if the owner moved it).

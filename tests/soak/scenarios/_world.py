@@ -12,13 +12,12 @@ nothing. Nothing here is a mock.
 
 from __future__ import annotations
 
-import json
-import signal
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from e2e.harbour_support import PilotServe
 
 from marque.change import Budget, Change, Statement
 from marque.pilot import Pilot, open_pilot
@@ -135,27 +134,9 @@ class TokenWorld:
             conn.close()
 
 
-class PilotServer:
-    """A ``marque pilot serve`` child process on a free loopback port."""
+class PilotServer(PilotServe):
+    """A ``marque pilot serve`` child process on a free loopback port, started at once."""
 
     def __init__(self, home: Path, *, cwd: Path) -> None:
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(home), "--listen", "127.0.0.1:0",
-             "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, cwd=cwd)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(timeout=30)
-            raise RuntimeError(self.proc.stderr.read() if self.proc.stderr else "no output")
-        self.url: str = json.loads(line)["url"]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        status = self.proc.wait(timeout=60)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        return status
+        super().__init__(home, cwd=cwd)
+        self.start()

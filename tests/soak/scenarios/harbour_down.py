@@ -39,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from e2e.harbour_support import Harbour, HarbourServer
+from e2e.harbour_support import Harbour, HarbourServer, routing_toml
 
 from marque.token import public_jwk
 from soak.harness import finish, invoke
@@ -47,16 +47,7 @@ from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._loss import ListeningPilot
 from soak.world import MARQUE, Answer, DiedAtStart, Op, PilotProcess, SoakWorld, _env
 
-ROUTING = """\
-version = "marque-routing/0.1"
-
-[[entry]]
-principal = "*"
-target = "*"
-resource = "*"
-operation = ["read", "write"]
-outcome = "allow"
-"""
+ROUTING = routing_toml({"operation": ["read", "write"], "outcome": "allow"})
 REQUESTER = "soaker"
 ROUND = 24
 #: The first of ROUND marques of a round run while the Harbourmaster is up.
