@@ -78,10 +78,19 @@ class Harbour:
         key = json.loads(self.world.holder_key.read_text())
         client = PilotClient(handed["pilot"]["url"])
         try:
-            return client.execute(handed["marque"], nonce, lambda: make_proof(
+            outcome = client.execute(handed["marque"], nonce, lambda: make_proof(
                 key, handed["marque"], nonce=nonce, pilot_id="p1"))
         finally:
             client.close()
+        # An applied write is answered before its settle lands (settle_write_behind):
+        # the tests read the ledger's outbox next, so wait until the ledger holds it.
+        deadline = time.monotonic() + 30
+        while outcome.status == "applied" and not outcome.recorded and self.world.ledger_rows(
+                "SELECT 1 FROM attempts WHERE marque_id = ? AND nonce = ? "
+                "AND status = 'in_progress'", (outcome.marque_id, nonce)):
+            assert time.monotonic() < deadline, "the outcome was never recorded"
+            time.sleep(0.02)
+        return outcome
 
     def outbox(self) -> list[dict[str, Any]]:
         return [json.loads(p) for (p,) in self.world.ledger_rows(

@@ -135,6 +135,7 @@ class SettleBehind:
                 if not committed:
                     self._held.setdefault(key, held)
         if committed:
+            crash_point("after_outcome_recorded")  # as on the path that records first
             self._pilot.report_wanted.set()
         else:
             self._wake.set()
