@@ -198,6 +198,12 @@ class Ledger(abc.ABC):
         the status changed.
         """
 
+    #: Whether outcomes held behind their answer should ride on the next claim's
+    #: transaction (``ClaimTicket.carried``): yes where a statement is cheap and a commit
+    #: dear (SQLite in process); no where each statement is a round trip that would
+    #: lengthen one caller's claim by four per carried outcome (PostgreSQL).
+    carries_settles: bool = False
+
     @abc.abstractmethod
     def observe_all(self, observed: list[Observed]) -> list[AttemptRecord]:
         """:meth:`observe` for each item, all in one transaction (one durable commit).

@@ -48,6 +48,8 @@ class _SqliteTx(Tx):
 class SqliteLedger(SqlLedger):
     """A ledger in one SQLite file."""
 
+    carries_settles = True
+
     def __init__(self, path: str, *, creating: bool = False) -> None:
         super().__init__()
         self.path = path

@@ -295,7 +295,10 @@ class Pilot:
         """Step 2: claim the nonce (or learn what is recorded) in one ledger transaction."""
         # The lease must outlive the longest the target may legitimately take.
         lease = self._statement_timeout_ms(marque) / 1000 + self.options.lease_grace_seconds
-        taken, carried = self.settler.carry() if self.settler is not None else ({}, ())
+        taken: dict[Any, Any] = {}
+        carried: tuple[Observed, ...] = ()
+        if self.settler is not None and self.ledger.carries_settles:
+            taken, carried = self.settler.carry()
         committed = False
         try:
             claim = self._claim_ticket(marque, nonce, jti, now, forget_after, lease, carried)
