@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from harbour_support import PilotServe
+
 from marque.token import unverified_claims
 
 MARQUE = Path(sys.executable).parent / "marque"
@@ -330,24 +332,21 @@ class World:
         return [{"kind": k, "body": json.loads(b)} for k, b in rows]
 
 
-class Service:
-    """A `marque pilot serve` child process."""
+class Service(PilotServe):
+    """A `marque pilot serve` child process over a world's home (the shared
+    :class:`harbour_support.PilotServe`), started at once."""
 
     def __init__(self, world: World, *, port: int = 0, workers: int = 1,
                  env: dict[str, str] | None = None) -> None:
         self.world = world
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen",
-             f"127.0.0.1:{port}", "--json", "--workers", str(workers)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env(env), cwd=world.root)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read() if self.proc.stderr else "no output"
-        self.ready = json.loads(line)
-        self.url: str = self.ready["url"]
+        super().__init__(world.home, listen=f"127.0.0.1:{port}", env=env, cwd=world.root,
+                         workers=workers)
+        self.start()
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
+        """Send ``sig`` (SIGTERM: an orderly stop) if it runs; its exit status."""
+        assert self.proc is not None
+        self.signal(sig)
+        status = self.proc.wait(timeout=60)
+        self._close()
+        return status

@@ -9,8 +9,6 @@ while the target's transaction runs, the stream ends ``applied`` with
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +17,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from e2e.harbour_support import PilotServe
 from pgcluster import PgCluster, create_database
 from pgproxy import PgProxy
 
 from marque.token import make_proof
 
-from .pgworld import MARQUE, PILOT_ID, World, build_world, cli_env, marque_id_of
+from .pgworld import PILOT_ID, World, build_world, marque_id_of
 
 START = {1: 100, 2: 100, 3: 100}
 # Holds the target's transaction open for a second, after the statement started.
@@ -38,19 +37,13 @@ def served(tmp_path: Path, pg_dsn: str,
     _, ledger_dsn = create_database(pg_cluster.dsn())
     proxy, proxied = PgProxy.for_dsn(ledger_dsn)
     world = build_world(tmp_path, pg_dsn, ledger="postgres", ledger_dsn=proxied)
-    proc = subprocess.Popen(
-        [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen", "127.0.0.1:0",
-         "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        text=True, env=cli_env())
+    service = PilotServe(world.home, cwd=tmp_path)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read() if proc.stderr else ""
-        yield world, proxy, json.loads(line)["url"]
+        service.start()
+        yield world, proxy, service.url
     finally:
         proxy.restore()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        service.stop()
         world.close()
         proxy.close()
 
