@@ -387,6 +387,13 @@ def _read_header(
     token: Any, registry: jws.JWSRegistry, what: str, error: type[MarqueError]
 ) -> dict[str, Any]:
     """Parse a compact JWS's protected header without trusting anything in it."""
+    return _decode_header(_compact_header(token, registry, what, error), what, error)
+
+
+def _compact_header(
+    token: Any, registry: jws.JWSRegistry, what: str, error: type[MarqueError]
+) -> str:
+    """The header segment of a compact JWS, once its shape and lengths are checked."""
     if not isinstance(token, str):
         raise error(f"{what} must be a compact JWS string")
     limit = registry.max_header_length + registry.max_payload_length + 2 * 1024
@@ -397,8 +404,12 @@ def _read_header(
         raise error(f"{what} is not a compact JWS (header.payload.signature)")
     if len(parts[0]) > registry.max_header_length:
         raise error(f"{what} header is too long")
+    return parts[0]
+
+
+def _decode_header(segment: str, what: str, error: type[MarqueError]) -> dict[str, Any]:
     try:
-        raw = _b64url_decode(parts[0])
+        raw = _b64url_decode(segment)
     except (ValueError, binascii.Error) as exc:
         raise error(f"{what} header is not base64url") from exc
     header = _json_object(raw, f"{what} header", error)
@@ -406,6 +417,27 @@ def _read_header(
         if name in header:
             raise error(f"{what} header {name!r} is not supported")
     return header
+
+
+@functools.lru_cache(maxsize=1024)
+def _proof_holder(segment: str) -> tuple[OKPKey, str]:
+    """The holder key a proof's header segment carries, and its thumbprint.
+
+    A holder signs every proof with the same header, so it is read once per
+    distinct header text; a header that fails a check raises, and is never cached.
+    """
+    header = _decode_header(segment, "proof", PopInvalid)
+    if header.get("typ") != POP_TYP:
+        raise PopInvalid(f"proof typ must be {POP_TYP}")
+    if header.get("alg") != ALG:
+        raise PopInvalid(f"proof alg must be {ALG}")
+    jwk = header.get("jwk")
+    if not isinstance(jwk, dict):
+        raise PopInvalid("proof header carries no jwk")
+    if "d" in jwk:
+        raise PopInvalid("proof jwk contains a private key")
+    key = _import_public(jwk, PopInvalid, "proof jwk")
+    return key, _thumbprint_of(jwk["x"])
 
 
 def _verified_payload(
@@ -755,18 +787,9 @@ def verify_proof(
     """
     if proof is None or proof == "":
         raise PopMissing("the request carries no proof of possession")
-    header = _read_header(proof, _POP_REGISTRY, "proof", PopInvalid)
-    if header.get("typ") != POP_TYP:
-        raise PopInvalid(f"proof typ must be {POP_TYP}")
-    if header.get("alg") != ALG:
-        raise PopInvalid(f"proof alg must be {ALG}")
-    jwk = header.get("jwk")
-    if not isinstance(jwk, dict):
-        raise PopInvalid("proof header carries no jwk")
-    if "d" in jwk:
-        raise PopInvalid("proof jwk contains a private key")
-    key = _import_public(jwk, PopInvalid, "proof jwk")
-    if _thumbprint_of(jwk["x"]) != marque.jkt:
+    segment = _compact_header(proof, _POP_REGISTRY, "proof", PopInvalid)
+    key, thumbprint = _proof_holder(segment)
+    if thumbprint != marque.jkt:
         raise PopKeyMismatch("the proof is signed by a key other than the one the marque names")
     claims = _verified_payload(proof, key, _POP_REGISTRY, "proof", PopInvalid)
 
