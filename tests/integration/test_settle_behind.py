@@ -35,6 +35,7 @@ class LedgerLock:
     def __init__(self, env: Env) -> None:
         self.path = env.home / "ledger.sqlite3"
         self.conn: sqlite3.Connection | None = None
+        self.timer: threading.Timer | None = None
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event["event"] == "committed" and self.conn is None:
@@ -51,6 +52,15 @@ class LedgerLock:
         timer = threading.Timer(seconds, self.release)
         timer.start()
         return timer
+
+    def held_for(self, seconds: float) -> Callable[[dict[str, Any]], None]:
+        """An event sink that takes the lock at the target's commit and lets go after
+        ``seconds``, from another thread (``self.timer``)."""
+        def sink(event: dict[str, Any]) -> None:
+            self.on_event(event)
+            if event["event"] == "committed":
+                self.timer = self.release_after(seconds)
+        return sink
 
 
 @contextmanager
@@ -115,21 +125,13 @@ def test_switched_off_the_outcome_is_recorded_before_the_answer(env: Env) -> Non
     mid = marque_id_of(token)
     with background(env, settle_write_behind=False):
         lock = LedgerLock(env)
-        timer = None
-
-        def hold_then_release(event: dict[str, Any]) -> None:
-            nonlocal timer
-            lock.on_event(event)
-            if event["event"] == "committed":
-                timer = lock.release_after(0.3)
-
         outcome = env.pilot.execute(token, env.proof(token, "n-1"), "n-1",
-                                    on_event=hold_then_release)
+                                    on_event=lock.held_for(0.3))
         assert outcome.status == "applied"
         record = env.pilot.ledger.outcome(mid, "n-1")
         assert record is not None and record.status is Status.APPLIED
-        assert timer is not None
-        timer.join()
+        assert lock.timer is not None
+        lock.timer.join()
 
 
 def test_a_read_settles_before_its_answer(env: Env) -> None:
@@ -138,22 +140,14 @@ def test_a_read_settles_before_its_answer(env: Env) -> None:
     mid = marque_id_of(token)
     with background(env):
         lock = LedgerLock(env)
-        timer = None
-
-        def hold_then_release(event: dict[str, Any]) -> None:
-            nonlocal timer
-            lock.on_event(event)
-            if event["event"] == "committed":
-                timer = lock.release_after(0.3)
-
         outcome = env.pilot.execute(token, env.proof(token, "n-1"), "n-1",
-                                    on_event=hold_then_release)
+                                    on_event=lock.held_for(0.3))
         assert outcome.status == "applied" and outcome.result is not None
         record = env.pilot.ledger.outcome(mid, "n-1")
         assert record is not None and record.status is Status.APPLIED
         assert record.result == outcome.result
-        assert timer is not None
-        timer.join()
+        assert lock.timer is not None
+        lock.timer.join()
 
 
 def test_closing_records_what_is_still_held(env: Env) -> None:
