@@ -10,7 +10,7 @@ from pgcluster import create_database, drop_database
 
 from marque.token import new_key, public_jwk
 
-from .pgworld import one_json, run_cli
+from .pgworld import build_world, one_json, run_cli
 
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = %s"
 
@@ -71,4 +71,37 @@ def test_cli_with_postgres_ledger_and_target(tmp_path: Path, pg_admin_dsn: str,
             claims = conn.execute("SELECT count(*) FROM marque_ledger.claims").fetchone()
         assert claims == (1,)
     finally:
+        drop_database(pg_admin_dsn, ledger_name)
+
+
+def test_a_durability_warning_is_a_json_line_under_json(tmp_path: Path, pg_admin_dsn: str,
+                                                        pg_dsn: str) -> None:
+    """`"durability": "warn"` on a ledger whose database commits asynchronously: `exec
+    --json` runs, and its stderr stays JSON lines — the warning is one, with its code."""
+    ledger_name, ledger_dsn = create_database(pg_admin_dsn)
+    try:
+        world = build_world(tmp_path, pg_dsn, ledger="postgres", ledger_dsn=ledger_dsn)
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{ledger_name}" SET synchronous_commit = off')
+        config_path = world.home / "pilot.json"
+        config = json.loads(config_path.read_text())
+        config["durability"] = "warn"
+        config_path.write_text(json.dumps(config))
+        marque = tmp_path / "change.marque"
+        marque.write_text(world.issue("UPDATE accounts SET balance = balance - 10 WHERE id = 1"))
+        holder = tmp_path / "holder.jwk"
+        holder.write_text(json.dumps(world.holder))
+
+        ran = run_cli("exec", "--home", world.home, "--marque", marque, "--key", holder,
+                      "--nonce", "pay-1", "--json")
+
+        assert ran.returncode == 0, ran.stderr
+        assert one_json(ran.stdout)["status"] == "applied"
+        lines = [json.loads(line) for line in ran.stderr.splitlines() if line.strip()]
+        warnings = [line for line in lines if line.get("event") == "warning"]
+        assert [w["code"] for w in warnings] == ["ledger_not_durable"]
+        assert "synchronous_commit = off" in warnings[0]["message"]
+        assert {"claimed", "committed"} <= {line.get("event") for line in lines}
+    finally:
+        world.close()
         drop_database(pg_admin_dsn, ledger_name)

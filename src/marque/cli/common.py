@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import sys
@@ -49,8 +50,32 @@ class CommandExit(Exception):
 
 # -- options shared by many commands ---------------------------------------------------
 
+class _JsonWarnings(logging.Handler):
+    """Marque's own warnings in a ``--json`` command, as JSON lines on stderr.
+
+    Without it Python would print them as plain text, the one thing on a
+    ``--json`` command's stderr that is not a JSON line. A warning may name its
+    stable ``code`` (``log.warning(..., extra={"code": ...})``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        emit_event_json({"event": "warning", "code": getattr(record, "code", None),
+                         "message": record.getMessage(), "logger": record.name})
+
+
+def _json_warnings(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    logger = logging.getLogger("marque")
+    if value and not any(isinstance(h, _JsonWarnings) for h in logger.handlers):
+        logger.addHandler(_JsonWarnings())  # this process runs this one command
+    return value
+
+
 json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+    "--json", "as_json", is_flag=True, callback=_json_warnings,
+    help="Print exactly one JSON object on stdout.")
 home_option = click.option(
     "--home", type=click.Path(path_type=Path), required=True,
     help="The Pilot's home directory (holds pilot.json, the ledger and the logbook).")

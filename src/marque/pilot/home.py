@@ -76,7 +76,7 @@ def check_durability(ledger: Ledger, config: PilotConfig, where: str) -> None:
                + "; ".join(found.problems) + ". " + _FIX[found.engine])
     if config.durability == "warn":
         log.warning("warning: ledger_not_durable: %s (running anyway: pilot.json says "
-                    '"durability": "warn")', message)
+                    '"durability": "warn")', message, extra={"code": "ledger_not_durable"})
         return
     raise LedgerNotDurable(
         message + ' To run on it anyway, set "durability": "warn" in pilot.json.',
