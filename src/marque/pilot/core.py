@@ -301,17 +301,7 @@ class Pilot:
             taken, carried = self.settler.carry()
         committed = False
         try:
-            claim = self._claim_ticket(marque, nonce, jti, now, forget_after, lease, carried)
-            committed = True
-            return claim
-        finally:
-            if self.settler is not None:
-                self.settler.carried(taken, committed=committed)
-
-    def _claim_ticket(self, marque: Marque, nonce: str, jti: str, now: float,
-                      forget_after: float, lease: float, carried: tuple[Observed, ...]) -> Claim:
-        return self.ledger.claim(
-            ClaimTicket(
+            claim = self.ledger.claim(ClaimTicket(
                 marque_id=marque.marque_id,
                 nonce=nonce,
                 target=marque.target,
@@ -325,8 +315,13 @@ class Pilot:
                 pop_jti=jti,
                 pop_forget_after=forget_after,
                 carried=carried,
-            )
-        )
+            ))
+            committed = True
+            return claim
+        finally:
+            if self.settler is not None:
+                # Recorded with the claim, or (it failed) held again for the settler.
+                self.settler.carried(taken, committed=committed)
 
     def _statement_timeout_ms(self, marque: Marque) -> int:
         """The marque's own statement timeout, else this Pilot's."""
