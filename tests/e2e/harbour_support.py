@@ -376,6 +376,41 @@ def free_port() -> int:
     return port
 
 
+class JoinedBank:
+    """A Harbourmaster (bootstrap profile) and a :class:`PilotBank` (accounts 1, 2 and 3 →
+    100, then ``bank_sql``) joined to it at a free loopback port (``port``) it does not yet
+    serve on; a requester ``alice`` holding the bank's key, an approver ``bob``, then
+    ``principals`` (``(name, role)``, added before the Pilot's own principal ``p1``)."""
+
+    def __init__(self, root: Path, *, bank_sql: tuple[str, ...] = (),
+                 principals: tuple[tuple[str, str], ...] = ()) -> None:
+        self.root = root
+        self.harbour = Harbour(root / "harbour")
+        self.bank = PilotBank(root / "pilotbank", self.harbour)
+        conn = sqlite3.connect(self.bank.bank)
+        with conn:
+            conn.execute("INSERT INTO accounts VALUES (3, 100)")
+            for sql in bank_sql:
+                conn.execute(sql)
+        conn.close()
+        self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
+        self.bob = self.harbour.add("bob", "approver")
+        for name, role in principals:
+            self.harbour.add(name, role)
+        pilot_token = self.harbour.add("p1", "pilot")
+        self.server = HarbourServer(self.harbour.home)
+        self.port = free_port()
+        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
+                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
+
+    def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
+        return self.server.call(method, path, token, **kwargs)
+
+    def stop(self) -> None:
+        self.bank.stop()
+        self.server.stop()
+
+
 #: An Effect Set that tops up three of `bank`'s accounts (1 and 2 exist; tests add 3).
 TOPUP_DECLARATION = {"version": "marque-effect-set/0.1", "members": [
     {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],

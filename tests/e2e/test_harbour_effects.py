@@ -24,60 +24,37 @@ from e2e_support import Result, run_cli
 from harbour_support import (
     TOPUP_DECLARATION,
     TOPUP_ROWS,
-    Harbour,
-    HarbourServer,
-    PilotBank,
+    JoinedBank,
     cli_env,
-    cli_json,
-    free_port,
 )
 
 from marque.change import EffectSetChange
 from marque.harbour.routing import BOOTSTRAP_PROFILE_TOML
 from marque.token import make_proof, unverified_claims
 
-DECLARATION, ROWS, _free_port = TOPUP_DECLARATION, TOPUP_ROWS, free_port
+DECLARATION, ROWS = TOPUP_DECLARATION, TOPUP_ROWS
 
 
-class Stack:
+class Stack(JoinedBank):
     """A Harbourmaster (bootstrap profile), a joined Pilot serving `bank` (3 accounts, and a
     `ledger_notes` table), a requester, an approver and an auditor."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "pilotbank", self.harbour)
-        conn = sqlite3.connect(self.bank.bank)
-        with conn:
-            conn.execute("INSERT INTO accounts VALUES (3, 100)")
-            conn.execute("CREATE TABLE ledger_notes (id INTEGER PRIMARY KEY, note TEXT)")
-        conn.close()
-        self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.bob = self.harbour.add("bob", "approver")
-        self.audra = self.harbour.add("audra", "auditor")
-        pilot_token = self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home)
+        super().__init__(root, bank_sql=(
+            "CREATE TABLE ledger_notes (id INTEGER PRIMARY KEY, note TEXT)",),
+            principals=(("audra", "auditor"),))
+        self.audra = self.harbour.tokens["audra"]
         self.url = self.server.url
-        port = _free_port()
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.url,
-                 "--token", pilot_token, "--url", f"http://127.0.0.1:{port}")
-        self.bank.start(listen=f"127.0.0.1:{port}")
+        self.bank.start(listen=f"127.0.0.1:{self.port}")
         self._ids = 0
 
     def fresh(self, prefix: str) -> str:
         self._ids += 1
         return f"{prefix}-{self._ids}"
 
-    def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
-        return self.server.call(method, path, token, **kwargs)
-
     def cli(self, token: str, *args: Any) -> Result:
         env = cli_env({"MARQUE_HARBOUR": self.url, "MARQUE_TOKEN": token})
         return run_cli(*args, env=env, timeout=60)
-
-    def stop(self) -> None:
-        self.bank.stop()
-        self.server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,38 +25,23 @@ from e2e_support import run_cli
 from harbour_support import (
     TOPUP_DECLARATION,
     TOPUP_ROWS,
-    Harbour,
     HarbourServer,
-    PilotBank,
+    JoinedBank,
     cli_env,
     cli_json,
-    free_port,
 )
 
 from marque.token import make_proof, unverified_claims
 
-DECLARATION, ROWS, _free_port = TOPUP_DECLARATION, TOPUP_ROWS, free_port
+DECLARATION, ROWS = TOPUP_DECLARATION, TOPUP_ROWS
 
 
-class CrashStack:
+class CrashStack(JoinedBank):
     """A Harbourmaster (bootstrap profile), a Pilot joined at a fixed loopback address that
     the test starts, kills and starts again, a requester and an approver."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "pilotbank", self.harbour)
-        conn = sqlite3.connect(self.bank.bank)
-        with conn:
-            conn.execute("INSERT INTO accounts VALUES (3, 100)")
-        conn.close()
-        self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.bob = self.harbour.add("bob", "approver")
-        pilot_token = self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home)
-        self.port = _free_port()
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
+        super().__init__(root)
         self.proc: subprocess.Popen[str] | None = None
 
     def start_pilot(self, crash_at: str | None = None) -> None:
@@ -71,14 +56,6 @@ class CrashStack:
         status = self.bank.pilot.wait_dead(60)
         assert status is not None, "pilot serve still runs after a minute"
         return status
-
-    def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
-        return self.server.call(method, path, token, **kwargs)
-
-    def stop(self) -> None:
-        self.bank.stop()
-        self.server.stop()
-
 
 @pytest.fixture
 def crash_stack(tmp_path: Path) -> Iterator[CrashStack]:
