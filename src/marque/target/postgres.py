@@ -494,15 +494,6 @@ class PostgresTarget(SqlTarget):
                 raise self._translate(exc) from exc  # answered: rolled back
             raise CommitUnknown(f"connection lost during COMMIT: {exc}") from exc
 
-    def _row_close(self, conn: Any) -> None:
-        self._abandon(conn)
-
-    def _row_translate(self, exc: Exception) -> MarqueError:
-        return self._translate(exc)
-
-    def _row_is_unique_violation(self, exc: Exception) -> bool:
-        return isinstance(exc, pgerrors.UniqueViolation)
-
     def _upsert_row(self, conn: Any, table: str, key: tuple[str, ...],
                     row: dict[str, Any], values: dict[str, Any]) -> str:
         """``INSERT … ON CONFLICT (key) DO UPDATE … RETURNING (xmax = 0)``: PostgreSQL's own

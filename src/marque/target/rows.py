@@ -143,16 +143,21 @@ class RowTarget(abc.ABC):
     def _row_commit(self, conn: Any) -> None:
         """COMMIT: ``NotApplied`` for an answered error, ``CommitUnknown`` for a lost answer."""
 
+    # The target's own hooks serve rows too (``SqlTarget``): ``_abandon`` rolls back what
+    # is open and releases the connection, ``_translate`` turns a driver error before
+    # COMMIT into the most specific ``NotApplied``, ``_is_unique_violation`` says a key
+    # conflict.
+
     @abc.abstractmethod
-    def _row_close(self, conn: Any) -> None:
+    def _abandon(self, conn: Any) -> None:
         """Roll back whatever is open and release the connection; never raises."""
 
     @abc.abstractmethod
-    def _row_translate(self, exc: Exception) -> MarqueError:
+    def _translate(self, exc: Exception) -> MarqueError:
         """A driver error before COMMIT, as the most specific ``NotApplied``."""
 
     @abc.abstractmethod
-    def _row_is_unique_violation(self, exc: Exception) -> bool:
+    def _is_unique_violation(self, exc: Exception) -> bool:
         """Whether ``exc`` is a unique-key violation."""
 
     @abc.abstractmethod
@@ -197,9 +202,9 @@ class RowTarget(abc.ABC):
         except MarqueError:
             raise
         except Exception as exc:
-            raise self._row_translate(exc) from exc
+            raise self._translate(exc) from exc
         finally:
-            self._row_close(conn)
+            self._abandon(conn)
 
     def _row_stamp(self, write: RowWrite, kind: str) -> tuple[Any, ...]:
         return (write.effect_apply_key, write.row_idempotency_key, write.marque_id, write.nonce,
@@ -223,7 +228,7 @@ class RowTarget(abc.ABC):
                 self._row_exec(conn, self._stamp_sql(upsert=False),
                                self._row_stamp(write, "applied"))
             except Exception as exc:
-                if self._row_is_unique_violation(exc):
+                if self._is_unique_violation(exc):
                     raise RowStampConflict(write.row_idempotency_key) from exc
                 raise
             if write.guard.get("kind") == "row_content":
@@ -273,9 +278,9 @@ class RowTarget(abc.ABC):
         except Exception as exc:
             if committing:
                 raise CommitUnknown(f"COMMIT's outcome is unknown: {exc}") from exc
-            raise self._row_translate(exc) from exc
+            raise self._translate(exc) from exc
         finally:
-            self._row_close(conn)
+            self._abandon(conn)
         return RowApplied(count, action)
 
     def reconcile_row(self, write: RowWrite) -> RowEvidence:
@@ -300,7 +305,7 @@ class RowTarget(abc.ABC):
         except Exception as exc:
             return RowEvidence(Status.INDETERMINATE, reason=f"tombstone not written: {exc}")
         finally:
-            self._row_close(conn)
+            self._abandon(conn)
         stamp = dict(zip(ROW_STAMP_COLUMNS, found, strict=True)) if found else None
         if inserted:
             return RowEvidence(Status.ABORTED_NOT_APPLIED, stamp=stamp,
@@ -322,45 +327,26 @@ class RowTarget(abc.ABC):
     def row_stamps_of_marque(self, marque_id: str) -> list[dict[str, Any]]:
         """Every row stamp of one marque, whatever its nonce (evidence, DESIGN §10): an
         Effect Set's executions leave row stamps only, never a nonce-level stamp."""
-        conn = self._row_read_open()
-        try:
-            if self._row_stamp_version(conn) < ROW_STAMPS_SINCE:
-                return []  # no Effect Set ever ran here: no row stamps to show
-            rows = self._row_exec(conn, self._p(
-                f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
-                "WHERE marque_id = ? ORDER BY nonce, created_at"), (marque_id,)).fetchall()
-        except Exception as exc:
-            raise self._row_translate(exc) from exc
-        finally:
-            self._row_close(conn)
-        return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]
+        return self._select_row_stamps("marque_id = ? ORDER BY nonce, created_at",
+                                       (marque_id,))
 
     def row_stamps_live(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
         """Row stamps a Pilot incarnation left, of marques live after a time (the
         continuity check, DESIGN §5: an Effect Set leaves no nonce-level stamp)."""
+        return self._select_row_stamps("incarnation = ? AND expires_at > ?",
+                                       (incarnation, live_after))
+
+    def _select_row_stamps(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """Row stamps matching ``where``; none where no Effect Set ever ran (no table yet)."""
         conn = self._row_read_open()
         try:
             if self._row_stamp_version(conn) < ROW_STAMPS_SINCE:
                 return []
             rows = self._row_exec(conn, self._p(
                 f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
-                "WHERE incarnation = ? AND expires_at > ?"), (incarnation, live_after)).fetchall()
+                f"WHERE {where}"), params).fetchall()
         except Exception as exc:
-            raise self._row_translate(exc) from exc
+            raise self._translate(exc) from exc
         finally:
-            self._row_close(conn)
-        return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]
-
-    def row_stamps_of(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
-        """Every row stamp one execution left (evidence and tests)."""
-        conn = self._row_read_open()
-        try:
-            rows = self._row_exec(conn, self._p(
-                f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
-                "WHERE marque_id = ? AND nonce = ? ORDER BY created_at"),
-                (marque_id, nonce)).fetchall()
-        except Exception as exc:
-            raise self._row_translate(exc) from exc
-        finally:
-            self._row_close(conn)
+            self._abandon(conn)
         return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]

@@ -168,6 +168,7 @@ class SqliteTarget(SqlTarget):
 
     def _abandon(self, conn: Any) -> None:
         try:
+            conn.set_progress_handler(None, 0)  # a row transaction's statement deadline
             conn.set_authorizer(None)
             if conn.in_transaction:
                 # A first-use stamp table rolls back with the transaction that made it.
@@ -399,23 +400,6 @@ class SqliteTarget(SqlTarget):
             conn.execute("COMMIT")
         except sqlite3.Error as exc:  # SQLite answered: the transaction did not commit
             raise self._translate(exc) from exc
-
-    def _row_close(self, conn: Any) -> None:
-        try:
-            conn.set_progress_handler(None, 0)
-            if conn.in_transaction:
-                self._stamps_ready = False  # a first-use stamp table rolls back with it
-                conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # closing the connection rolls back whatever is left
-        finally:
-            conn.close()
-
-    def _row_translate(self, exc: Exception) -> MarqueError:
-        return self._translate(exc)
-
-    def _row_is_unique_violation(self, exc: Exception) -> bool:
-        return self._is_unique_violation(exc)
 
     def _upsert_row(self, conn: Any, table: str, key: tuple[str, ...],
                     row: dict[str, Any], values: dict[str, Any]) -> str:
