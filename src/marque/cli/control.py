@@ -229,22 +229,12 @@ def effects_body(declaration_file: Path, targeted: tuple[str, ...]) -> dict[str,
     """The ``change`` of an Effect Set request: ``{effect_set: {declaration, inputs,
     strength}}``, every member's input read (relative to the declaration) and captured,
     and the whole set bound locally first, as the Harbourmaster will bind it."""
-    from marque.cli.effects import read_inputs
-    from marque.effects.declare import bind_files, parse_declaration_bytes
+    from marque.cli.effects import read_declared
     from marque.effects.preview import Strength
     from marque.effects.request import EffectSetSubmission
-    from marque.errors import EffectDeclarationInvalid
 
-    try:
-        raw = declaration_file.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"declaration {declaration_file}: {exc.strerror}") from exc
-    declaration = parse_declaration_bytes(raw)
-    unknown = sorted(set(targeted) - {m.effect_id for m in declaration.members})
-    if unknown:
-        raise EffectDeclarationInvalid(f"--targeted names no member {unknown[0]!r}",
-                                       detail={"rule": "targeted", "path": "--targeted"})
-    bound = bind_files(declaration, read_inputs(declaration_file, declaration, ()))
+    bound = read_declared(declaration_file, targeted)
+    declaration = bound.declaration
     submission = EffectSetSubmission(
         declaration, {m.declaration.effect_id: m.input for m in bound.members},
         {effect_id: Strength.TARGETED for effect_id in targeted})

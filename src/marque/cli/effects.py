@@ -46,6 +46,25 @@ def effects() -> None:
     """Effect Sets: preview rows, apply them row by row, read receipts, reconcile."""
 
 
+def read_declared(declaration_file: Path, targeted: tuple[str, ...],
+                  overrides: tuple[str, ...] = ()) -> Any:
+    """The declaration in ``declaration_file`` bound to its members' inputs (a
+    :class:`~marque.effects.declare.BoundEffectSet`); every ``--targeted`` member must be
+    one it declares."""
+    from marque.effects.declare import bind_files, parse_declaration_bytes
+
+    try:
+        raw = declaration_file.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"declaration {declaration_file}: {exc.strerror}") from exc
+    declaration = parse_declaration_bytes(raw)
+    unknown = sorted(set(targeted) - {m.effect_id for m in declaration.members})
+    if unknown:
+        raise EffectDeclarationInvalid(f"--targeted names no member {unknown[0]!r}",
+                                       detail={"rule": "targeted", "path": "--targeted"})
+    return bind_files(declaration, read_inputs(declaration_file, declaration, overrides))
+
+
 def read_inputs(declaration_file: Path, declaration: Any,
             overrides: tuple[str, ...]) -> dict[str, tuple[bytes, str]]:
     """Each member's input file (its ``input``, relative to the declaration, or an
@@ -89,7 +108,6 @@ def preview(home: Path, declaration_file: Path, target: str, inputs: tuple[str, 
 
     Nothing is claimed, stamped or spent. Prints the preview object.
     """
-    from marque.effects.declare import bind_files, parse_declaration_bytes
     from marque.effects.preview import Strength
     from marque.effects.request import EffectPreviewRequest, run_identity_cid
     from marque.harbour.identity import (
@@ -100,16 +118,8 @@ def preview(home: Path, declaration_file: Path, target: str, inputs: tuple[str, 
     )
     from marque.pilot import open_pilot
 
-    try:
-        raw = declaration_file.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"declaration {declaration_file}: {exc.strerror}") from exc
-    declaration = parse_declaration_bytes(raw)
-    unknown = sorted(set(targeted) - {m.effect_id for m in declaration.members})
-    if unknown:
-        raise EffectDeclarationInvalid(f"--targeted names no member {unknown[0]!r}",
-                                       detail={"rule": "targeted", "path": "--targeted"})
-    bound = bind_files(declaration, read_inputs(declaration_file, declaration, inputs))
+    bound = read_declared(declaration_file, targeted, inputs)
+    declaration = bound.declaration
     request_id = check_request_id(request_id) if request_id else new_request_id()
     pilot = open_pilot(home, recover=False)
     try:
