@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -409,6 +410,35 @@ class JoinedBank:
     def stop(self) -> None:
         self.bank.stop()
         self.server.stop()
+
+
+def execute_marque(pilot_url: str, holder_key: Path, marque: str,
+                   nonce: str) -> dict[str, Any]:
+    """POST the marque (with a proof by the key in ``holder_key``) to the Pilot's
+    /v1/executions, which must answer 200; the outcome line."""
+    from marque.token import make_proof
+
+    holder = json.loads(holder_key.read_text())
+    proof = make_proof(holder, marque, nonce=nonce, pilot_id="p1")
+    with httpx.stream("POST", f"{pilot_url}/v1/executions", timeout=60,
+                      json={"marque": marque, "nonce": nonce, "proof": proof}) as streamed:
+        assert streamed.status_code == 200, streamed.read()
+        events = [json.loads(line) for line in streamed.iter_lines() if line.strip()]
+    outcome: dict[str, Any] = events[-1]["outcome"]
+    return outcome
+
+
+def wait_for_request(call: Callable[..., httpx.Response], rq: str, token: str,
+                     ready: Callable[[dict[str, Any]], Any],
+                     seconds: float) -> dict[str, Any]:
+    """``GET /v1/requests/{rq}`` (through ``call``, as ``token``) every 0.2 s until
+    ``ready`` says yes or ``seconds`` have passed; the last body shown."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shown: dict[str, Any] = call("GET", f"/v1/requests/{rq}", token).json()
+        if ready(shown) or time.monotonic() > deadline:
+            return shown
+        time.sleep(0.2)
 
 
 #: An Effect Set that tops up three of `bank`'s accounts (1 and 2 exist; tests add 3).

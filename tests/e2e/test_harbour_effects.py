@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from e2e_support import Result, run_cli
 from harbour_support import (
@@ -26,11 +24,13 @@ from harbour_support import (
     TOPUP_ROWS,
     JoinedBank,
     cli_env,
+    execute_marque,
+    wait_for_request,
 )
 
 from marque.change import EffectSetChange
 from marque.harbour.routing import BOOTSTRAP_PROFILE_TOML
-from marque.token import make_proof, unverified_claims
+from marque.token import unverified_claims
 
 DECLARATION, ROWS = TOPUP_DECLARATION, TOPUP_ROWS
 
@@ -91,23 +91,11 @@ def set_balances(stack: Stack, balances: dict[int, int]) -> None:
 
 def execute(stack: Stack, marque: str, nonce: str) -> dict[str, Any]:
     """POST the marque to the Pilot's /v1/executions; the outcome line."""
-    holder = json.loads(stack.bank.holder_key.read_text())
-    proof = make_proof(holder, marque, nonce=nonce, pilot_id="p1")
-    with httpx.stream("POST", f"{stack.bank.url}/v1/executions", timeout=60,
-                      json={"marque": marque, "nonce": nonce, "proof": proof}) as streamed:
-        assert streamed.status_code == 200, streamed.read()
-        events = [json.loads(line) for line in streamed.iter_lines() if line.strip()]
-    outcome: dict[str, Any] = events[-1]["outcome"]
-    return outcome
+    return execute_marque(stack.bank.url, stack.bank.holder_key, marque, nonce)
 
 
 def wait_for(stack: Stack, rq: str, ready: Any, seconds: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
-        shown: dict[str, Any] = stack.call("GET", f"/v1/requests/{rq}", stack.alice).json()
-        if ready(shown) or time.monotonic() > deadline:
-            return shown
-        time.sleep(0.2)
+    return wait_for_request(stack.call, rq, stack.alice, ready, seconds)
 
 
 def test_an_effect_set_request_is_delegated_previewed_approved_applied_and_verified(

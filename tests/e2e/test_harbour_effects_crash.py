@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from harbour_support import (
     JoinedBank,
     cli_env,
     cli_json,
+    wait_for_request,
 )
 
 from marque.token import make_proof, unverified_claims
@@ -67,12 +67,7 @@ def crash_stack(tmp_path: Path) -> Iterator[CrashStack]:
 
 
 def _wait(stack: CrashStack, rq: str, ready: Any, seconds: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
-        shown: dict[str, Any] = stack.call("GET", f"/v1/requests/{rq}", stack.alice).json()
-        if ready(shown) or time.monotonic() > deadline:
-            return shown
-        time.sleep(0.2)
+    return wait_for_request(stack.call, rq, stack.alice, ready, seconds)
 
 
 def test_a_pilot_killed_mid_set_reconciles_on_restart_and_the_request_shows_the_settled_rows(

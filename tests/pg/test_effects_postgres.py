@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,22 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import MARQUE, Harbour, HarbourServer, cli_env, cli_json
+from e2e.harbour_support import (
+    MARQUE,
+    Harbour,
+    HarbourServer,
+    cli_env,
+    cli_json,
+    execute_marque,
+    wait_for_request,
+)
 from effects_world import EffectWorld, build_effect_world, member
 from pgproxy import PgProxy
 
 from marque.change import EffectSetChange
 from marque.pilot import open_pilot
 from marque.pilot.setup import add_target
-from marque.token import make_proof, unverified_claims
+from marque.token import unverified_claims
 
 WRITE_LOG = """
 CREATE TABLE item_writes (id INTEGER NOT NULL, op TEXT NOT NULL, qty INTEGER);
@@ -259,14 +266,7 @@ class PgStack:
 
     def execute(self, marque: str, nonce: str) -> dict[str, Any]:
         """POST the marque to the Pilot's /v1/executions; the outcome line."""
-        holder = json.loads(self.holder_key.read_text())
-        proof = make_proof(holder, marque, nonce=nonce, pilot_id="p1")
-        with httpx.stream("POST", f"{self.pilot_url}/v1/executions", timeout=60,
-                          json={"marque": marque, "nonce": nonce, "proof": proof}) as streamed:
-            assert streamed.status_code == 200, streamed.read()
-            events = [json.loads(line) for line in streamed.iter_lines() if line.strip()]
-        outcome: dict[str, Any] = events[-1]["outcome"]
-        return outcome
+        return execute_marque(self.pilot_url, self.holder_key, marque, nonce)
 
     def stop(self) -> None:
         if self.pilot.poll() is None:
@@ -433,9 +433,4 @@ def test_an_effect_set_request_on_a_postgres_harbourmaster_store_keeps_its_recei
 
 
 def _wait(stack: PgStack, rq: str, ready: Any, seconds: float = 20) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while True:
-        shown: dict[str, Any] = stack.call("GET", f"/v1/requests/{rq}", stack.alice).json()
-        if ready(shown) or time.monotonic() > deadline:
-            return shown
-        time.sleep(0.2)
+    return wait_for_request(stack.call, rq, stack.alice, ready, seconds)
