@@ -446,3 +446,19 @@ TOPUP_DECLARATION = {"version": "marque-effect-set/0.1", "members": [
     {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
      "failure_policy": "halt", "max_items": 10}]}
 TOPUP_ROWS = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "balance": 350}]
+
+
+def effect_body(rows: list[dict[str, Any]], *, request_id: str,
+                declaration: dict[str, Any] | None = None,
+                inputs: dict[str, Any] | None = None, max_rows: int = 10) -> dict[str, Any]:
+    """A POST /v1/requests body for an Effect Set against `bank` (by default a
+    :data:`TOPUP_DECLARATION` of ``rows``)."""
+    declared = declaration or TOPUP_DECLARATION
+    if inputs is None:
+        columns = sorted(rows[0]) if rows else ["balance", "id"]
+        inputs = {"topup": {"version": "marque-effect-input/0.1", "columns": columns,
+                            "rows": rows}}
+    return {"request_id": request_id, "pilot_id": "p1", "target": "bank",
+            "change": {"effect_set": {"declaration": declared, "inputs": inputs}},
+            "budget": {"executions": 1, "max_rows": max_rows}, "ttl_seconds": 600,
+            "reason": "top up three accounts"}

@@ -24,6 +24,7 @@ from harbour_support import (
     TOPUP_ROWS,
     JoinedBank,
     cli_env,
+    effect_body,
     execute_marque,
     wait_for_request,
 )
@@ -64,21 +65,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
     finally:
         running.stop()
-
-
-def effect_body(rows: list[dict[str, Any]], *, request_id: str,
-                declaration: dict[str, Any] | None = None,
-                inputs: dict[str, Any] | None = None, max_rows: int = 10) -> dict[str, Any]:
-    """A POST /v1/requests body for an Effect Set against `bank`."""
-    declared = declaration or DECLARATION
-    if inputs is None:
-        columns = sorted(rows[0]) if rows else ["balance", "id"]
-        inputs = {"topup": {"version": "marque-effect-input/0.1", "columns": columns,
-                            "rows": rows}}
-    return {"request_id": request_id, "pilot_id": "p1", "target": "bank",
-            "change": {"effect_set": {"declaration": declared, "inputs": inputs}},
-            "budget": {"executions": 1, "max_rows": max_rows}, "ttl_seconds": 600,
-            "reason": "top up three accounts"}
 
 
 def set_balances(stack: Stack, balances: dict[int, int]) -> None:

@@ -22,18 +22,18 @@ import httpx
 import pytest
 from e2e_support import run_cli
 from harbour_support import (
-    TOPUP_DECLARATION,
     TOPUP_ROWS,
     HarbourServer,
     JoinedBank,
     cli_env,
     cli_json,
+    effect_body,
     wait_for_request,
 )
 
 from marque.token import make_proof, unverified_claims
 
-DECLARATION, ROWS = TOPUP_DECLARATION, TOPUP_ROWS
+ROWS = TOPUP_ROWS
 
 
 class CrashStack(JoinedBank):
@@ -78,12 +78,7 @@ def test_a_pilot_killed_mid_set_reconciles_on_restart_and_the_request_shows_the_
     sealed, Run failed), exactly as the Pilot's own ledger says."""
     stack = crash_stack
     stack.start_pilot(crash_at="after_commit@2")
-    body = {"request_id": "crash-1", "pilot_id": "p1", "target": "bank",
-            "change": {"effect_set": {"declaration": DECLARATION, "inputs": {"topup": {
-                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
-                "rows": ROWS}}}},
-            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
-            "reason": "top up three accounts"}
+    body = effect_body(ROWS, request_id="crash-1")
     request = stack.call("POST", "/v1/requests", stack.alice, json=body).json()
     assert request["state"] == "awaiting_approval", request
     approved = stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob,
@@ -144,12 +139,7 @@ def test_a_row_left_unknown_at_restart_is_reported_then_settled_by_a_later_repor
     the settled row states."""
     stack = crash_stack
     stack.start_pilot(crash_at="after_commit@2")
-    body = {"request_id": "crash-2", "pilot_id": "p1", "target": "bank",
-            "change": {"effect_set": {"declaration": DECLARATION, "inputs": {"topup": {
-                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
-                "rows": ROWS}}}},
-            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
-            "reason": "top up three accounts"}
+    body = effect_body(ROWS, request_id="crash-2")
     request = stack.call("POST", "/v1/requests", stack.alice, json=body).json()
     stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob, json={})
     token = stack.call("GET", f"/v1/requests/{request['id']}/marque", stack.alice).json()[
@@ -206,12 +196,7 @@ def test_an_effect_set_whose_ledger_was_wiped_is_verified_from_its_row_stamps(
     Effect Set leaves no nonce-level stamp — settle it verified, never expired."""
     stack = crash_stack
     stack.start_pilot()
-    body = {"request_id": "wiped-1", "pilot_id": "p1", "target": "bank",
-            "change": {"effect_set": {"declaration": DECLARATION, "inputs": {"topup": {
-                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
-                "rows": ROWS}}}},
-            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
-            "reason": "top up three accounts"}
+    body = effect_body(ROWS, request_id="wiped-1")
     request = stack.call("POST", "/v1/requests", stack.alice, json=body).json()
     approved = stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob,
                           json={"reason": "as shown"})
