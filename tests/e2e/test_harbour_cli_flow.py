@@ -24,7 +24,16 @@ from typing import Any
 
 import pytest
 from e2e_support import Result, run_cli
-from harbour_support import DEBIT, MARQUE, Harbour, HarbourServer, PilotBank, cli_env, cli_json
+from harbour_support import (
+    DEBIT,
+    MARQUE,
+    Harbour,
+    HarbourServer,
+    PilotBank,
+    cli_env,
+    cli_json,
+    free_port,
+)
 
 
 def cli(*args: Any, token: str | None = None, harbour: str | None = None,
@@ -36,13 +45,6 @@ def cli(*args: Any, token: str | None = None, harbour: str | None = None,
     if token is not None:
         env["MARQUE_TOKEN"] = token
     return run_cli(*args, env=env, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 class Stack:

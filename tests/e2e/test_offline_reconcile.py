@@ -11,7 +11,6 @@ reached it — the request stayed `prepared` although its marque had applied.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -26,15 +25,9 @@ from harbour_support import (
     PilotBank,
     cli_env,
     cli_json,
+    free_port,
     request_body,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def _cli(*args: Any) -> subprocess.CompletedProcess[str]:
@@ -64,7 +57,7 @@ def test_exec_and_reconcile_on_a_joined_home_keep_reports_for_the_harbourmaster(
     port = int(server.url.rsplit(":", 1)[1])
     try:
         cli_json("pilot", "join", "--home", bank.home, "--harbour", server.url, "--token",
-                 pilot_token, "--url", f"http://127.0.0.1:{_free_port()}")
+                 pilot_token, "--url", f"http://127.0.0.1:{free_port()}")
         made = server.call("POST", "/v1/requests", harbour.tokens["alice"],
                            json=request_body(READ, request_id="read-1"))
         assert made.status_code == 201, made.text

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import socket
 import sqlite3
 import stat
 import subprocess
@@ -36,6 +35,7 @@ from harbour_support import (
     PilotServe,
     cli_env,
     cli_json,
+    free_port,
     request_body,
 )
 
@@ -44,14 +44,6 @@ from marque.pilot.config import PilotConfig
 from marque.token import make_proof, new_key
 
 PILOT = "p1"
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,6 @@ resent" is the target's own record, not the Pilot's word.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from e2e.harbour_support import (
     cli_env,
     cli_json,
     execute_marque,
+    free_port,
     wait_for_request,
 )
 from effects_world import EffectWorld, build_effect_world, member
@@ -243,7 +243,7 @@ class PgStack:
         cli_json("pilot", "init", "--home", self.home, "--pilot-id", "p1")
         cli_json("pilot", "trust", "--home", self.home, self.harbour.issuer_key)
         cli_json("pilot", "target", "add", "--home", self.home, "bank", dsn)
-        port = _free_port()
+        port = free_port()
         cli_json("pilot", "join", "--home", self.home, "--harbour", self.server.url,
                  "--token", pilot_token, "--url", f"http://127.0.0.1:{port}")
         self.pilot = subprocess.Popen(
@@ -276,13 +276,6 @@ class PgStack:
             if stream is not None:
                 stream.close()
         self.server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sqlite3
 import subprocess
 import time
@@ -39,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from e2e.harbour_support import Harbour, HarbourServer, routing_toml
+from e2e.harbour_support import Harbour, HarbourServer, free_port, routing_toml
 
 from marque.token import public_jwk
 from soak.harness import finish, invoke
@@ -58,13 +57,6 @@ DRAIN_SECONDS = 180.0
 RECONCILE_SHARE = 0.25
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 class Harbourmaster:
     """A harbour home and its ``harbour serve``, started and stopped on one port."""
 
@@ -74,7 +66,7 @@ class Harbourmaster:
         holder = root / "holder.pub.jwk"
         holder.write_text(json.dumps(public_jwk(world.holder)))
         self.token = self.harbour.add(REQUESTER, "requester", key=holder)
-        self.port = _free_port()
+        self.port = free_port()
         self.server: HarbourServer | None = None
         self.up_seconds = 0.0
         self.down_seconds = 0.0
@@ -255,7 +247,7 @@ def run(ctx: RunContext) -> ScenarioResult:
     """Rounds of ROUND marques: issued while up, run a quarter up and the rest down."""
     world = SoakWorld(ctx.workdir / "world")
     master = Harbourmaster(ctx.workdir, world)
-    pilot_port = _free_port()
+    pilot_port = free_port()
     master.start()
     joined = subprocess.run(
         [str(MARQUE), "pilot", "join", "--home", str(world.home), "--harbour", master.url,
