@@ -8,7 +8,11 @@ are signed with real Ed25519 keys.
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,3 +176,38 @@ def member(effect_id: str, kind: str, *, policy: str = "halt", key: tuple[str, .
     """A declaration member on ``items``."""
     return {"effect_id": effect_id, "kind": kind, "table": "items", "key": list(key),
             "failure_policy": policy, "max_items": max_items}
+
+
+#: A child process's script: open the Pilot home ``argv[1]`` and execute the marque in
+#: file ``argv[2]`` with a proof by the holder key in file ``argv[3]``, nonce ``argv[4]``.
+_CRASHING_APPLY = """
+import json, sys
+from marque.pilot import open_pilot
+from marque.token import make_proof
+home, token_file, holder_file, nonce = sys.argv[1:]
+pilot = open_pilot(home)
+token = open(token_file).read()
+proof = make_proof(json.load(open(holder_file)), token, nonce=nonce, pilot_id=pilot.pilot_id)
+pilot.execute(token, proof, nonce)
+"""
+
+
+def apply_killed_after_row_2(world: EffectWorld,
+                             tmp_path: Path) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Issue an update of ``fix`` (rows 1, 2, 3 → qty 11, 22, 33), close the world's Pilot,
+    and apply the marque (nonce ``n-1``) in a child process that ``MARQUE_CRASH_AT=
+    after_commit@2`` kills right after row 2 committed; the marque and the finished child."""
+    preview = world.preview([member("fix", "update")],
+                            {"fix": [{"id": 1, "qty": 11}, {"id": 2, "qty": 22},
+                                     {"id": 3, "qty": 33}]})
+    token = world.issue(preview.effect_preview_cid)
+    world.pilot.close()
+    token_file, holder_file = tmp_path / "marque.jws", tmp_path / "holder.jwk"
+    token_file.write_text(token)
+    holder_file.write_text(json.dumps(world.holder))
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MARQUE_CRASH_AT": "after_commit@2", "PYTHONPATH": str(root / "src")}
+    done = subprocess.run([sys.executable, "-c", _CRASHING_APPLY, str(world.home),
+                           str(token_file), str(holder_file), "n-1"], env=env, timeout=60,
+                          capture_output=True, text=True)
+    return token, done

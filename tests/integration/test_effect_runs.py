@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from effects_world import EffectWorld, build_effect_world, member, seed_target
+from effects_world import (
+    EffectWorld,
+    apply_killed_after_row_2,
+    build_effect_world,
+    member,
+    seed_target,
+)
 
 from marque.outcome import Outcome
 from marque.pilot import open_pilot
@@ -165,42 +171,13 @@ def test_a_resume_whose_target_now_points_elsewhere_fails_revalidation_and_sends
     assert copy.items()[1] == ("anchor", 5) and copy.row_stamps() == []
 
 
-_CRASHING_APPLY = """
-import json, sys
-from marque.pilot import open_pilot
-from marque.token import make_proof
-home, token_file, holder_file, nonce = sys.argv[1:]
-pilot = open_pilot(home)
-token = open(token_file).read()
-proof = make_proof(json.load(open(holder_file)), token, nonce=nonce, pilot_id=pilot.pilot_id)
-pilot.execute(token, proof, nonce)
-"""
-
-
 def test_recovery_writes_no_tombstone_where_the_target_now_points_elsewhere(
         world: EffectWorld, tmp_path: Path) -> None:
     """Killed right after row 2 committed; before the restart `shop` is pointed at another
     database. Recovery would prove row 2 'never applied' with a tombstone there: it writes
     none, row 2 stays unknown and the Run needs reconciliation. Pointed back, the next
     recovery settles row 2 applied from its own stamp."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    preview = world.preview([member("fix", "update")],
-                            {"fix": [{"id": 1, "qty": 11}, {"id": 2, "qty": 22},
-                                     {"id": 3, "qty": 33}]})
-    token = world.issue(preview.effect_preview_cid)
-    world.pilot.close()
-    token_file, holder_file = tmp_path / "marque.jws", tmp_path / "holder.jwk"
-    token_file.write_text(token)
-    holder_file.write_text(json.dumps(world.holder))
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "MARQUE_CRASH_AT": "after_commit@2", "PYTHONPATH": str(root / "src")}
-    done = subprocess.run([sys.executable, "-c", _CRASHING_APPLY, str(world.home),
-                           str(token_file), str(holder_file), "n-1"], env=env, timeout=60,
-                          capture_output=True, text=True)
+    token, done = apply_killed_after_row_2(world, tmp_path)
     assert done.returncode == -9, done.stderr
     other = tmp_path / "other.db"
     seed_target(f"sqlite:///{other}")

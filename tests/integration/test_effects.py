@@ -8,22 +8,16 @@ once per target engine (``shop`` is a real SQLite file or PostgreSQL database).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from effects_world import EffectWorld, build_effect_world, member
+from effects_world import EffectWorld, apply_killed_after_row_2, build_effect_world, member
 
 from marque.effects.preview import verify_preview
 from marque.errors import EffectPreviewInvalid, StalePreview
 from marque.outcome import Status
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -195,40 +189,12 @@ def test_more_rows_than_max_rows_dispatches_nothing(world: EffectWorld) -> None:
     assert world.row_stamps() == []
 
 
-_CRASHING_APPLY = textwrap.dedent("""
-    import sys
-    from marque.pilot import open_pilot
-    from marque.token import make_proof
-    import json
-    home, token_file, holder_file, nonce = sys.argv[1:]
-    pilot = open_pilot(home)
-    token = open(token_file).read()
-    holder = json.load(open(holder_file))
-    proof = make_proof(holder, token, nonce=nonce, pilot_id=pilot.pilot_id)
-    pilot.execute(token, proof, nonce)
-""")
-
-
 def test_a_pilot_killed_between_rows_never_resends_and_reconciles_from_the_stamp(
         world: EffectWorld, tmp_path: Path) -> None:
     """SIGKILL right after row 2 committed (before the dispatch ledger knew): on restart,
     row 1 is not resent, row 2 is reconciled applied from its row stamp by a chained
     reconciliation receipt, row 3 stays unattempted, and the receipts are complete."""
-    import json
-
-    preview = world.preview([member("fix", "update")],
-                            {"fix": [{"id": 1, "qty": 11}, {"id": 2, "qty": 22},
-                                     {"id": 3, "qty": 33}]})
-    token = world.issue(preview.effect_preview_cid)
-    world.pilot.close()
-    token_file, holder_file = tmp_path / "marque.jws", tmp_path / "holder.jwk"
-    token_file.write_text(token)
-    holder_file.write_text(json.dumps(world.holder))
-    env = {**os.environ, "MARQUE_CRASH_AT": "after_commit@2",
-           "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-c", _CRASHING_APPLY, str(world.home),
-                           str(token_file), str(holder_file), "n-1"], env=env, timeout=60,
-                          capture_output=True, text=True)
+    token, done = apply_killed_after_row_2(world, tmp_path)
     assert done.returncode == -9, done.stderr
     assert {k: v[1] for k, v in world.items().items()} == {1: 11, 2: 22, 3: 9}
     world.pilot = __import__("marque.pilot", fromlist=["open_pilot"]).open_pilot(world.home)
