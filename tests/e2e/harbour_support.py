@@ -450,7 +450,8 @@ TOPUP_ROWS = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "b
 
 def effect_body(rows: list[dict[str, Any]], *, request_id: str,
                 declaration: dict[str, Any] | None = None,
-                inputs: dict[str, Any] | None = None, max_rows: int = 10) -> dict[str, Any]:
+                inputs: dict[str, Any] | None = None, max_rows: int = 10,
+                reason: str = "top up three accounts") -> dict[str, Any]:
     """A POST /v1/requests body for an Effect Set against `bank` (by default a
     :data:`TOPUP_DECLARATION` of ``rows``)."""
     declared = declaration or TOPUP_DECLARATION
@@ -461,4 +462,4 @@ def effect_body(rows: list[dict[str, Any]], *, request_id: str,
     return {"request_id": request_id, "pilot_id": "p1", "target": "bank",
             "change": {"effect_set": {"declaration": declared, "inputs": inputs}},
             "budget": {"executions": 1, "max_rows": max_rows}, "ttl_seconds": 600,
-            "reason": "top up three accounts"}
+            "reason": reason}

@@ -26,10 +26,12 @@ import psycopg
 import pytest
 from e2e.harbour_support import (
     MARQUE,
+    TOPUP_ROWS,
     Harbour,
     HarbourServer,
     cli_env,
     cli_json,
+    effect_body,
     execute_marque,
     free_port,
     wait_for_request,
@@ -293,16 +295,7 @@ def test_an_effect_set_request_on_a_postgres_target_is_routed_previewed_approved
     previewed row by row from the database, approved, issued naming the effect_preview_cid,
     applied with one committed write and one row stamp per row, and verified with its set
     receipt in GET /v1/requests/{id}."""
-    declaration = {"version": "marque-effect-set/0.1", "members": [
-        {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
-         "failure_policy": "halt", "max_items": 10}]}
-    rows = [{"id": 1, "balance": 150}, {"id": 2, "balance": 250}, {"id": 3, "balance": 350}]
-    body = {"request_id": "pg-topup-1", "pilot_id": "p1", "target": "bank",
-            "change": {"effect_set": {"declaration": declaration, "inputs": {"topup": {
-                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
-                "rows": rows}}}},
-            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
-            "reason": "top up three accounts"}
+    body = effect_body(TOPUP_ROWS, request_id="pg-topup-1")
     answer = pg_stack.call("POST", "/v1/requests", pg_stack.alice, json=body)
     assert answer.status_code == 201, answer.text
     request = answer.json()
@@ -374,15 +367,8 @@ def test_an_effect_set_request_on_a_postgres_harbourmaster_store_keeps_its_recei
     store = json.loads((stack.harbour.home / "harbour.json").read_text())["store"]
     assert store.startswith("postgresql://")
     assert not list(stack.harbour.home.glob("*.sqlite3"))  # nothing of the store in the home
-    declaration = {"version": "marque-effect-set/0.1", "members": [
-        {"effect_id": "topup", "kind": "update", "table": "accounts", "key": ["id"],
-         "failure_policy": "halt", "max_items": 10}]}
-    body = {"request_id": "pg-store-1", "pilot_id": "p1", "target": "bank",
-            "change": {"effect_set": {"declaration": declaration, "inputs": {"topup": {
-                "version": "marque-effect-input/0.1", "columns": ["balance", "id"],
-                "rows": [{"id": 1, "balance": 110}, {"id": 3, "balance": 330}]}}}},
-            "budget": {"executions": 1, "max_rows": 10}, "ttl_seconds": 600,
-            "reason": "two rows"}
+    body = effect_body([{"id": 1, "balance": 110}, {"id": 3, "balance": 330}],
+                       request_id="pg-store-1", reason="two rows")
     answer = stack.call("POST", "/v1/requests", stack.alice, json=body)
     assert answer.status_code == 201, answer.text
     request = answer.json()
