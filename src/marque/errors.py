@@ -214,6 +214,10 @@ class Conflict(UsageError, code="conflict"):
     http_status = 409
 
 
+class TargetUnsettled(Conflict, code="target_unsettled"):
+    """A rebinding refused: attempts on the name are unsettled in the database it left."""
+
+
 # -- refusals: nothing claimed, no budget spent -------------------------------
 
 
@@ -245,6 +249,10 @@ class WrongIncarnation(Refusal, code="wrong_incarnation"):
 
 class UnknownTarget(Refusal, code="unknown_target"):
     pass
+
+
+class TargetReplaced(Refusal, code="target_replaced"):
+    """The target name points at another database than the ledger bound it to."""
 
 
 class PopMissing(Refusal, code="pop_missing"):

@@ -132,15 +132,16 @@ def test_a_paused_run_resumes_on_the_next_attempt_and_succeeds(world: EffectWorl
 
 def test_a_resume_whose_target_now_points_elsewhere_fails_revalidation_and_sends_nothing(
         world: EffectWorld, tmp_path: Path) -> None:
-    """Between the attempts `shop` is pointed at another database with the same table: the
-    next attempt's resume revalidation fails (environment binding), the Run ends failed
-    with ACTQL_E_RESUME_REVALIDATION_FAILED, and neither database gets a row — nor does a
+    """Between the attempts `shop` is pointed at a copy of its database in another file
+    (the same target identity, so not refused as ``target_replaced``): the next attempt's
+    resume revalidation fails (environment binding), the Run ends failed with
+    ACTQL_E_RESUME_REVALIDATION_FAILED, and neither database gets a row — nor does a
     further attempt once `shop` points back."""
     preview = world.preview([member("bump", "update")], ROWS)
     token = world.issue(preview.effect_preview_cid, attempts=4)
     assert _run_with_target_gone(world, token, "n-1").status == "aborted_not_applied"
     other = tmp_path / "other.db"
-    seed_target(f"sqlite:///{other}")
+    shutil.copy(world.dsn.removeprefix("sqlite:///"), other)
     world.pilot.close()
     add_target(world.home, "shop", f"sqlite:///{other}")
     world.pilot = open_pilot(world.home)

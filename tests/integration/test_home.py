@@ -475,6 +475,9 @@ def test_show_pilot_names_what_the_next_command_needs_with_secrets_redacted(env:
         "ledger": f"sqlite:///{env.home.resolve() / 'ledger.sqlite3'}",
         "targets": {"bank": f"sqlite:///{env.bank_path}",
                     "pg": "postgresql://marque:***@db.example:5433/prod"},
+        # Bound at start, to the identity its stamp table holds; `pg` was never reached.
+        "target_bindings": {"bank": {"target_id": env.pilot.target_ids["bank"],
+                                     "location": str(env.bank_path)}},
         "issuers": [env.issuer["kid"]],
         "settings": Settings().to_dict(),
     }

@@ -39,12 +39,33 @@ def _attempt(change: Change) -> TargetAttempt:
                          statement_timeout_ms=5_000)
 
 
+def _as_before_marque_ran_here(env: Env) -> sqlite3.Connection:
+    """Close the Pilot and take the bank back to before any Marque touched it: no stamp
+    tables (start-up made them, identity and all) and no binding in the ledger. The caller
+    builds an older stamp table on the connection returned."""
+    with env.pilot.ledger.transaction() as tx:
+        tx.execute("DELETE FROM target_bindings")
+    env.pilot.close()
+    conn = sqlite3.connect(env.bank_path, isolation_level=None)
+    for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                 "AND name LIKE 'marque%'").fetchall():
+        conn.execute(f"DROP TABLE {table}")
+    return conn
+
+
 # -- the stamp table: one definition, versioned ----------------------------------------------
 
 
 def test_a_new_target_gets_the_current_stamp_table_and_its_version_row(env: Env) -> None:
-    """The first execution creates the stamp table at the current version and records it."""
+    """Start-up creates the stamp table at the current version, records it, and gives the
+    target its identity, which the ledger binds the name to."""
     assert env.run(env.issue([DEBIT_1]), "n-1").status == "applied"
+
+    [(target_id,)] = _bank_rows(env, "SELECT target_id FROM marque_target_identity")
+    assert target_id.startswith("tgt_") and len(target_id) == 36
+    binding = env.pilot.ledger.target_binding("bank")
+    assert binding is not None and (binding.target_id, binding.location) == (
+        target_id, str(env.bank_path))
 
     assert _bank_rows(env, "SELECT component, version FROM marque_versions") == [
         ("stamps", VERSION)]
@@ -59,8 +80,7 @@ def test_a_new_target_gets_the_current_stamp_table_and_its_version_row(env: Env)
 def test_a_version_1_stamp_table_is_upgraded_in_place_and_keeps_its_stamps(env: Env) -> None:
     """A DESIGN §3 stamp table (version 1, no version row) is migrated forward at start-up;
     its existing stamps survive, and fencing works on the upgraded table."""
-    env.pilot.close()
-    conn = sqlite3.connect(env.bank_path, isolation_level=None)
+    conn = _as_before_marque_ran_here(env)
     try:
         for statement in SQLITE_MIGRATIONS[0]:
             conn.execute(statement)
@@ -91,8 +111,7 @@ def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_ro
     """A version-3 stamp table (row stamps without their live index) is migrated to the
     current version at start-up: the ``(incarnation, expires_at)`` index exists and the
     row stamps it held survive, read by the continuity query."""
-    env.pilot.close()
-    conn = sqlite3.connect(env.bank_path, isolation_level=None)
+    conn = _as_before_marque_ran_here(env)
     try:
         for statements in SQLITE_MIGRATIONS[:3]:
             for statement in statements:
@@ -112,7 +131,7 @@ def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_ro
 
     env.reopen()  # start-up reads the target's stamps, upgrading the table first
 
-    assert VERSION == 4
+    assert VERSION == 5
     assert _bank_rows(env, "SELECT component, version FROM marque_versions") == [
         ("stamps", VERSION)]
     assert _bank_rows(env, live) == [("marque_row_stamps_live",)]
@@ -131,7 +150,7 @@ def test_a_stamp_table_newer_than_the_pilot_is_refused_before_anything_is_sent(
     """A stamp table a newer Marque upgraded is target_unavailable: nothing runs, no stamp;
     the same nonce runs as the next attempt once the table is one this Pilot knows."""
     token = env.issue([DEBIT_1], executions=1)
-    conn = sqlite3.connect(env.bank_path, isolation_level=None)
+    conn = _as_before_marque_ran_here(env)
     try:
         conn.execute("BEGIN IMMEDIATE")
         for statements in SQLITE_MIGRATIONS:

@@ -405,7 +405,7 @@ def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_ro
 
     assert world.execute(token, "n-1").status == "applied"
 
-    assert VERSION == 4
+    assert VERSION == 5
     with psycopg.connect(world.target_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT component, version FROM marque.versions").fetchall() == [
             ("stamps", VERSION)]
@@ -413,6 +413,8 @@ def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_ro
                             "AND indexname = 'row_stamps_live'").fetchone() == (1,)
         assert conn.execute("SELECT marque_id, kind FROM marque.row_stamps").fetchall() == [
             ("mq_old", "applied")]
+        [(target_id,)] = conn.execute("SELECT target_id FROM marque.target_identity").fetchall()
+    assert target_id.startswith("tgt_")
     assert world.balances() == {**START, 1: 90}
 
 

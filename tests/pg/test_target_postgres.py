@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 
 from marque.errors import MaxRowsExceeded, StatementError
+from marque.outcome import Status
 from marque.target.base import STAMP_TOMBSTONE, StampConflict, TargetAttempt
 from marque.target.postgres import PostgresTarget
 from marque.token import Change, Guard, Statement
@@ -97,12 +99,30 @@ def test_a_stamp_conflict_stops_the_statement_before_it_runs(target: PostgresTar
 
 
 def test_a_later_attempt_replaces_an_older_tombstone_and_applies(target: PostgresTarget):
-    target.reconcile(_run(Change((Statement(PROBE),))))  # attempt 1 tombstoned
+    tombstoned = target.reconcile(replace(_run(Change((Statement(PROBE),))),
+                                          target_id=target.identity()))
+    assert tombstoned.status is Status.ABORTED_NOT_APPLIED  # attempt 1 tombstoned
     applied, events = _execute(target, _run(Change((Statement(PROBE),)), attempt=2))
     assert applied.rows_affected == 1
     assert _stamps(target) == [("n-1", 2, "applied", 1)]
     # A later attempt's stamp goes alone: the fence is checked before the statement starts.
     assert events[:2] == ["fence_checked", "statement_started"]
+
+
+def test_reconciliation_writes_no_tombstone_in_a_database_of_another_identity(
+        target: PostgresTarget):
+    """The stamp table carries the database's identity; a tombstone for an attempt sent to
+    another identity (or to one not known) is never written: the attempt stays unknown."""
+    identity = target.identity()
+    assert identity.startswith("tgt_") and target.identity() == identity
+    assert _query(target, "SELECT target_id FROM marque.target_identity") == [(identity,)]
+
+    for sent_to in ("tgt_elsewhere", None):
+        evidence = target.reconcile(replace(_run(Change((Statement(PROBE),))),
+                                            target_id=sent_to))
+        assert evidence.status is Status.INDETERMINATE
+        assert evidence.reason.startswith("target_replaced:")
+    assert _stamps(target) == []
 
 
 def test_a_guard_before_keeps_the_stamp_alone(target: PostgresTarget):

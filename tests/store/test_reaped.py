@@ -117,7 +117,7 @@ def test_stats_of_a_ledger_with_no_live_marque_has_no_next_reap(ledger: Ledger) 
 def _schema_1_ledger(pool: LedgerPool) -> str:
     """A ledger as schema 1 left it, holding one settled, reported, expired nonce.
 
-    Schemas 2, 4 and 5 only add tables and schema 3 only renames columns, so a
+    Schemas 2, 4, 5 and 6 only add tables and schema 3 only renames columns, so a
     current ledger with those undone and its version row set back to 1 is
     exactly what schema-1 code wrote.
     """
@@ -130,7 +130,7 @@ def _schema_1_ledger(pool: LedgerPool) -> str:
         tx.execute("ALTER TABLE attempts RENAME COLUMN owner_process TO owner_run")
         tx.execute("ALTER TABLE observations RENAME COLUMN cause TO source")
         for statement in (*ledger_sql.MIGRATIONS[1], *ledger_sql.MIGRATIONS[3],
-                          *ledger_sql.MIGRATIONS[4]):
+                          *ledger_sql.MIGRATIONS[4], *ledger_sql.MIGRATIONS[5]):
             table = statement.split()[2]
             tx.execute(f"DROP TABLE {table}")
         tx.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -144,7 +144,7 @@ def test_a_schema_1_ledger_is_migrated_on_open(pool: LedgerPool) -> None:
 
     ledger = pool.open(location)
 
-    assert ledger.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS) == 5
+    assert ledger.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS) == 6
     record = ledger.outcome("mq_old", "a")
     assert record is not None and record.status is Status.APPLIED
     assert ledger.reap(EXPIRES + 10)["marques"] == 1

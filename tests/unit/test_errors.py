@@ -31,9 +31,12 @@ OWN_CODES = {
     "effect_max_items_exceeded": 2, "effect_preview_invalid": 2, "effect_receipt_invalid": 2,
     "reconciliation_invalid": 2, "resume_revalidation_failed": 3, "effect_unsupported": 3,
     "stale_preview": 4,
+    # target identity (docs/model.md, "A target's identity")
+    "target_replaced": 3, "target_unsettled": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
-        "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400}
+        "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
+        "target_replaced": 403, "target_unsettled": 409}
 
 
 @pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))

@@ -9,6 +9,8 @@ import click
 
 from marque.cli.common import (
     emit_json,
+    err,
+    fail,
     guarded,
     home_option,
     json_option,
@@ -135,6 +137,48 @@ def target_remove(home: Path, name: str, as_json: bool) -> None:
         out.say(f"removed target {literal(name)} ({literal(result['dsn'])})")
 
 
+@target.command("rebind")
+@home_option
+@click.argument("name")
+@click.option("--pin-unsettled", is_flag=True,
+              help="Rebind even with attempts unsettled on NAME: each stays bound to the "
+                   "database it was sent to and is never settled by a tombstone elsewhere.")
+@json_option
+@guarded
+def target_rebind(home: Path, name: str, pin_unsettled: bool, as_json: bool) -> None:
+    """Accept that target NAME now points at another database.
+
+    The Pilot refuses a name that points at another database than its ledger
+    bound it to (target_replaced). Run this once the move is meant; restart a
+    running Pilot (or `pilot serve`) afterwards. Refused (target_unsettled) while
+    attempts on NAME are unsettled in the database it left, unless --pin-unsettled.
+    """
+    from marque.errors import TargetUnsettled
+    from marque.pilot.setup import rebind_target
+
+    try:
+        result = rebind_target(home, name, pin_unsettled=pin_unsettled)
+    except TargetUnsettled as exc:
+        unsettled = exc.detail.get("unsettled", [])
+        if not as_json:
+            for left in unsettled:
+                err.say(f"unsettled: {literal(left['marque_id'])} {literal(left['nonce'])} "
+                        f"attempt {left['attempt']}")
+        fail(exc, as_json, {"target": name, "unsettled": unsettled})
+    if as_json:
+        emit_json(result)
+        return
+    if not result["rebound"]:
+        out.say(f"target {literal(name)} already is the database its ledger knows "
+                f"({literal(result['target_id'])}); nothing to rebind")
+        return
+    out.say(f"target {literal(name)} rebound from {literal(result['rebound_from'])} to "
+            f"{literal(result['target_id'])} at {literal(result['location'])}")
+    for pin in result["pinned"]:
+        out.say(f"  left bound to {literal(result['rebound_from'])}: "
+                f"{literal(pin['marque_id'])} {literal(pin['nonce'])} attempt {pin['attempt']}")
+
+
 @pilot.command("untrust")
 @home_option
 @click.argument("kid")
@@ -167,7 +211,9 @@ def pilot_show(home: Path, as_json: bool) -> None:
         out.say(f"{key:<12} {literal(shown[key])}")
     out.say("targets")
     for name, dsn in shown["targets"].items():
-        out.say(f"  {literal(name)} → {literal(dsn)}")
+        bound = shown["target_bindings"].get(name)
+        out.say(f"  {literal(name)} → {literal(dsn)}"
+                + (f"  (identity {literal(bound['target_id'])})" if bound else ""))
     out.say("issuers      " + (literal(", ".join(shown["issuers"])) or "none"))
     harbour = shown.get("harbour")
     out.say("harbour      " + (f"{literal(harbour['url'])} (reaching this Pilot at "

@@ -14,6 +14,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any
 
+from marque.ledger.bindings import PinnedAttempt, TargetBinding
 from marque.outcome import Status
 
 
@@ -311,6 +312,32 @@ class Ledger(abc.ABC):
         still names ``home_id`` at ``moved_from`` (compare-and-set), and the
         move is recorded in the ledger's meta rows.
         """
+
+    # -- target bindings (ledger/bindings.py) --------------------------------------------
+
+    @abc.abstractmethod
+    def target_binding(self, target: str) -> TargetBinding | None:
+        """The identity a target name stands for, or None if it was never bound."""
+
+    @abc.abstractmethod
+    def target_bindings(self) -> list[TargetBinding]:
+        """Every target name's binding, by name."""
+
+    @abc.abstractmethod
+    def bind_target(self, target: str, target_id: str, location: str, *,
+                    now: float) -> TargetBinding:
+        """Bind an unbound name (the first binder wins); the binding as it stands."""
+
+    @abc.abstractmethod
+    def rebind_target(self, target: str, *, seen_id: str, target_id: str, location: str,
+                      now: float, pin_unsettled: bool) -> tuple[TargetBinding,
+                                                                 list[PinnedAttempt]]:
+        """Compare-and-set a name's binding from ``seen_id``, pinning (or refused by) its
+        unsettled attempts."""
+
+    @abc.abstractmethod
+    def pinned_attempt(self, marque_id: str, nonce: str) -> PinnedAttempt | None:
+        """The identity a rebinding bound a nonce's unsettled attempt to, or None."""
 
     # -- Effect Sets (DESIGN §7; ledger/effects.py) ------------------------------------
 

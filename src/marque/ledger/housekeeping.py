@@ -85,7 +85,7 @@ class Housekeeping(abc.ABC):
         # Many small transactions, not one big one: executions keep flowing while
         # a large ledger is reaped, and no transaction grows without bound.
         tables = (*EXECUTION_TABLES, "events", "observations", "outbox", "attempts", "claims",
-                  "budgets")
+                  "pinned_attempts", "budgets")
         counts = dict.fromkeys((*tables, "effect_previews", "pop_jtis", "marques"), 0)
         cutoff = now - skew_seconds
         while True:

@@ -33,6 +33,7 @@ from marque.ledger.base import (
     Observed,
     OutboxEntry,
 )
+from marque.ledger.bindings import BINDING_MIGRATION, BindingLedger
 from marque.ledger.effects import EFFECT_MIGRATION, EFFECT_RUN_MIGRATION, EffectLedger
 from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
@@ -138,6 +139,9 @@ MIGRATIONS: list[list[str]] = [
     EFFECT_MIGRATION,
     # 5: the Run of each Effect Set execution (ledger/effects.py). A new table only.
     EFFECT_RUN_MIGRATION,
+    # 6: which database each target name stands for, and the attempts a rebinding left
+    # bound to the one before (ledger/bindings.py). New tables only.
+    BINDING_MIGRATION,
 ]
 
 _ATTEMPT_COLUMNS = (
@@ -190,7 +194,7 @@ def _record(row: tuple[Any, ...]) -> AttemptRecord:
     )
 
 
-class SqlLedger(Housekeeping, EffectLedger, Ledger):
+class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
     """The ledger's behaviour over any engine that provides :meth:`transaction`.
 
     Reaping and stats come from :class:`~marque.ledger.housekeeping.Housekeeping`;

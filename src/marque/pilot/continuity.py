@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-from marque.errors import MarqueError, TargetUnavailable
+from marque.errors import LedgerUnavailable, MarqueError, TargetReplaced, TargetUnavailable
 
 if TYPE_CHECKING:
     from marque.pilot.core import Pilot
@@ -49,8 +49,14 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
         if only is not None and name not in only:
             continue
         try:
+            target_id = target.identity()
+            if not _holds_binding(pilot, name, target_id):
+                checked.append(name)  # read, and not ours: its stamps say nothing of this ledger
+                continue
             stamps = target.stamps(pilot.incarnation, live_after)
             row_stamps = target.row_stamps_live(pilot.incarnation, live_after)
+        except LedgerUnavailable:
+            raise
         except Exception as exc:  # an unreachable target cannot vouch either way: asked again
             unchecked.append(name)
             pilot.continuity_errors[name] = exc if isinstance(exc, MarqueError) else \
@@ -77,6 +83,48 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
     if pilot.logbook is not None:
         pilot.logbook.append("finding.ledger_regressed", f"finding/rotate/{old}", finding)
     return finding
+
+
+def _holds_binding(pilot: Pilot, name: str, target_id: str) -> bool:
+    """Bind ``name`` to the identity found there if the ledger has none; whether the
+    database it points at now is the one the ledger bound it to.
+
+    A name bound to another identity is *replaced*: executions and previews on it are
+    refused (:func:`replaced`) and reconciliation writes no tombstone in it, until the
+    operator points it back or rebinds it (``marque pilot target rebind``). The first
+    time it is found so, the finding goes to the logbook.
+    """
+    binding = pilot.ledger.bind_target(name, target_id, pilot.targets[name].location(),
+                                       now=pilot.clock())
+    pilot.target_ids[name] = binding.target_id
+    if binding.target_id == target_id:
+        pilot.targets_replaced.pop(name, None)
+        return True
+    finding = {"finding": "target_replaced", "target": name,
+               "location": pilot.targets[name].location(), "found_target_id": target_id,
+               "bound_target_id": binding.target_id, "bound_location": binding.location,
+               "pilot_id": pilot.pilot_id}
+    if pilot.targets_replaced.get(name) != finding:
+        pilot.targets_replaced[name] = finding
+        if pilot.logbook is not None:
+            pilot.logbook.append("finding.target_replaced",
+                                 f"finding/target/{name}/{target_id}", finding)
+    return False
+
+
+def replaced(pilot: Pilot, target: str) -> TargetReplaced | None:
+    """The refusal for an execution or preview on a target whose name points at another
+    database than the ledger bound it to, or None."""
+    finding = pilot.targets_replaced.get(target)
+    if finding is None:
+        return None
+    return TargetReplaced(
+        f"target {target} now points at another database ({finding['location']}, identity "
+        f"{finding['found_target_id']}) than this Pilot's ledger knows it by (identity "
+        f"{finding['bound_target_id']}, at {finding['bound_location']}). Nothing was claimed "
+        "or sent. Point the name back at that database, or, if the move is meant, accept it "
+        f"with `marque pilot target rebind {target}`",
+        detail={k: v for k, v in finding.items() if k != "finding"})
 
 
 def ensure_continuity(pilot: Pilot, target: str) -> None:

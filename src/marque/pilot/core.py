@@ -34,7 +34,7 @@ from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, Observed, OutboxEntry
 from marque.outcome import Outcome, Status
 from marque.pilot.config import Settings
-from marque.pilot.continuity import ensure_continuity, unreadable
+from marque.pilot.continuity import ensure_continuity, replaced, unreadable
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.settle_behind import SettleBehind
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
@@ -126,6 +126,11 @@ class Pilot:
         self.continuity_unchecked: set[str] = set()
         self.continuity_errors: dict[str, MarqueError] = {}
         self.continuity_lock = threading.Lock()
+        #: The identity each target name stands for in the ledger (ledger/bindings.py), and
+        #: the names found pointing at another database (continuity.replaced refuses them).
+        self.target_ids: dict[str, str] = {
+            binding.target: binding.target_id for binding in ledger.target_bindings()}
+        self.targets_replaced: dict[str, dict[str, Any]] = {}
         #: Applied writes answered before their outcome is recorded (long-running Pilots
         #: with ``settle_write_behind``; see :mod:`marque.pilot.settle_behind`).
         self.settler: SettleBehind | None = None
@@ -166,6 +171,8 @@ class Pilot:
         if marque.target in self.continuity_unchecked:
             ensure_continuity(self, marque.target)
             check(incarnation=self.incarnation)  # a rotation just now refuses it
+        if self.targets_replaced and (refused := replaced(self, marque.target)) is not None:
+            raise refused
         jti = verify_proof(
             proof,
             marque,
@@ -339,7 +346,14 @@ class Pilot:
             statement_timeout_ms=self._statement_timeout_ms(marque),
             expires_at=float(marque.expires_at),
             target=marque.target,
+            target_id=self.target_ids.get(marque.target),
         )
+
+    def target_id_for(self, target: str, marque_id: str, nonce: str) -> str | None:
+        """The identity of the database a nonce's attempts on ``target`` were sent to: the
+        pin a rebinding left on it, else the ledger's binding of the name (None: unknown)."""
+        pinned = self.ledger.pinned_attempt(marque_id, nonce)
+        return pinned.target_id if pinned is not None else self.target_ids.get(target)
 
     def _observe_target(
         self, target_attempt: TargetAttempt, record: AttemptRecord, attempt: AttemptStream
@@ -555,6 +569,7 @@ class Pilot:
             change=None,  # reconciliation observes; it never runs the change
             max_rows=budget["max_rows"], statement_timeout_ms=0,
             expires_at=budget["expires_at"], target=budget["target"],
+            target_id=self.target_id_for(budget["target"], record.marque_id, record.nonce),
         )
         return target_attempt, self.targets[budget["target"]]
 

@@ -246,7 +246,7 @@ def _by_member(preview: EffectPreview, rows: list[DispatchRow]) -> list[list[Dis
 
 
 def _write(pilot: Pilot, marque_id: str, nonce: str, member: MemberPreview, row: RowPreview,
-           record: DispatchRecord, expires_at: float | None) -> RowWrite:
+           record: DispatchRecord, expires_at: float | None, target_id: str | None) -> RowWrite:
     values = dict(thaw(row.intended_changes["values"]))
     identity = _identity(member, row)
     if member.kind is not Kind.CREATE:
@@ -257,7 +257,8 @@ def _write(pilot: Pilot, marque_id: str, nonce: str, member: MemberPreview, row:
         effect_apply_key=record.effect_apply_key, row_idempotency_key=record.row_idempotency_key,
         kind=member.kind.value, table=member.table, key=member.key, identity=identity,
         values=values, guard=dict(thaw(row.target_version)),
-        statement_timeout_ms=pilot.options.statement_timeout_ms, expires_at=expires_at)
+        statement_timeout_ms=pilot.options.statement_timeout_ms, expires_at=expires_at,
+        target_id=target_id)
 
 
 def _current_versions(target: RowTarget, preview: EffectPreview) -> dict[str, str]:
@@ -321,7 +322,8 @@ def _settle_row(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview
 def _target_attempt(marque: Marque, pilot: Pilot, nonce: str, number: int) -> TargetAttempt:
     return TargetAttempt(marque.marque_id, nonce, number, pilot.pilot_id, pilot.incarnation,
                          None, marque.budget.max_rows, pilot.options.statement_timeout_ms,
-                         expires_at=float(marque.expires_at), target=marque.target)
+                         expires_at=float(marque.expires_at), target=marque.target,
+                         target_id=pilot.target_ids.get(marque.target))
 
 
 def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecord,
@@ -389,7 +391,7 @@ def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
                 "row_preview_cid": row.row_preview_cid}
         stream.emit("row_dispatching", **base, dispatch_attempt=dispatching.attempt)
         write = _write(pilot, marque.marque_id, nonce, member, row, dispatching,
-                       float(marque.expires_at))
+                       float(marque.expires_at), pilot.target_ids.get(marque.target))
         try:
             answer = target.apply_row(write)
             crash_point("after_commit")
@@ -563,6 +565,7 @@ def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> Attemp
         sealed, members = found
     chains = _chains(pilot, mid, nonce, preview, sealed, members)
     rows = {r.record.row_preview_cid: r for r in pilot.ledger.effect_rows(mid, nonce)}
+    target_id = pilot.target_id_for(budget["target"], mid, nonce) if budget else None
     for row_cid, chain in chains.items():
         if chain.closed or target is None:
             continue
@@ -570,7 +573,7 @@ def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> Attemp
         member = preview.members[row.member_index]
         change = member.changes[row.row_index]
         write = _write(pilot, mid, nonce, member, change, row.record,
-                       budget["expires_at"] if budget else None)
+                       budget["expires_at"] if budget else None, target_id)
         evidence = target.reconcile_row(write)
         crash_point("after_reconcile_evidence")
         outcome = _evidence_outcome(member, change, evidence, cause)

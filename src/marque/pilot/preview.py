@@ -24,6 +24,7 @@ from typing import Any
 from marque.cid import cid
 from marque.effects.request import EffectPreviewRequest
 from marque.pilot.config import PREVIEW_MODES
+from marque.pilot.continuity import replaced
 from marque.pilot.core import Pilot
 from marque.service_tokens import verify_preview_token
 from marque.timefmt import iso_time
@@ -46,7 +47,7 @@ def run_preview(
     ``modes`` is ``pilot.json``'s ``previews`` (target → mode); when None the
     Pilot's ``previews`` attribute is used if it has one. Refusals are the
     marque refusals (``marque_invalid``, ``marque_expired``, ``wrong_pilot``,
-    ``wrong_incarnation``, ``unknown_target``, ``pop_replayed``); a statement
+    ``wrong_incarnation``, ``unknown_target``, ``pop_replayed``, ``target_replaced``); a statement
     error is ``preview_failed``. Nothing is claimed, stamped or spent.
     """
     now = pilot.clock()
@@ -55,6 +56,9 @@ def run_preview(
         targets=pilot.targets.keys(), remember_jti=pilot.ledger.remember_pop_jti, now=now,
         skew_seconds=pilot.options.skew_seconds,
     )
+    refused = replaced(pilot, read.target)
+    if refused is not None:  # an approver must never see rows of another database
+        raise refused
     if isinstance(read.change, EffectPreviewRequest):
         from marque.pilot.effects import preview_effects
 

@@ -44,6 +44,7 @@ __all__ = [
     "join",
     "list_targets",
     "move_home",
+    "rebind_target",
     "remove_target",
     "show_pilot",
     "trust_issuer",
@@ -295,6 +296,8 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
     ledger = open_bound_ledger(pilot_home, config)
     try:
         identity = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation}
+        bindings = {b.target: {"target_id": b.target_id, "location": b.location}
+                    for b in ledger.target_bindings()}
     finally:
         ledger.close()
     shown = {
@@ -303,9 +306,53 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
         "ledger": redact(pilot_home.ledger_dsn(config)),
         "targets": {name: redact(pilot_home.resolve(dsn))
                     for name, dsn in sorted(config.targets.items())},
+        "target_bindings": bindings,
         "issuers": [str(jwk.get("kid")) for jwk in config.issuers],
         "settings": config.settings.to_dict(),
     }
     if config.harbour is not None:
         shown["harbour"] = {"url": config.harbour.url, "pilot_url": config.harbour.pilot_url}
     return shown
+
+
+def rebind_target(home: str | os.PathLike[str], name: str, *,
+                  pin_unsettled: bool = False) -> dict[str, Any]:
+    """Accept that target ``name`` now points at another database (docs/model.md, "A
+    target's identity"): the ledger's binding moves to the identity found there.
+
+    The target is read (its stamp table made if it has none). A name already bound to
+    what it points at changes nothing (``rebound: false``). Attempts still unsettled on
+    the name refuse the rebinding (``target_unsettled``, listing them) unless
+    ``pin_unsettled``: then each stays bound to the database it was sent to, never
+    tombstoned anywhere else. Returns ``{target, target_id, location, rebound,
+    rebound_from, pinned: [{marque_id, nonce, attempt}]}``.
+    """
+    from marque.target import open_target
+
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    if name not in config.targets:
+        known = ", ".join(sorted(config.targets)) or "none"
+        raise NotFound(f"{pilot_home.path} has no target {name} (targets: {known})")
+    target = open_target(name, pilot_home.resolve(config.targets[name]),
+                         lock_timeout_ms=config.settings.lock_timeout_ms,
+                         statement_timeout_ms=config.settings.statement_timeout_ms)
+    ledger = open_bound_ledger(pilot_home, config)
+    try:
+        found = target.identity()
+        now = time.time()
+        binding = ledger.bind_target(name, found, target.location(), now=now)
+        pinned: list[dict[str, Any]] = []
+        rebound = binding.target_id != found
+        if rebound:
+            binding, pins = ledger.rebind_target(
+                name, seen_id=binding.target_id, target_id=found, location=target.location(),
+                now=now, pin_unsettled=pin_unsettled)
+            pinned = [{"marque_id": p.marque_id, "nonce": p.nonce, "attempt": p.attempt}
+                      for p in pins]
+    finally:
+        ledger.close()
+        target.close()
+    return {"target": name, "target_id": binding.target_id, "location": binding.location,
+            "rebound": rebound, "rebound_from": binding.rebound_from if rebound else None,
+            "pinned": pinned}

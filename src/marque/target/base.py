@@ -69,6 +69,10 @@ class TargetAttempt:
     expires_at: float | None = None
     #: The name of the target the attempt runs on, as the Pilot knows it.
     target: str = ""
+    #: The identity of the database the attempt was sent to (the ledger's binding of the
+    #: name, or the pin a rebinding left): reconciliation writes a tombstone only in a
+    #: database of that identity, and none while it is not known.
+    target_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,11 @@ class Target(abc.ABC):
         """Every stamp this target holds for one marque (evidence, DESIGN §10)."""
         raise TargetUnavailable(f"target {self.name} ({type(self).__name__}) cannot list the "
                                 "stamps of one marque yet")
+
+    def identity(self) -> str:
+        """The target's identity (``target_id``, made once with its stamp table, which this
+        creates or upgrades if needed); ``TargetUnavailable`` if it cannot be read."""
+        raise TargetUnavailable(f"target {self.name} ({type(self).__name__}) has no identity")
 
     def location(self) -> str:
         """Where this target's data lives, without credentials (a file, or

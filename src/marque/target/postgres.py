@@ -73,6 +73,7 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
 )
+from marque.target.identity import refuses_tombstone
 
 _ISOLATION = {
     "read_committed": "READ COMMITTED",
@@ -123,6 +124,7 @@ class PostgresTarget(SqlTarget):
     stamp_table = "marque.stamps"
     stamp_returning = "attempt, txid_current()"
     row_stamp_table = "marque.row_stamps"
+    identity_query = stamp_schema.POSTGRES_IDENTITY
     row_lock_clause = " FOR UPDATE"
 
     def __init__(
@@ -351,6 +353,13 @@ class PostgresTarget(SqlTarget):
     def _reconcile_txn(self, attempt: TargetAttempt, tombstone: tuple[Any, ...]) -> Evidence:
         conn = self._checkout()
         try:
+            # The identity first: a connection reaches one database for its whole life, so
+            # what it reads here is where the tombstone below would go.
+            foreign = refuses_tombstone(self.name, self.location(),
+                                        conn.execute(self.identity_query).fetchone(),
+                                        attempt.target_id)
+            if foreign is not None:
+                return Evidence(Status.INDETERMINATE, reason=foreign)
             # Autocommit: the tombstone is its own transaction. It waits behind an
             # in-flight original, but only for the connection's lock_timeout.
             inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
@@ -373,6 +382,21 @@ class PostgresTarget(SqlTarget):
             return evidence
         return Evidence(evidence.status, evidence.rows_affected, evidence.stamp,
                         evidence.reason, corroboration)
+
+    def identity(self) -> str:
+        conn = self._checkout()  # makes or upgrades the stamp table, identity and all
+        try:
+            row = conn.execute(self.identity_query).fetchone()
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "cannot be read") from exc
+        finally:
+            self._abandon(conn)
+        if row is None:
+            raise TargetUnavailable(
+                f"target {self.name} ({describe(self.dsn)}) has a stamp table without its "
+                "identity row (marque.target_identity): someone edited it; nothing was sent "
+                "to it")
+        return str(row[0])
 
     def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
         conn = self._checkout()

@@ -40,6 +40,7 @@ from typing import Any
 from marque.effects import cids
 from marque.errors import CommitUnknown, MarqueError, NotApplied
 from marque.outcome import Status
+from marque.target.identity import refuses_tombstone
 
 #: The stamp-table version that added the row stamps (target/stamps.py).
 ROW_STAMPS_SINCE = 3
@@ -72,6 +73,8 @@ class RowWrite:
     guard: dict[str, Any]
     statement_timeout_ms: int
     expires_at: float | None = None
+    #: The identity of the database the row was sent to (see ``TargetAttempt.target_id``).
+    target_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,10 +121,16 @@ class RowTarget(abc.ABC):
     name: str
     placeholder: str
     row_stamp_table: str
+    #: Reads the target's identity (stamp table migration 5).
+    identity_query: str
     #: Appended to the row read inside a row transaction, to lock it (PostgreSQL).
     row_lock_clause = ""
 
     # -- engine hooks ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the target's data lives, without credentials (for messages)."""
 
     @abc.abstractmethod
     def _row_open(self, statement_timeout_ms: int) -> Any:
@@ -295,6 +304,11 @@ class RowTarget(abc.ABC):
         except Exception as exc:
             return RowEvidence(Status.INDETERMINATE, reason=f"target unavailable: {exc}")
         try:
+            foreign = refuses_tombstone(
+                self.name, self.location(),
+                self._row_exec(conn, self.identity_query, ()).fetchone(), write.target_id)
+            if foreign is not None:
+                return RowEvidence(Status.INDETERMINATE, reason=foreign)
             inserted = self._row_exec(conn, self._stamp_sql(upsert=True),
                                       self._row_stamp(write, "tombstone")).fetchall()
             found = self._row_exec(conn, self._p(

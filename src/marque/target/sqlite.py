@@ -43,6 +43,7 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
 )
+from marque.target.identity import refuses_tombstone
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -71,6 +72,7 @@ class SqliteTarget(SqlTarget):
     """A target in one existing SQLite file."""
 
     row_stamp_table = "marque_row_stamps"
+    identity_query = stamp_schema.SQLITE_IDENTITY
 
     def __init__(self, name: str, path: str, *, lock_timeout_ms: int = 5_000) -> None:
         self.name = name
@@ -237,6 +239,12 @@ class SqliteTarget(SqlTarget):
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._ensure_stamps(conn)
+            foreign = refuses_tombstone(self.name, self.location(),
+                                        conn.execute(self.identity_query).fetchone(),
+                                        attempt.target_id)
+            if foreign is not None:
+                conn.execute("ROLLBACK")
+                return Evidence(Status.INDETERMINATE, reason=foreign)
             inserted = conn.execute(self._stamp_upsert, tombstone).fetchall()
             row = conn.execute(
                 f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
@@ -251,6 +259,30 @@ class SqliteTarget(SqlTarget):
             conn.close()
         stamp = dict(zip(STAMP_COLUMNS, row, strict=True)) if row else None
         return self._stamp_evidence(attempt, stamp, bool(inserted))
+
+    def identity(self) -> str:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            if stamp_schema.sqlite_version(conn) != stamp_schema.VERSION:
+                # Made (or brought up to date, a newer one refused) under the write lock.
+                conn.execute("BEGIN IMMEDIATE")
+                self._stamps_ready = False
+                self._ensure_stamps(conn)
+                conn.execute("COMMIT")
+            row = conn.execute(self.identity_query).fetchone()
+        except sqlite3.Error as exc:
+            self._stamps_ready = False
+            raise self._unavailable(exc) from exc
+        finally:
+            conn.close()
+        if row is None:
+            raise TargetUnavailable(
+                f"target {self.name} ({self.path}) has a stamp table without its identity row "
+                "(marque_target_identity): someone edited it; nothing was sent to it")
+        return str(row[0])
 
     def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
         try:

@@ -11,7 +11,14 @@ Version 3 adds the per-row stamps of Effect Sets (``marque_row_stamps`` /
 ``marque.row_stamps``), keyed by ``(effect_apply_key, row_idempotency_key)``;
 version 4 gives them the ``(incarnation, expires_at)`` index the nonce stamps
 have had since version 2, so the continuity check reads live row stamps
-without scanning every row an Effect Set ever wrote.
+without scanning every row an Effect Set ever wrote. Version 5 gives the target
+its *identity* (``marque_target_identity`` / ``marque.target_identity``): one
+row holding a random ``target_id``, made once, with the table. A copy of the
+database (a dump restored, a replica promoted) carries it along; another
+database never has the same one. The Pilot's ledger remembers which identity
+each target name stands for, so a name re-pointed at another database is
+noticed before any tombstone is written there (docs/model.md, "A target's
+identity").
 
 Stamp tables made before they carried a version row (by older Pilots, or by
 hand from DESIGN §3) are adopted: their version is read off their columns
@@ -37,7 +44,7 @@ if TYPE_CHECKING:  # a SQLite-only Pilot never imports the PostgreSQL driver
     PgConn = psycopg.Connection[TupleRow]
 
 #: The stamp table's current version.
-VERSION = 4
+VERSION = 5
 #: This component's row in the version table.
 COMPONENT = "stamps"
 
@@ -83,6 +90,14 @@ SQLITE_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS marque_row_stamps_live ON marque_row_stamps "
         "(incarnation, expires_at)",
     ),
+    # 5: the target's identity: one row, made here once, never changed.
+    (
+        "CREATE TABLE marque_target_identity ("
+        " one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " target_id TEXT NOT NULL, created_at REAL NOT NULL)",
+        "INSERT INTO marque_target_identity (one, target_id, created_at) VALUES "
+        "(1, 'tgt_' || lower(hex(randomblob(16))), (julianday('now') - 2440587.5) * 86400.0)",
+    ),
 )
 
 POSTGRES_TABLE = "marque.stamps"
@@ -122,6 +137,15 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         "CREATE INDEX IF NOT EXISTS row_stamps_live ON marque.row_stamps "
         "(incarnation, expires_at)",
+    ),
+    # 5: as SQLite's migration 5.
+    (
+        "CREATE TABLE marque.target_identity ("
+        " one INTEGER PRIMARY KEY CHECK (one = 1),"
+        " target_id TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)",
+        "INSERT INTO marque.target_identity (one, target_id, created_at) VALUES "
+        "(1, 'tgt_' || replace(gen_random_uuid()::text, '-', ''), "
+        "extract(epoch FROM clock_timestamp()))",
     ),
 )
 #: pg_advisory_xact_lock key serialising stamp migrations on one PostgreSQL database.
@@ -209,6 +233,10 @@ def migrate_postgres(conn: PgConn, where: str) -> int:
                 (COMPONENT, VERSION),
             )
     return found
+
+
+SQLITE_IDENTITY = "SELECT target_id FROM marque_target_identity WHERE one = 1"
+POSTGRES_IDENTITY = "SELECT target_id FROM marque.target_identity WHERE one = 1"
 
 
 def _check_known(found: int, where: str) -> None:

@@ -1,0 +1,168 @@
+"""A target name re-pointed at another database while an attempt there is unsettled.
+
+The CLI end to end: ``marque exec`` dies right after the target's COMMIT (the
+bank holds the change and its applied stamp; the ledger says ``in_progress``),
+then ``pilot target add`` points ``bank`` at another database. Without the
+target's identity, reconciliation would find no stamp in the new database,
+tombstone the nonce there and let it run again: applied twice. With it:
+
+* nothing is claimed or sent on the re-pointed name (``target_replaced``);
+* reconciliation writes no tombstone in the new database and the attempt stays
+  indeterminate (never turned into "not applied");
+* ``pilot target rebind`` refuses while the attempt is unsettled
+  (``target_unsettled``), or with ``--pin-unsettled`` leaves it bound to the
+  database it was sent to;
+* pointed back at the bank, reconciliation settles it ``applied`` from its stamp,
+  and the change was made once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+from e2e_support import EXIT, World
+from test_crash import crash_exec
+
+DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
+
+
+def _other_bank(world: World) -> Path:
+    """Another database with the same table and balances (never touched by Marque)."""
+    other = world.root / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+        conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
+    conn.close()
+    return other
+
+
+def _point(world: World, path: Path) -> None:
+    res = world.run("pilot", "target", "add", "--home", world.home, "bank",
+                    f"sqlite:///{path}", "--json")
+    assert res.returncode == 0, res
+
+
+def _rows(path: Path, sql: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _stamps(path: Path) -> list[tuple[object, ...]]:
+    if not _rows(path, "SELECT 1 FROM sqlite_master WHERE name = 'marque_stamps'"):
+        return []
+    return _rows(path, "SELECT marque_id, nonce, attempt, kind FROM marque_stamps")
+
+
+def _crashed_after_commit(world: World) -> tuple[Path, str]:
+    marque = world.issue([DEBIT], executions=2, attempts=3)
+    crash_exec(world, marque, "n-1", "after_commit")
+    assert world.balances()[1] == 90  # the bank holds the change and its stamp
+    return marque, world.marque_id(marque)
+
+
+def test_a_repointed_target_is_refused_and_reconciliation_writes_no_tombstone_there(
+        world: World) -> None:
+    """The whole story with the operator pointing the name back."""
+    marque, marque_id = _crashed_after_commit(world)
+    other = _other_bank(world)
+    _point(world, other)
+
+    reconciled = world.reconcile()
+    assert reconciled.returncode == 0, reconciled
+    assert _stamps(other) == []  # no tombstone where the attempt never went
+    [(status,)] = world.ledger_rows(
+        "SELECT status FROM attempts WHERE marque_id = ? AND nonce = 'n-1'", (marque_id,))
+    assert status == "indeterminate"  # unknown stays unknown
+    assert "target_replaced" in str(world.logbook("execution.reconciliation")[-1]["body"])
+
+    retried = world.exec(marque, "n-1")
+    fresh = world.exec(marque, "n-2")
+    for res in (retried, fresh):
+        assert res.returncode == EXIT["refused"], res
+        assert res.json["status"] == "refused"
+        assert res.json["error"]["code"] == "target_replaced"
+        assert "marque pilot target rebind bank" in res.json["error"]["message"]
+    [finding] = world.logbook("finding.target_replaced")  # once, though two Pilots saw it
+    assert finding["body"]["target"] == "bank"
+    assert finding["body"]["location"] == str(other)
+    [(bank_id,)] = _rows(world.bank, "SELECT target_id FROM marque_target_identity")
+    assert finding["body"]["bound_target_id"] == bank_id
+    assert finding["body"]["found_target_id"] != bank_id
+    assert world.ledger_rows("SELECT nonce, attempt FROM attempts WHERE marque_id = ?",
+                             (marque_id,)) == [("n-1", 1)]  # nothing claimed
+    assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(100,)]
+
+    refused = world.run("pilot", "target", "rebind", "--home", world.home, "bank", "--json")
+    assert refused.returncode == EXIT["usage"], refused
+    assert refused.json["error"]["code"] == "target_unsettled"
+    assert refused.json["unsettled"] == [
+        {"marque_id": marque_id, "nonce": "n-1", "attempt": 1}]
+
+    _point(world, world.bank)
+    settled = world.reconcile()
+    assert settled.returncode == 0, settled
+    again = world.exec(marque, "n-1")
+    assert again.returncode == EXIT["applied"], again
+    assert (again.json["status"], again.json["attempt"], again.json["replayed"]) == (
+        "applied", 1, True)
+    assert world.balances()[1] == 90  # once
+    assert _stamps(world.bank) == [(marque_id, "n-1", 1, "applied")]
+
+
+def test_a_rebinding_with_pins_serves_the_new_database_and_keeps_the_old_attempt_unknown(
+        world: World) -> None:
+    """`rebind --pin-unsettled`: new executions run on the new database; the pinned attempt
+    is never tombstoned there, and settles `applied` once the name points back (and is
+    rebound) at the database it was sent to."""
+    marque, marque_id = _crashed_after_commit(world)
+    other = _other_bank(world)
+    _point(world, other)
+
+    rebound = world.run("pilot", "target", "rebind", "--home", world.home, "bank",
+                        "--pin-unsettled", "--json")
+    assert rebound.returncode == 0, rebound
+    [(bank_id,)] = _rows(world.bank, "SELECT target_id FROM marque_target_identity")
+    [(other_id,)] = _rows(other, "SELECT target_id FROM marque_target_identity")
+    assert rebound.json == {"target": "bank", "target_id": other_id, "location": str(other),
+                            "rebound": True, "rebound_from": bank_id,
+                            "pinned": [{"marque_id": marque_id, "nonce": "n-1", "attempt": 1}]}
+
+    assert world.reconcile().returncode == 0
+    assert _stamps(other) == []
+    retried = world.exec(marque, "n-1")
+    assert retried.json["status"] == "indeterminate", retried
+    assert "target_replaced" in str(world.logbook("execution.reconciliation")[-1]["body"])
+    fresh = world.exec(marque, "n-2")
+    assert fresh.returncode == EXIT["applied"], fresh
+    assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(90,)]
+
+    _point(world, world.bank)
+    back = world.run("pilot", "target", "rebind", "--home", world.home, "bank", "--json")
+    assert back.returncode == 0, back
+    assert (back.json["target_id"], back.json["pinned"]) == (bank_id, [])
+    assert world.reconcile().returncode == 0
+    settled = world.exec(marque, "n-1")
+    assert (settled.json["status"], settled.json["attempt"]) == ("applied", 1), settled
+    assert world.balances()[1] == 90
+
+
+def test_a_copy_of_the_database_is_the_same_target(world: World) -> None:
+    """A copy carries the identity along (a restored dump, a promoted replica): the name
+    pointed at it is served without a rebinding, and a stamp found there settles."""
+    marque, marque_id = _crashed_after_commit(world)
+    copy = world.root / "copy.db"
+    shutil.copy(world.bank, copy)
+    _point(world, copy)
+
+    assert world.reconcile().returncode == 0
+    settled = world.exec(marque, "n-1")
+    assert (settled.json["status"], settled.json["replayed"]) == ("applied", True), settled
+    assert world.logbook("finding.target_replaced") == []
+    fresh = world.exec(marque, "n-2")
+    assert fresh.returncode == EXIT["applied"], fresh
+    assert _rows(copy, "SELECT balance FROM accounts WHERE id = 1") == [(80,)]
