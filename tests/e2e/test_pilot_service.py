@@ -218,7 +218,7 @@ def test_health_and_metrics_follow_the_ledger(world: World, service: Service) ->
     health = httpx.get(f"{service.url}/v1/health", timeout=30).json()
     assert health["pilot_id"] == world.pilot_id
     assert health["incarnation"] == world.incarnation
-    assert health["targets"] == {"bank": {"reachable": True}}
+    assert health["targets"] == {"bank": {"reachable": True, "replaced": False}}
     assert health["ledger"]["in_progress"] == 0
 
     def executions_applied() -> float:

@@ -22,8 +22,10 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from e2e_support import EXIT, World
+import httpx
+from e2e_support import EXIT, Service, World
 from test_crash import crash_exec
+from test_pilot_service import body
 
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 
@@ -166,3 +168,27 @@ def test_a_copy_of_the_database_is_the_same_target(world: World) -> None:
     fresh = world.exec(marque, "n-2")
     assert fresh.returncode == EXIT["applied"], fresh
     assert _rows(copy, "SELECT balance FROM accounts WHERE id = 1") == [(80,)]
+
+
+def test_the_service_refuses_a_repointed_target_with_its_problem_and_says_so_in_health(
+        world: World) -> None:
+    """`pilot serve` over a home whose target name now points at another database: a POST
+    is 403 `target_replaced`, nothing claimed or sent; /v1/health marks the target."""
+    assert world.exec(world.issue([DEBIT]), "n-0").returncode == EXIT["applied"]  # bound
+    other = _other_bank(world)
+    _point(world, other)
+    marque = world.issue([DEBIT], executions=2)
+    service = Service(world)
+    try:
+        response = httpx.post(f"{service.url}/v1/executions",
+                              json=body(world, marque, "n-1"), timeout=30)
+        health = httpx.get(f"{service.url}/v1/health", timeout=30).json()
+    finally:
+        service.stop()
+
+    assert response.status_code == 403
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "target_replaced"
+    assert health["targets"] == {"bank": {"reachable": True, "replaced": True}}
+    assert world.ledger_count("claims") == 1  # n-0's only
+    assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(100,)]

@@ -249,7 +249,9 @@ class PilotService:
                 stats: dict[str, Any] | None = self.pilot.stats()
             except MarqueError:
                 stats = None
-            targets = {name: {"reachable": self._is_reachable(name)}
+            # replaced: the name points at another database than the ledger bound it to.
+            targets = {name: {"reachable": self._is_reachable(name),
+                              "replaced": name in self.pilot.targets_replaced}
                        for name in self.pilot.targets}
             by_status = (stats or {}).get("attempts_by_status", {})
             return {
