@@ -76,6 +76,9 @@ def test_a_repointed_target_is_refused_and_reconciliation_writes_no_tombstone_th
 
     reconciled = world.reconcile()
     assert reconciled.returncode == 0, reconciled
+    assert [(f["target"], f["location"]) for f in reconciled.json["targets_replaced"]] == [
+        ("bank", str(other))]
+    assert [u["nonce"] for u in reconciled.json["still_unsettled"]] == ["n-1"]
     assert _stamps(other) == []  # no tombstone where the attempt never went
     [(status,)] = world.ledger_rows(
         "SELECT status FROM attempts WHERE marque_id = ? AND nonce = 'n-1'", (marque_id,))
@@ -89,7 +92,7 @@ def test_a_repointed_target_is_refused_and_reconciliation_writes_no_tombstone_th
         assert res.json["status"] == "refused"
         assert res.json["error"]["code"] == "target_replaced"
         assert "marque pilot target rebind bank" in res.json["error"]["message"]
-    [finding] = world.logbook("finding.target_replaced")  # once, though two Pilots saw it
+    [finding] = world.logbook("finding.target_replaced")  # once, though three Pilots saw it
     assert finding["body"]["target"] == "bank"
     assert finding["body"]["location"] == str(other)
     [(bank_id,)] = _rows(world.bank, "SELECT target_id FROM marque_target_identity")

@@ -308,6 +308,11 @@ def reconcile(home: Path, as_json: bool) -> None:
 
     pilot = open_pilot(home, recover=False)
     try:
+        # As every Pilot start does: a ledger gone back in time rotates, and a target name
+        # pointing at another database is found (its attempts are not settled there).
+        pilot.check_continuity()
+        replaced = [{k: v for k, v in finding.items() if k != "finding"}
+                    for _, finding in sorted(pilot.targets_replaced.items())]
         changes = pilot.recover()
         left = [
             {"marque_id": r.marque_id, "nonce": r.nonce, "attempt": r.attempt,
@@ -317,8 +322,14 @@ def reconcile(home: Path, as_json: bool) -> None:
     finally:
         pilot.close()
     if as_json:
-        emit_json({"changed": changes, "still_unsettled": left})
+        emit_json({"changed": changes, "still_unsettled": left, "targets_replaced": replaced})
         return
+    for finding in replaced:
+        err.say(f"[bold red]target_replaced[/]: target {literal(finding['target'])} points at "
+                f"{literal(finding['location'])} (identity {literal(finding['found_target_id'])}"
+                f"), not the database its ledger knows ({literal(finding['bound_location'])}, "
+                f"identity {literal(finding['bound_target_id'])}): nothing is settled there. "
+                "Point it back, or see `marque pilot target rebind`")
     for change in changes:
         out.say(f"{one_line(change['marque_id'])} nonce {one_line(change['nonce'])} attempt "
                 f"{change['attempt']}: {change['from']} → {change['to']}")
