@@ -80,6 +80,12 @@ def test_a_partial_failure_exits_4_with_its_set_receipt(tmp_path: Path) -> None:
     assert (printed["run"]["version"], printed["run"]["state"]) == ("actql-run-state/0.1",
                                                                     "failed")
     assert _qty(tmp_path) == {1: 10, 2: 2, 3: 30}
+    # The human form says the same, the Run included.
+    shown = marque(tmp_path, "effects", "receipt", "--home", "home",
+                   printed["outcome"]["marque_id"], "n-1")
+    assert shown.returncode == 4, shown.stderr
+    assert "partial_failure" in shown.stdout
+    assert f"run failed (revision {printed['run']['revision']})" in shown.stdout
 
 
 def test_a_pilot_killed_between_rows_is_reconciled_by_the_cli(tmp_path: Path) -> None:

@@ -210,7 +210,20 @@ def _finish(receipts: dict[str, Any], outcome: dict[str, Any] | None, as_json: b
         for receipt in receipts.get("reconciliation_receipts", []):
             out.say(f"  reconciled {one_line(receipt['row_preview_cid'])} attempt "
                     f"{receipt['attempt_sequence']}: {receipt['outcome']['state']}")
+        _print_run(receipts.get("run"))
     raise CommandExit(code)
+
+
+def _print_run(run: dict[str, Any] | None) -> None:
+    """The Run's state, what it waits for, and why it ended (if it failed)."""
+    if run is None:
+        return
+    action = (run.get("next_action") or {}).get("kind", "none")
+    error = run.get("terminal_error") or {}
+    out.say(f"run [bold]{run['state']}[/] (revision {run['revision']})"
+            + (f", next: {one_line(action)}" if action != "none" else "")
+            + (f", ended by {one_line(error['code'])} in {one_line(error['phase'])}"
+               if error.get("code") else ""))
 
 
 @effects.command("apply")
