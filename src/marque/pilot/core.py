@@ -22,24 +22,22 @@ from marque.crash import crash_point
 from marque.errors import (
     Indeterminate,
     InvalidInput,
-    LeaseExpired,
     LedgerUnavailable,
     MarqueError,
     NonceReaped,
     NotApplied,
     NotFound,
-    OwnerGone,
 )
 from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, Observed, OutboxEntry
 from marque.outcome import Outcome, Status
+from marque.pilot import reconciliation
 from marque.pilot.config import Settings
 from marque.pilot.continuity import ensure_continuity, replaced, unreadable
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.settle_behind import SettleBehind
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
-from marque.target import Evidence, StampConflict, Target, TargetAttempt
-from marque.target.base import STAMP_APPLIED
+from marque.target import StampConflict, Target, TargetAttempt
 from marque.timefmt import iso_time
 from marque.token import (
     Marque,
@@ -276,7 +274,7 @@ class Pilot:
         record = recorded
         if record.status is Status.INDETERMINATE:
             # A lost COMMIT response goes to reconciliation at once.
-            record = self._reconcile(record, "commit_unknown",
+            record = reconciliation.reconcile(self, record, "commit_unknown",
                                      (observation.target_attempt, self.targets[marque.target]))
         if self.options.report_inline:
             if self.report():
@@ -365,9 +363,9 @@ class Pilot:
         except StampConflict:
             attempt.emit("fence_checked", stamp="conflict")
             evidence = target.reconcile(target_attempt)
-            self._log_reconciliation(record, evidence, "fence_conflict")
-            self._check_stamp_against_ledger(record, evidence)
-            return self._evidence_observation(target_attempt, evidence, "fence_conflict")
+            reconciliation.log_reconciliation(self, record, evidence, "fence_conflict")
+            reconciliation.check_stamp_against_ledger(self, record, evidence)
+            return reconciliation.evidence_observation(target_attempt, evidence, "fence_conflict")
         except NotApplied as exc:
             attempt.emit("rolled_back", error=exc.to_dict())
             return Observation(target_attempt, Status.ABORTED_NOT_APPLIED, error=exc.to_dict())
@@ -483,42 +481,7 @@ class Pilot:
             error=observation.error, result=observation.result, recorded=False,
         )
 
-    # -- recovery and reconciliation ----------------------------------------------
-
-    def _owner_gone(self, record: AttemptRecord) -> bool:
-        return self._lost(record) is not None
-
-    def _lost(self, record: AttemptRecord) -> Indeterminate | None:
-        """Why an in-progress attempt's owner can no longer finish it; None while it may.
-
-        ``lease_expired`` when the lease really ran out; ``owner_gone`` when the
-        owner is provably dead (its run lock released) while its lease still
-        holds — what a crash looks like seconds later, not minutes.
-        """
-        if record.owner_process == self.processes.process_id:
-            return None
-        now = self.clock()
-        if record.lease_expires_at < now:
-            return LeaseExpired(
-                f"the lease on attempt {record.attempt} ran out at "
-                f"{iso_time(record.lease_expires_at)} before its Pilot process recorded an "
-                "outcome")
-        dead = self.processes.is_dead(record.owner_process)
-        if dead is True:
-            return OwnerGone(
-                f"the Pilot process that ran attempt {record.attempt} ({record.owner_process}) "
-                "died before recording an outcome")
-        if dead is None and record.started_at > now + self.options.skew_seconds:
-            # A lease taken "in the future" was measured by a clock ahead of this one (or
-            # this one stepped back): how much of it is left cannot be told, and an owner
-            # nobody here can see must not hold the nonce for as long as the clocks disagree.
-            # Counting it as run out is safe: reconciliation only observes (a tombstone).
-            return LeaseExpired(
-                f"the lease on attempt {record.attempt} was taken at "
-                f"{iso_time(record.started_at)}, later than this Pilot's clock reads now "
-                f"({iso_time(now)}) by more than the clock-skew allowance "
-                "(settings.skew_seconds): a clock went back, so the lease counts as run out")
-        return None
+    # -- recovery and reconciliation (pilot/reconciliation.py) ------------------------
 
     def _settle_known(self, record: AttemptRecord, *, reconcile: bool = True) -> AttemptRecord:
         """A nonce asked about again: settle what can be settled before answering.
@@ -535,159 +498,15 @@ class Pilot:
         if record.status is Status.IN_PROGRESS and self.settler is not None and (
                 self.settler.holds(*key)):
             self.settler.flush()  # answered applied already: record it, then read it
-            return self._current(record)
+            return reconciliation.current(self, record)
         if record.status is Status.IN_PROGRESS and key in self._unrecorded:
             self._record_unrecorded()
-            return self._current(record)
-        if record.status is Status.IN_PROGRESS and self._owner_gone(record):
-            return self._settle_lost(record)
+            return reconciliation.current(self, record)
+        if record.status is Status.IN_PROGRESS and reconciliation.owner_gone(self, record):
+            return reconciliation.settle_lost(self, record)
         if reconcile and record.status is Status.INDETERMINATE:
-            return self._reconcile(record, "retry")
+            return reconciliation.reconcile(self, record, "retry")
         return record
-
-    def _settle_lost(self, record: AttemptRecord) -> AttemptRecord:
-        """An owner died or its lease ran out: indeterminate, then evidence."""
-        error = self._lost(record) or LeaseExpired(
-            f"the owner of attempt {record.attempt} ({record.owner_process}) recorded no outcome")
-        lost = self.ledger.observe(
-            record.marque_id, record.nonce, record.attempt, Status.INDETERMINATE,
-            now=self.clock(), cause="lease",
-            error={**error.to_dict(),
-                   "message": error.message + "; the target is asked whether it committed"},
-        )
-        if lost.status.settled:
-            return lost  # another reconciler got there first
-        return self._reconcile(lost, error.code)
-
-    def _run_for(self, record: AttemptRecord) -> tuple[TargetAttempt, Target] | None:
-        budget = self.ledger.budget(record.marque_id)
-        if budget is None or budget["target"] not in self.targets:
-            return None
-        target_attempt = TargetAttempt(
-            marque_id=record.marque_id, nonce=record.nonce, number=record.attempt,
-            pilot_id=self.pilot_id, incarnation=record.owner_incarnation,
-            change=None,  # reconciliation observes; it never runs the change
-            max_rows=budget["max_rows"], statement_timeout_ms=0,
-            expires_at=budget["expires_at"], target=budget["target"],
-            target_id=self.target_id_for(budget["target"], record.marque_id, record.nonce),
-        )
-        return target_attempt, self.targets[budget["target"]]
-
-    def _reconcile(
-        self, record: AttemptRecord, cause: str, known: tuple[TargetAttempt, Target] | None = None
-    ) -> AttemptRecord:
-        """Ask the target for evidence about one attempt and settle by it.
-
-        ``known`` is the target_attempt and target when the caller has them (a lost COMMIT
-        response, straight from execution); otherwise they come from the ledger.
-        """
-        current = self._current(record)
-        if current.status.settled:
-            # Someone settled it since our snapshot: nothing for us to add.
-            return current
-        if self.ledger.effect_run(record.marque_id, record.nonce) is not None:
-            # An Effect Set's evidence is its row stamps, never a stamp of the nonce.
-            from marque.pilot.effects import reconcile_effects
-
-            return reconcile_effects(self, current, cause)
-        found = known or self._run_for(record)
-        if found is None:
-            evidence = Evidence(Status.INDETERMINATE,
-                                reason="target of this marque is not configured")
-        else:
-            # Every target Marque supports holds stamps; one that cannot would need a
-            # human to record evidence (DESIGN §4) and must not reach this line.
-            evidence = found[1].reconcile(found[0])
-        crash_point("after_reconcile_evidence")
-        self._log_reconciliation(record, evidence, cause)
-        self._check_stamp_against_ledger(record, evidence)
-        target_attempt = found[0] if found else TargetAttempt(
-            record.marque_id, record.nonce, record.attempt, self.pilot_id,
-            record.owner_incarnation, None, 0, 0)
-        observation = self._evidence_observation(
-            target_attempt, evidence, (current.error or {}).get("code", cause))
-        if observation.status is Status.INDETERMINATE:
-            return current
-        # The compare-and-set re-checks what our snapshot saw: a settled attempt stays.
-        return self.ledger.observe(
-            record.marque_id, record.nonce, record.attempt, observation.status,
-            now=self.clock(), cause="reconciliation", rows_affected=observation.rows_affected,
-            error=observation.error,
-        )
-
-    def _current(self, record: AttemptRecord) -> AttemptRecord:
-        """The attempt as the ledger holds it now (a snapshot may be stale)."""
-        for candidate in self.ledger.attempts(record.marque_id, record.nonce):
-            if candidate.attempt == record.attempt:
-                return candidate
-        return record
-
-    @staticmethod
-    def _evidence_observation(
-        target_attempt: TargetAttempt, evidence: Evidence, cause: str
-    ) -> Observation:
-        if evidence.status is Status.APPLIED:
-            return Observation(target_attempt, Status.APPLIED, rows_affected=evidence.rows_affected)
-        if evidence.status is Status.ABORTED_NOT_APPLIED:
-            # Keep the code of what made it uncertain; the message says what settled it.
-            code = (cause if cause in ("lease_expired", "owner_gone", "commit_unknown")
-                    else "commit_unknown")
-            return Observation(target_attempt, Status.ABORTED_NOT_APPLIED,
-                               error={"code": code, "message": f"reconciled: {evidence.reason}",
-                                      "sqlstate": None})
-        return Observation(target_attempt, Status.INDETERMINATE)
-
-    def _check_stamp_against_ledger(self, record: AttemptRecord, evidence: Evidence) -> None:
-        """An applied stamp of an attempt the ledger holds as not applied is a finding.
-
-        It cannot happen while the ledger is the one that ran the attempts; it
-        means the ledger was restored or edited. The target is right (it never
-        applies a nonce twice); the ledger's history for that nonce is not.
-        Best effort: an unavailable ledger skips it, and the same evidence is
-        looked at again when the attempt is reconciled.
-        """
-        stamp = evidence.stamp
-        if (stamp is None or stamp.get("kind") != STAMP_APPLIED
-                or stamp["attempt"] == record.attempt):
-            return
-        try:
-            attempts = self.ledger.attempts(record.marque_id, record.nonce)
-        except LedgerUnavailable:
-            return
-        held = {a.attempt: a.status for a in attempts}
-        if held.get(stamp["attempt"]) is Status.APPLIED:
-            return
-        if self.logbook is not None:
-            self.logbook.append(
-                "finding.stamp_contradicts_ledger",
-                f"finding/stamp/{record.marque_id}/{record.nonce}/{stamp['attempt']}",
-                {"marque_id": record.marque_id, "nonce": record.nonce,
-                 "stamp": stamp,
-                 "ledger_status": (held[stamp["attempt"]].value
-                                   if stamp["attempt"] in held else None),
-                 "pilot": {"id": self.pilot_id, "incarnation": self.incarnation}},
-            )
-
-    def _log_reconciliation(
-        self, record: AttemptRecord, evidence: Evidence, cause: str
-    ) -> None:
-        if self.logbook is None:
-            return
-        self.logbook.append(
-            "execution.reconciliation",
-            f"reconcile/{record.marque_id}/{record.nonce}/{record.attempt}/{time.time_ns()}",
-            {
-                "marque_id": record.marque_id,
-                "nonce": record.nonce,
-                "attempt": record.attempt,
-                "cause": cause,
-                "status": evidence.status.value,
-                "reason": evidence.reason,
-                "stamp": evidence.stamp,
-                "corroboration": evidence.corroboration,
-                "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
-            },
-        )
 
     def check_continuity(self) -> dict[str, Any] | None:
         """DESIGN §5: check the targets' stamps against the ledger; see
@@ -697,30 +516,9 @@ class Pilot:
         return check_continuity(self)
 
     def recover(self) -> list[dict[str, Any]]:
-        """Settle what evidence can settle; returns what changed.
-
-        In-progress attempts whose owner is dead or whose lease expired become
-        ``indeterminate``; every indeterminate attempt is then reconciled.
-        """
-        changes = self._record_unrecorded()
-        gone: set[str] = set()
-        tried: set[tuple[str, str, int]] = set()
-        for record in self.ledger.unsettled(Status.IN_PROGRESS):
-            if self._owner_gone(record):
-                gone.add(record.owner_process)
-                tried.add((record.marque_id, record.nonce, record.attempt))
-                after = self._settle_lost(record)
-                changes.append(_change(record, after))
-        for process_id in gone:  # nothing of theirs is in progress any more
-            self.processes.forget(process_id)
-        for record in self.ledger.unsettled(Status.INDETERMINATE):
-            if (record.marque_id, record.nonce, record.attempt) in tried:
-                continue  # asked its target once this round already
-            after = self._reconcile(record, "recovery")
-            if after.status is not record.status:
-                changes.append(_change(record, after))
-        self.report()
-        return changes
+        """Settle what evidence can settle; returns what changed (see
+        :func:`marque.pilot.reconciliation.recover`)."""
+        return reconciliation.recover(self)
 
     def report(self) -> bool:
         """Deliver queued outcome reports to the logbook and sinks; True if all were acked."""
@@ -884,7 +682,7 @@ class Pilot:
         record = self.ledger.outcome(marque_id, nonce)
         if record is None or record.status is not Status.IN_PROGRESS:
             return None
-        return self._lost(record)
+        return reconciliation.lost(self, record)
 
     def _outcome(self, record: AttemptRecord, *, replayed: bool,
                  recorded: bool = True) -> Outcome:
@@ -938,14 +736,4 @@ def _report_key(entry: OutboxEntry) -> str:
 
 def _replayed(outcome: Outcome) -> Outcome:
     return replace(outcome, replayed=True)
-
-
-def _change(before: AttemptRecord, after: AttemptRecord) -> dict[str, Any]:
-    return {
-        "marque_id": before.marque_id,
-        "nonce": before.nonce,
-        "attempt": before.attempt,
-        "from": before.status.value,
-        "to": after.status.value,
-    }
 
