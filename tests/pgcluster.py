@@ -18,11 +18,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+
+from e2e.harbour_support import free_port
 
 
 def find_bindir() -> Path | None:
@@ -40,12 +41,6 @@ def find_bindir() -> Path | None:
 
 #: A pristine initdb data directory per server bindir, made by the first cluster.
 _TEMPLATES: dict[Path, Path] = {}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgCluster:

@@ -16,6 +16,7 @@ import threading
 import time
 
 from e2e_support import EXIT, MARQUE, Service, World, cli_env, json_lines, one_json
+from harbour_support import free_port
 from pgproxy import close_socket
 
 from marque.token import new_key
@@ -130,11 +131,8 @@ def test_a_refusal_through_the_service_is_exit_3_with_its_code(
 
 def test_a_service_that_cannot_be_reached_is_exit_7(world: World) -> None:
     """Nothing listens there: pilot_unavailable, exit 7, nothing happened."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     marque = world.issue([DEBIT])
-    res = world.run(*remote(world, f"http://127.0.0.1:{port}", marque, "n1"))
+    res = world.run(*remote(world, f"http://127.0.0.1:{free_port()}", marque, "n1"))
     assert res.returncode == 7, res
     assert one_json(res.stdout)["error"]["code"] == "pilot_unavailable"
     assert world.balances()[1] == 100

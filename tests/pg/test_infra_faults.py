@@ -17,7 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgcluster import PgCluster, create_database, free_port
+from e2e.harbour_support import free_port
+from pgcluster import PgCluster, create_database
 from pgproxy import PgProxy
 
 from marque.errors import LedgerUnavailable

@@ -15,12 +15,13 @@ from marque.effects.preview import Strength
 from marque.effects.request import EffectSetSubmission
 from marque.errors import EffectDuplicateIdentity, InvalidInput, MarqueInvalid
 from marque.harbour.console.views import ROW_STATES, _effect_preview, tone_of
-from marque.harbour.effect_requests import marque_change, stored_change
+from marque.harbour.effect_requests import EffectSetRequest
 from marque.harbour.identity import (
     NO_INPUT_INTENT,
     effect_request_identity,
     request_identity,
 )
+from marque.harbour.request_change import marque_change, stored_change
 from marque.harbour.routing import BOOTSTRAP_PROFILE, evaluate_effects, parse_config
 from marque.harbour.routing.classify import table_resource
 
@@ -96,7 +97,7 @@ def test_a_submission_round_trips_through_its_stored_claim_and_refuses_a_wrong_c
     sub = _submission(ROWS)
     claim = sub.to_claim()
     back = stored_change(claim)
-    assert isinstance(back, EffectSetSubmission) and back.change_cid == sub.change_cid
+    assert isinstance(back, EffectSetRequest) and back.change_cid == sub.change_cid
     claim["effect_set"]["inputs"]["topup"]["rows"][0]["balance"] = 1
     with pytest.raises(MarqueInvalid):
         stored_change(claim)

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import httpx
 import pytest
+from e2e.harbour_support import free_port
 
 from marque.errors import (
     AccountDenied,
@@ -66,10 +65,7 @@ def test_an_answer_that_is_not_a_problem_is_harbour_unavailable(response: httpx.
 
 
 def test_an_unreachable_harbourmaster_is_unavailable_and_nothing_was_sent() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with HarbourClient(f"http://127.0.0.1:{port}", "token", timeout=2) as client:
+    with HarbourClient(f"http://127.0.0.1:{free_port()}", "token", timeout=2) as client:
         with pytest.raises(HarbourUnavailable) as caught:
             client.list_requests()
     assert caught.value.detail["sent"] is False

@@ -14,25 +14,35 @@ is approved and executed is that preview, named by its ``effect_preview_cid``:
   issue --effects-preview`` makes it, with ``req`` and ``approval`` as for a
   statement marque.
 
-This module holds the pure parts: reading a stored change back, checking that
-a Pilot's answer is the preview of this request, and the change a marque
-carries. The service (:mod:`marque.harbour.service`) calls them.
+So even an allowed Effect Set is previewed before its marque is issued.
+:class:`EffectSetRequest` is the
+:class:`~marque.harbour.request_change.RequestChange` of a submission; the
+service (:mod:`marque.harbour.service`) calls it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from marque.change import AnyChange, Change, EffectSetChange
+from marque.change import Budget, EffectSetChange
 from marque.effects.preview import EffectPreview, verify_preview
-from marque.effects.request import EffectSetSubmission
-from marque.errors import InvalidInput, MarqueError
+from marque.effects.request import EffectPreviewRequest, EffectSetSubmission
+from marque.errors import (
+    EffectPreviewInvalid,
+    EffectUnsupported,
+    InvalidInput,
+    MarqueError,
+    PreviewFailed,
+    UnknownTarget,
+)
+from marque.harbour.identity import RequestIdentity, effect_request_identity
+from marque.harbour.routing import Decision, RoutingConfig, evaluate_effects
 
-__all__ = ["RequestChange", "stored_change", "effect_preview_mismatch", "marque_change",
-           "is_effect_set"]
+if TYPE_CHECKING:
+    from marque.harbour.store.base import PilotRecord
 
-#: What a request asks for: statements, or an Effect Set before its preview.
-RequestChange = Change | EffectSetSubmission
+__all__ = ["EffectSetRequest", "effect_preview_mismatch", "effect_set_change", "is_effect_set"]
 
 
 def is_effect_set(claim: Any) -> bool:
@@ -40,11 +50,75 @@ def is_effect_set(claim: Any) -> bool:
     return isinstance(claim, dict) and "effect_set" in claim
 
 
-def stored_change(claim: Any) -> RequestChange:
-    """A stored request change read back strictly (its CID rechecked)."""
-    if is_effect_set(claim):
-        return EffectSetSubmission.from_claim(claim)
-    return Change.from_claim(claim)
+@dataclass(frozen=True)
+class EffectSetRequest:
+    """A request for an Effect Set: the
+    :class:`~marque.harbour.request_change.RequestChange` of a submission."""
+
+    submission: EffectSetSubmission
+
+    marque_names_preview: ClassVar[bool] = True
+    preview_refusals: ClassVar[tuple[type[MarqueError], ...]] = (
+        PreviewFailed, EffectPreviewInvalid, EffectUnsupported, UnknownTarget)
+
+    @classmethod
+    def from_claim(cls, claim: Any) -> EffectSetRequest:
+        """A stored ``{effect_set, change_cid}`` read back, bound and its CID rechecked."""
+        return cls(EffectSetSubmission.from_claim(claim))
+
+    @property
+    def change_cid(self) -> str:
+        """The submission's ``change_cid`` (before any preview)."""
+        return self.submission.change_cid
+
+    def to_claim(self) -> dict[str, Any]:
+        """``{effect_set, change_cid}``."""
+        return self.submission.to_claim()
+
+    def identity(self, harbour_id: str, principal: str, request_id: str, budget: Budget,
+                 ttl_seconds: int, pilot_id: str, target: str) -> RequestIdentity:
+        """:func:`~marque.harbour.identity.effect_request_identity` of the submission."""
+        return effect_request_identity(harbour_id, principal, request_id, self.submission,
+                                       budget, ttl_seconds, pilot_id, target)
+
+    def route(self, config: RoutingConfig, principal: str, target: str,
+              dialect: str) -> Decision:
+        """Every member routed by its kind and table."""
+        return evaluate_effects(
+            config, principal, target,
+            [(m.kind.value, m.table) for m in self.submission.declaration.members], dialect)
+
+    def routed(self, decision: Decision) -> EffectSetRequest:
+        """The submission as it is: an Effect Set is never routed as a read."""
+        return self
+
+    @property
+    def read_only(self) -> bool:
+        """Never: an Effect Set always writes or commands."""
+        return False
+
+    def preview_change(self, logical_request_scope: str) -> EffectPreviewRequest:
+        """The submission's preview request, bound to the request's scope and its Run."""
+        return self.submission.preview_request(logical_request_scope)
+
+    def previewed(self, answer: Any, pilot: PilotRecord,
+                  target: str) -> tuple[dict[str, Any], str]:
+        """The verified preview (as JSON) and its ``effect_preview_cid``, once it is shown
+        to be this submission's on this Pilot and target (:func:`effect_preview_mismatch`)."""
+        verified, mismatch = effect_preview_mismatch(answer, self.submission,
+                                                     pilot_id=pilot.pilot_id, target=target)
+        if verified is None:
+            raise PreviewFailed(f"the Pilot's preview does not describe this Effect Set "
+                                f"({mismatch})")
+        return verified.to_json(), verified.effect_preview_cid
+
+    def refused(self, exc: MarqueError, request_id: str) -> MarqueError:
+        """The refusal itself, its detail naming the request too."""
+        return type(exc)(exc.message, detail={**exc.detail, "id": request_id})
+
+    def marque_change(self, preview: dict[str, Any] | None) -> EffectSetChange:
+        """The :class:`EffectSetChange` naming the stored preview."""
+        return effect_set_change(preview)
 
 
 def effect_preview_mismatch(preview: Any, submission: EffectSetSubmission, *, pilot_id: str,
@@ -81,12 +155,9 @@ def effect_preview_mismatch(preview: Any, submission: EffectSetSubmission, *, pi
     return verified, ""
 
 
-def marque_change(claim: Any, preview: Any) -> AnyChange:
-    """The change a request's marque carries: its statements, or for an Effect Set the
-    :class:`EffectSetChange` naming its stored preview's ``effect_preview_cid``."""
-    if is_effect_set(claim):
-        if not isinstance(preview, dict) or not isinstance(
-                preview.get("effect_preview_cid"), str):
-            raise InvalidInput("an Effect Set request has no stored preview to issue")
-        return EffectSetChange(preview["effect_preview_cid"])
-    return Change.from_claim(claim)
+def effect_set_change(preview: Any) -> EffectSetChange:
+    """The :class:`EffectSetChange` naming a stored preview's ``effect_preview_cid``;
+    ``InvalidInput`` if there is none."""
+    if not isinstance(preview, dict) or not isinstance(preview.get("effect_preview_cid"), str):
+        raise InvalidInput("an Effect Set request has no stored preview to issue")
+    return EffectSetChange(preview["effect_preview_cid"])

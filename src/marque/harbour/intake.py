@@ -14,9 +14,12 @@ from typing import Any
 from marque.change import Budget, Change, Guard, Statement, is_json_int
 from marque.effects.request import EffectSetSubmission
 from marque.errors import InvalidInput, RequestIdInvalid
+from marque.harbour.effect_requests import EffectSetRequest
 from marque.harbour.executions import REPORTED_STATUSES
 from marque.harbour.identity import resolve_request_id
+from marque.harbour.request_change import RequestChange
 from marque.harbour.routing import DIALECTS
+from marque.harbour.statement_requests import StatementRequest
 
 _REQUEST_KEYS = frozenset({"request_id", "pilot_id", "target", "change", "budget",
                            "ttl_seconds", "reason", "rolls_back"})
@@ -37,7 +40,7 @@ class Submission:
     pilot_id: str
     target: str
     #: Statements, or an Effect Set (its declaration and captured inputs, DESIGN §7).
-    change: Change | EffectSetSubmission
+    change: RequestChange
     budget: Budget
     ttl_seconds: int
     reason: str | None
@@ -73,12 +76,12 @@ def _params(value: Any, where: str) -> tuple[Any, ...]:
     return tuple(value)
 
 
-def read_change(value: Any) -> Change | EffectSetSubmission:
+def read_change(value: Any) -> RequestChange:
     """``{statements: [{sql, params}], guards?, isolation?, statement_timeout_ms?}``, or
     ``{effect_set: {declaration, inputs, strength?}}`` (an Effect Set request)."""
     if isinstance(value, Mapping) and "effect_set" in value:
         data = _object(value, "change", frozenset({"effect_set"}), frozenset({"effect_set"}))
-        return EffectSetSubmission.from_json(data["effect_set"], InvalidInput)
+        return EffectSetRequest(EffectSetSubmission.from_json(data["effect_set"], InvalidInput))
     data = _object(value, "change", _CHANGE_KEYS, frozenset({"statements"}))
     statements = data["statements"]
     if not isinstance(statements, list) or not statements:
@@ -98,8 +101,9 @@ def read_change(value: Any) -> Change | EffectSetSubmission:
                        frozenset({"sql"}))
         checks.append(Guard(item["sql"], _params(item.get("params"), where),
                             item.get("expect", True), item.get("when", "before")))
-    return Change(tuple(built), tuple(checks), data.get("isolation", "read_committed"),
-                  data.get("statement_timeout_ms"))
+    return StatementRequest(Change(tuple(built), tuple(checks),
+                                   data.get("isolation", "read_committed"),
+                                   data.get("statement_timeout_ms")))
 
 
 def read_budget(value: Any) -> Budget:

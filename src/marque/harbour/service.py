@@ -24,25 +24,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from marque.change import AnyChange, Budget, Change, EffectSetChange
-from marque.cid import cid
+from marque.change import AnyChange, Budget
 from marque.client import PilotClient
-from marque.effects.request import EffectSetSubmission
 from marque.errors import (
     AccountConfigInvalid,
     AccountDenied,
     AccountNoMatch,
     Conflict,
-    EffectPreviewInvalid,
-    EffectUnsupported,
     Forbidden,
     InvalidInput,
     MarqueError,
     NotFound,
-    PreviewFailed,
     RequestExpired,
     RevalidationFailed,
     Unauthenticated,
@@ -60,32 +54,15 @@ from marque.harbour.checkpoint import (
     seal_resolution,
     tally,
 )
-from marque.harbour.effect_requests import (
-    RequestChange,
-    effect_preview_mismatch,
-    marque_change,
-    stored_change,
-)
 from marque.harbour.heads import sign_head
 from marque.harbour.home import HarbourHome, open_home_store
-from marque.harbour.identity import (
-    authority_scope_cid,
-    effect_request_identity,
-    logical_request_scope,
-    request_identity,
-)
+from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.intake import read_registration, read_reports, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
 from marque.harbour.lifecycle import IntentConflict, RequestState, StaleVersion
 from marque.harbour.principals import Principal, Role
-from marque.harbour.routing import (
-    ALLOW,
-    DELEGATE,
-    Decision,
-    evaluate,
-    evaluate_effects,
-    parse_config,
-)
+from marque.harbour.request_change import RequestChange, marque_change, stored_change
+from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
 from marque.harbour.views import pilot_object, request_object
@@ -242,14 +219,8 @@ class Harbourmaster:
         """
         _require(principal, Role.REQUESTER)
         sub = read_submission(body, idempotency_key)
-        if isinstance(sub.change, EffectSetSubmission):
-            identity = effect_request_identity(
-                self.store.harbour_id, principal.name, sub.request_id, sub.change, sub.budget,
-                sub.ttl_seconds, sub.pilot_id, sub.target)
-        else:
-            identity = request_identity(self.store.harbour_id, principal.name, sub.request_id,
-                                        sub.change, sub.budget, sub.ttl_seconds, sub.pilot_id,
-                                        sub.target)
+        identity = sub.change.identity(self.store.harbour_id, principal.name, sub.request_id,
+                                       sub.budget, sub.ttl_seconds, sub.pilot_id, sub.target)
         active = self.store.find_active(identity.logical_request_scope)
         if active is not None:
             return self._repeat(active, identity.intent_fingerprint, sub.request_id), False
@@ -264,9 +235,7 @@ class Harbourmaster:
                             detail={"principal": principal.name})
         decision = self._route(principal.name, pilot, sub.target, sub.change)
         # Routing decides read_only, which is part of the change and so of its CID.
-        change: RequestChange = sub.change
-        if isinstance(change, Change) and decision.all_read:
-            change = replace(change, access="read_only")
+        change = sub.change.routed(decision)
         if decision.outcome == DELEGATE:
             check_ttl(sub.ttl_seconds, decision.max_ttl_seconds)
         draft = RequestDraft(
@@ -317,21 +286,15 @@ class Harbourmaster:
             raise InvalidInput(f"Pilot {pilot.pilot_id} registered target {target[:64]!r} "
                                "without its dialect; it must register again",
                                detail={"pilot_id": pilot.pilot_id, "target": target[:64]})
-        if isinstance(change, EffectSetSubmission):
-            return evaluate_effects(config, principal, target,
-                                    [(m.kind.value, m.table) for m in change.declaration.members],
-                                    dialect)
-        return evaluate(config, principal, target, [s.sql for s in change.statements], dialect)
+        return change.route(config, principal, target, dialect)
 
     def _prepare(self, request: Request, decision: Decision | None) -> Request:
         """Take a ``preparing`` request on: refuse it, issue at once, or seek approval."""
         change = stored_change(request.change)
         pilot = self._pilot(request.pilot_id)
         if decision is None:  # resuming: route again, as nothing was sealed yet
-            unmoded = replace(change, access=None) if isinstance(change, Change) else change
-            decision = self._route(request.principal, pilot, request.target, unmoded)
-            read_only = isinstance(change, Change) and change.read_only
-            if decision.permitted and decision.all_read != read_only:
+            decision = self._route(request.principal, pilot, request.target, change)
+            if decision.permitted and decision.all_read != change.read_only:
                 return self._end(request, S.FAILED, "revalidation_failed",
                                  "the routing decision changed while the request was being "
                                  "prepared; ask again", actor=request.principal,
@@ -346,76 +309,36 @@ class Harbourmaster:
                 raise type(refusal)(refusal.message,
                                     detail={"id": failed.id, "routing": routing}) from None
         if decision.outcome == ALLOW:
-            issued: AnyChange
-            preview: dict[str, Any] | None = None
-            if isinstance(change, EffectSetSubmission):
-                # The marque names the preview, so even an allowed Effect Set is previewed.
-                preview, issued = self._effect_preview(request, change, pilot, decision)
-            else:
-                issued = change
-            return self._issue(request, issued, approval=approval_for_allow(decision.config_cid),
+            preview = None
+            if change.marque_names_preview:
+                preview, _ = self._preview(request, change, pilot, decision)
+            return self._issue(request, change.marque_change(preview),
+                               approval=approval_for_allow(decision.config_cid),
                                max_ttl=decision.max_ttl_seconds, actor=request.principal,
                                routing=routing, preview=preview)
-        return self._seek_approval(request, change, pilot, decision)
+        preview, preview_cid = self._preview(request, change, pilot, decision)
+        return self._seal(request, pilot, decision, preview,
+                          change.marque_change(preview).change_cid, preview_cid)
 
-    def _effect_preview(self, request: Request, change: EffectSetSubmission,
-                        pilot: PilotRecord, decision: Decision
-                        ) -> tuple[dict[str, Any], EffectSetChange]:
-        """The Effect Set's preview from its Pilot (a preview token whose ``change`` is the
-        set, bound to this request's scope), checked to be this request's; the marque's
-        change naming it. A refused or foreign preview ends the request ``failed``."""
+    def _preview(self, request: Request, change: RequestChange, pilot: PilotRecord,
+                 decision: Decision) -> tuple[dict[str, Any], str]:
+        """The change's preview from its Pilot, checked to be this request's:
+        ``(the preview to store, the preview_cid to seal)``. A refusal in
+        ``change.preview_refusals`` or a foreign preview ends the request ``failed``."""
         token = self.issuer.preview_token(
             pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
-            change=change.preview_request(request.logical_request_scope),
+            change=change.preview_change(request.logical_request_scope),
             sample_rows=PREVIEW_SAMPLE_ROWS,
             max_rows=Budget.from_claim(request.budget).max_rows)
         client = self.pilot_client_factory(pilot.url)
         try:
-            preview = client.preview(token)
-        except (PreviewFailed, EffectPreviewInvalid, EffectUnsupported, UnknownTarget) as exc:
+            return change.previewed(client.preview(token), pilot, request.target)
+        except change.preview_refusals as exc:
             failed = self._end(request, S.FAILED, exc.code, exc.message,
                                actor=request.principal, routing=decision.to_dict())
-            raise type(exc)(exc.message, detail={**exc.detail, "id": failed.id}) from None
+            raise change.refused(exc, failed.id) from None
         finally:
             client.close()
-        verified, mismatch = effect_preview_mismatch(preview, change, pilot_id=pilot.pilot_id,
-                                                     target=request.target)
-        if verified is None:
-            message = f"the Pilot's preview does not describe this Effect Set ({mismatch})"
-            failed = self._end(request, S.FAILED, "preview_failed", message,
-                               actor=request.principal, routing=decision.to_dict())
-            raise PreviewFailed(message, detail={"id": failed.id})
-        return verified.to_json(), EffectSetChange(verified.effect_preview_cid)
-
-    def _seek_approval(self, request: Request, change: RequestChange, pilot: PilotRecord,
-                       decision: Decision) -> Request:
-        """A preview through the Pilot, then the sealed Checkpoint (``awaiting_approval``)."""
-        if isinstance(change, EffectSetSubmission):
-            preview, issued = self._effect_preview(request, change, pilot, decision)
-            return self._seal(request, pilot, decision, preview, issued.change_cid,
-                              issued.effect_preview_cid)
-        budget = Budget.from_claim(request.budget)
-        token = self.issuer.preview_token(
-            pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
-            change=change, sample_rows=PREVIEW_SAMPLE_ROWS, max_rows=budget.max_rows)
-        client = self.pilot_client_factory(pilot.url)
-        try:
-            preview = client.preview(token)
-        except PreviewFailed as exc:
-            failed = self._end(request, S.FAILED, exc.code, exc.message,
-                               actor=request.principal, routing=decision.to_dict())
-            raise PreviewFailed(exc.message, sqlstate=exc.sqlstate,
-                                detail={"id": failed.id}) from None
-        finally:
-            client.close()
-        mismatch = _preview_mismatch(preview, change, pilot, request.target)
-        if mismatch:
-            message = f"the Pilot's preview does not describe this change ({mismatch})"
-            failed = self._end(request, S.FAILED, "preview_failed", message,
-                               actor=request.principal, routing=decision.to_dict())
-            raise PreviewFailed(message, detail={"id": failed.id})
-        return self._seal(request, pilot, decision, preview, change.change_cid,
-                          preview["preview_cid"])
 
     def _seal(self, request: Request, pilot: PilotRecord, decision: Decision,
               preview: dict[str, Any], change_cid: str, preview_cid: str) -> Request:
@@ -767,18 +690,3 @@ def _already_decided(principal: Principal, request: Request, decided: str) -> Co
                     "Checkpoint; a Resolution cannot be changed",
                     detail={"id": request.id, "decision": decided})
 
-
-def _preview_mismatch(preview: Any, change: Change, pilot: PilotRecord, target: str) -> str:
-    """What makes ``preview`` not this change's preview on this Pilot ("" if nothing)."""
-    if not isinstance(preview, dict) or not isinstance(preview.get("preview_cid"), str):
-        return "it is not a preview object"
-    body = {k: v for k, v in preview.items() if k != "preview_cid"}
-    if cid(body) != preview["preview_cid"]:
-        return "its preview_cid does not match its content"
-    if preview.get("change_cid") != change.change_cid:
-        return "another change_cid"
-    if preview.get("pilot") != {"id": pilot.pilot_id, "incarnation": pilot.incarnation}:
-        return "another Pilot or ledger incarnation"
-    if preview.get("target") != target:
-        return "another target"
-    return ""
