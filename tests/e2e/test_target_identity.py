@@ -18,8 +18,10 @@ tombstone the nonce there and let it run again: applied twice. With it:
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -176,7 +178,8 @@ def test_a_copy_of_the_database_is_the_same_target(world: World) -> None:
 def test_the_service_refuses_a_repointed_target_with_its_problem_and_says_so_in_health(
         world: World) -> None:
     """`pilot serve` over a home whose target name now points at another database: a POST
-    is 403 `target_replaced`, nothing claimed or sent; /v1/health marks the target."""
+    is 403 `target_replaced`, nothing claimed or sent; /v1/health marks the target. A
+    `pilot target rebind` while it runs is picked up without a restart."""
     assert world.exec(world.issue([DEBIT]), "n-0").returncode == EXIT["applied"]  # bound
     other = _other_bank(world)
     _point(world, other)
@@ -186,6 +189,20 @@ def test_the_service_refuses_a_repointed_target_with_its_problem_and_says_so_in_
         response = httpx.post(f"{service.url}/v1/executions",
                               json=body(world, marque, "n-1"), timeout=30)
         health = httpx.get(f"{service.url}/v1/health", timeout=30).json()
+        assert world.ledger_count("claims") == 1  # n-0's only
+        assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(100,)]
+
+        rebound = world.run("pilot", "target", "rebind", "--home", world.home, "bank", "--json")
+        assert rebound.returncode == 0 and rebound.json["rebound"] is True, rebound
+        deadline = time.monotonic() + 20
+        while True:  # the service looks at the binding again at most once a second
+            served = httpx.post(f"{service.url}/v1/executions",
+                                json=body(world, marque, "n-1"), timeout=30)
+            if served.status_code == 200 or time.monotonic() > deadline:
+                break
+            assert served.json()["code"] == "target_replaced"
+            time.sleep(0.2)
+        after = httpx.get(f"{service.url}/v1/health", timeout=30).json()
     finally:
         service.stop()
 
@@ -193,5 +210,9 @@ def test_the_service_refuses_a_repointed_target_with_its_problem_and_says_so_in_
     assert response.headers["content-type"].startswith("application/problem+json")
     assert response.json()["code"] == "target_replaced"
     assert health["targets"] == {"bank": {"reachable": True, "replaced": True}}
-    assert world.ledger_count("claims") == 1  # n-0's only
-    assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(100,)]
+    assert served.status_code == 200, served.text
+    assert [json.loads(line) for line in served.text.splitlines()][-1]["outcome"]["status"] \
+        == "applied"
+    assert after["targets"] == {"bank": {"reachable": True, "replaced": False}}
+    assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(90,)]
+    assert world.balances()[1] == 90  # n-0's, in the old bank

@@ -149,9 +149,9 @@ def target_rebind(home: Path, name: str, pin_unsettled: bool, as_json: bool) -> 
     """Accept that target NAME now points at another database.
 
     The Pilot refuses a name that points at another database than its ledger
-    bound it to (target_replaced). Run this once the move is meant; restart a
-    running Pilot (or `pilot serve`) afterwards. Refused (target_unsettled) while
-    attempts on NAME are unsettled in the database it left, unless --pin-unsettled.
+    bound it to (target_replaced). Run this once the move is meant; a running
+    Pilot picks it up within a second. Refused (target_unsettled) while attempts
+    on NAME are unsettled in the database it left, unless --pin-unsettled.
     """
     from marque.errors import TargetUnsettled
     from marque.pilot.setup import rebind_target

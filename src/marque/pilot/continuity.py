@@ -17,6 +17,7 @@ target is back, budget the target's stamps say was already spent.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,32 @@ def _holds_binding(pilot: Pilot, name: str, target_id: str) -> bool:
             pilot.logbook.append("finding.target_replaced",
                                  f"finding/target/{name}/{target_id}", finding)
     return False
+
+
+#: How often a refused target's binding is looked at again (a rebinding, a name pointed
+#: back): a flood of calls on a replaced target asks its database at most this often.
+RECHECK_SECONDS = 1.0
+
+
+def refuse_if_replaced(pilot: Pilot, target: str) -> None:
+    """Refuse (``target_replaced``) an execution or preview on a replaced target.
+
+    The binding is looked at again first, at most once every :data:`RECHECK_SECONDS`,
+    so a ``pilot target rebind`` (or the database coming back under the name) takes
+    effect in a running Pilot without a restart. Looking again is a continuity check
+    of that target: a rotation it causes refuses the marque at hand as
+    ``wrong_incarnation`` (the caller checks the marque again).
+    """
+    if target not in pilot.targets_replaced:
+        return
+    with pilot.continuity_lock:
+        now = time.monotonic()
+        if now - pilot.replaced_checked_at.get(target, float("-inf")) >= RECHECK_SECONDS:
+            pilot.replaced_checked_at[target] = now
+            check_continuity(pilot, only=(target,))
+    refused = replaced(pilot, target)
+    if refused is not None:
+        raise refused
 
 
 def replaced(pilot: Pilot, target: str) -> TargetReplaced | None:

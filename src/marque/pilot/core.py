@@ -33,7 +33,7 @@ from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, Observed, O
 from marque.outcome import Outcome, Status
 from marque.pilot import reconciliation
 from marque.pilot.config import Settings
-from marque.pilot.continuity import ensure_continuity, replaced, unreadable
+from marque.pilot.continuity import ensure_continuity, refuse_if_replaced, unreadable
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.settle_behind import SettleBehind
 from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
@@ -129,6 +129,7 @@ class Pilot:
         self.target_ids: dict[str, str] = {
             binding.target: binding.target_id for binding in ledger.target_bindings()}
         self.targets_replaced: dict[str, dict[str, Any]] = {}
+        self.replaced_checked_at: dict[str, float] = {}
         #: Applied writes answered before their outcome is recorded (long-running Pilots
         #: with ``settle_write_behind``; see :mod:`marque.pilot.settle_behind`).
         self.settler: SettleBehind | None = None
@@ -169,8 +170,9 @@ class Pilot:
         if marque.target in self.continuity_unchecked:
             ensure_continuity(self, marque.target)
             check(incarnation=self.incarnation)  # a rotation just now refuses it
-        if self.targets_replaced and (refused := replaced(self, marque.target)) is not None:
-            raise refused
+        if self.targets_replaced and marque.target in self.targets_replaced:
+            refuse_if_replaced(self, marque.target)
+            check(incarnation=self.incarnation)  # a rotation just now refuses it
         jti = verify_proof(
             proof,
             marque,

@@ -24,7 +24,7 @@ from typing import Any
 from marque.cid import cid
 from marque.effects.request import EffectPreviewRequest
 from marque.pilot.config import PREVIEW_MODES
-from marque.pilot.continuity import replaced
+from marque.pilot.continuity import refuse_if_replaced
 from marque.pilot.core import Pilot
 from marque.service_tokens import verify_preview_token
 from marque.timefmt import iso_time
@@ -56,9 +56,8 @@ def run_preview(
         targets=pilot.targets.keys(), remember_jti=pilot.ledger.remember_pop_jti, now=now,
         skew_seconds=pilot.options.skew_seconds,
     )
-    refused = replaced(pilot, read.target)
-    if refused is not None:  # an approver must never see rows of another database
-        raise refused
+    # An approver must never see rows of another database than the name stands for.
+    refuse_if_replaced(pilot, read.target)
     if isinstance(read.change, EffectPreviewRequest):
         from marque.pilot.effects import preview_effects
 
