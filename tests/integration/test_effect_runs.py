@@ -130,6 +130,24 @@ def test_a_paused_run_resumes_on_the_next_attempt_and_succeeds(world: EffectWorl
     assert world.items()[1] == ("anchor", 50) and world.items()[2] == ("buoy", 70)
 
 
+def test_a_run_refused_on_its_last_attempt_ends_failed_instead_of_waiting(
+        world: EffectWorld) -> None:
+    """The target refused before row 1 on the nonce's only attempt: nothing can continue
+    the Run, so it ends `failed` by its rows' states (none attempted), not paused in
+    `waiting_checkpoint` with a next action nobody can take."""
+    preview = world.preview([member("bump", "update")], ROWS)
+    token = world.issue(preview.effect_preview_cid, attempts=1)
+
+    first = _run_with_target_gone(world, token, "n-1")
+
+    assert (first.status, first.attempt) == ("aborted_not_applied", 1)
+    run = world.receipts(token, "n-1")["run"]
+    assert (run["state"], run["next_action"]) == ("failed", {"kind": "none"})
+    assert run["checkpoint_cid"] is None
+    assert [r["state"] for r in world.receipts(token, "n-1")["rows"]] == ["prepared"] * 2
+    assert world.items()[1] == ("anchor", 5)
+
+
 def test_a_resume_whose_target_now_points_elsewhere_fails_revalidation_and_sends_nothing(
         world: EffectWorld, tmp_path: Path) -> None:
     """Between the attempts `shop` is pointed at a copy of its database in another file

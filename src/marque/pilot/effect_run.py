@@ -243,17 +243,24 @@ def _unknown_effects(preview: EffectPreview, states: Sequence[str]) -> list[str]
 
 def end_attempt(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
                 states: Sequence[str], status: Status, records: Sequence[Sequence[DispatchRecord]],
-                set_receipt_cid: str) -> RunRecord | None:
+                set_receipt_cid: str, *, attempts_left: bool = True) -> RunRecord | None:
     """Move the Run to where the attempt left it: every row's latest state (``states``,
     in preview order), the attempt's status, and the dispatch ledger by member
-    (``records``). None if the execution has no Run."""
+    (``records``). None if the execution has no Run.
+
+    An attempt the target refused before any row was sent pauses the Run in
+    ``waiting_checkpoint`` for the nonce's next attempt, unless ``attempts_left`` is
+    false: with no attempt left nothing can continue it, so it ends by its rows'
+    states (``failed`` while rows are unattempted) rather than waiting for ever.
+    """
     current = record_of(pilot, marque_id, nonce)
     if current is None or current.state in TERMINAL:
         return current
     plan = plan_set([(member.failure_policy, rows)
                      for member, rows in zip(preview.members, records, strict=True)])
     unknown = _unknown_effects(preview, states)
-    if status is Status.ABORTED_NOT_APPLIED and plan.next is not None and not unknown:
+    if (status is Status.ABORTED_NOT_APPLIED and plan.next is not None and not unknown
+            and attempts_left):
         checkpoint = _continuation_cid(preview, set_receipt_cid)
         if current.state is R.WAITING_CHECKPOINT:
             return current

@@ -492,6 +492,13 @@ def _status_of(states: list[str], rows: list[DispatchRow],
                                         "message": "no row of the Effect Set was applied"}
 
 
+def _attempts_left(pilot: Pilot, marque_id: str, attempt: int) -> bool:
+    """Whether the nonce may run another attempt after ``attempt`` (its marque's
+    ``attempts_per_nonce``; an unknown budget is taken as having some)."""
+    budget = pilot.ledger.budget(marque_id)
+    return budget is None or attempt < budget["attempts_per_nonce"]
+
+
 def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: EffectPreview,
           target_attempt: TargetAttempt, stream: AttemptStream,
           unavailable: TargetUnavailable | None) -> Observation:
@@ -505,7 +512,8 @@ def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: Effec
     stream.emit("receipts_sealed", set_receipt_cid=sealed.receipt_cid, status=sealed.status)
     status, error = _status_of(states, rows, unavailable)
     ended = effect_run.end_attempt(pilot, marque_id, nonce, preview, states, status,
-                                   _records(preview, rows), sealed.receipt_cid)
+                                   _records(preview, rows), sealed.receipt_cid,
+                                   attempts_left=_attempts_left(pilot, marque_id, attempt))
     summary = _summary(preview, sealed, states, rows, ended)
     return Observation(target_attempt, status,
                        rows_affected=summary["effect_set"]["rows_affected"], result=summary,
@@ -603,7 +611,8 @@ def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> Attemp
     all_rows = pilot.ledger.effect_rows(mid, nonce)
     status, error = _status_of(states, all_rows, None)
     ended = effect_run.end_attempt(pilot, mid, nonce, preview, states, status,
-                                   _records(preview, all_rows), sealed.receipt_cid)
+                                   _records(preview, all_rows), sealed.receipt_cid,
+                                   attempts_left=_attempts_left(pilot, mid, record.attempt))
     summary = _summary(preview, sealed, states, all_rows, ended)
     if status is Status.INDETERMINATE:
         # Still unknown (no tombstone could be written): the sealed unknown_outcome receipt
