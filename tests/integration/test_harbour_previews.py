@@ -140,13 +140,13 @@ def test_an_allowed_statement_request_is_issued_without_a_preview(
 
 def test_a_statement_preview_refused_fails_the_request_keeping_the_sqlstate(
         delegated: Harbour) -> None:
-    """A refused preview is preview_failed with its SQLSTATE; its detail is {id}."""
+    """A refused preview is preview_failed with its SQLSTATE and detail, naming the request."""
     delegated.pilot.answer = _raise(PreviewFailed("constraint", sqlstate="23505",
                                             detail={"statement": 0}))
     error = delegated.refused(_statement("s-1"), PreviewFailed)
     stored = delegated.stored(error.detail["id"])
-    assert (error.message, error.sqlstate, error.detail) == ("constraint", "23505",
-                                                             {"id": stored["id"]})
+    assert (error.message, error.sqlstate, error.detail) == (
+        "constraint", "23505", {"statement": 0, "id": stored["id"]})
     assert stored["state"] == "failed"
     assert stored["failure"] == {"code": "preview_failed", "message": "constraint"}
 
@@ -165,12 +165,13 @@ def test_a_statement_preview_of_something_else_fails_the_request(delegated: Harb
 
 def test_an_effect_set_preview_refused_fails_the_request_with_the_pilots_detail(
         either: Harbour) -> None:
-    """The Pilot's refusal keeps its code and detail, adding the request's id."""
-    either.pilot.answer = _raise(EffectUnsupported("no such kind here", detail={"rule": "kind"}))
+    """The Pilot's refusal keeps its code, SQLSTATE and detail, adding the request's id."""
+    either.pilot.answer = _raise(EffectUnsupported("no such kind here", sqlstate="0A000",
+                                                   detail={"rule": "kind"}))
     error = either.refused(effect_body(TOPUP_ROWS, request_id="e-1"), EffectUnsupported)
     stored = either.stored(error.detail["id"])
-    assert (error.message, error.detail) == ("no such kind here",
-                                             {"rule": "kind", "id": stored["id"]})
+    assert (error.message, error.sqlstate, error.detail) == (
+        "no such kind here", "0A000", {"rule": "kind", "id": stored["id"]})
     assert stored["state"] == "failed"
     assert stored["failure"] == {"code": "effect_unsupported", "message": "no such kind here"}
 

@@ -113,8 +113,9 @@ class EffectSetRequest:
         return verified.to_json(), verified.effect_preview_cid
 
     def refused(self, exc: MarqueError, request_id: str) -> MarqueError:
-        """The refusal itself, its detail naming the request too."""
-        return type(exc)(exc.message, detail={**exc.detail, "id": request_id})
+        """The refusal itself (its message, SQLSTATE and detail), naming the request too."""
+        return type(exc)(exc.message, sqlstate=exc.sqlstate,
+                         detail={**exc.detail, "id": request_id})
 
     def marque_change(self, preview: dict[str, Any] | None) -> EffectSetChange:
         """The :class:`EffectSetChange` naming the stored preview."""

@@ -87,8 +87,10 @@ class StatementRequest:
         return answer, answer["preview_cid"]
 
     def refused(self, exc: MarqueError, request_id: str) -> MarqueError:
-        """``preview_failed`` with the refusal's message and SQLSTATE, naming the request."""
-        return PreviewFailed(exc.message, sqlstate=exc.sqlstate, detail={"id": request_id})
+        """``preview_failed`` with the refusal's message, SQLSTATE and detail, naming the
+        request (as an Effect Set request's refusal keeps them)."""
+        return PreviewFailed(exc.message, sqlstate=exc.sqlstate,
+                             detail={**exc.detail, "id": request_id})
 
     def marque_change(self, preview: dict[str, Any] | None) -> Change:
         """The change itself: a statement marque does not name its preview."""
