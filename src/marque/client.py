@@ -25,16 +25,24 @@ RECONNECT_SECONDS = 30.0
 _BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
+#: Problem members that are the error's class, message and SQLSTATE, not its detail.
+_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "code", "sqlstate"})
+
+
 def error_from_problem(response: httpx.Response) -> MarqueError:
-    """The Marque error an RFC 9457 problem document stands for."""
+    """The Marque error an RFC 9457 problem document stands for: its class by ``code``,
+    its message the problem's ``detail``, and its detail the problem's other members
+    (a Pilot's refusal keeps ``rule``, ``statement``… across the wire)."""
     try:
         body = response.json()
     except ValueError:
         body = {}
-    code = body.get("code") if isinstance(body, dict) else None
-    detail = (body.get("detail") if isinstance(body, dict) else None) or response.text[:500]
-    return _error_class(code)(
-        str(detail), sqlstate=body.get("sqlstate") if isinstance(body, dict) else None)
+    if not isinstance(body, dict):
+        body = {}
+    message = body.get("detail") or response.text[:500]
+    return _error_class(body.get("code"))(
+        str(message), sqlstate=body.get("sqlstate"),
+        detail={k: v for k, v in body.items() if k not in _PROBLEM_MEMBERS} or None)
 
 
 def _error_class(code: object) -> type[MarqueError]:

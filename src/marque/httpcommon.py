@@ -9,6 +9,7 @@ services cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marque.errors import MarqueError
 
-__all__ = ["PROBLEM", "RequestIdMiddleware", "problem"]
+__all__ = ["PROBLEM", "RequestIdMiddleware", "json_safe", "problem"]
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -31,9 +32,12 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
             extra: Mapping[str, Any] | None = None) -> JSONResponse:
     """The RFC 9457 problem document of a Marque error; its status comes from the class.
 
-    ``extra`` adds members (e.g. the ``id`` of a request stored as failed); it
-    cannot override the standard ones. ``request_id`` is accepted for callers
-    that have it at hand: the middleware puts it on the response's header.
+    The error's ``detail`` travels as extension members (``rule``, ``statement``,
+    ``target``…: what a caller's client turns back into the error's detail, see
+    :func:`marque.client.error_from_problem`); JSON values only. ``extra`` adds
+    members (e.g. the ``id`` of a request stored as failed). Neither can override
+    the standard ones. ``request_id`` is accepted for callers that have it at
+    hand: the middleware puts it on the response's header.
     """
     body: dict[str, Any] = {
         "type": f"urn:marque:error:{exc.code}",
@@ -44,10 +48,22 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     }
     if exc.sqlstate:
         body["sqlstate"] = exc.sqlstate
-    for key, value in (extra or {}).items():
+    for key, value in {**json_safe(exc.detail), **(extra or {})}.items():
         if key not in _STANDARD:
             body[key] = value
     return JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
+
+
+def json_safe(detail: Mapping[str, Any]) -> dict[str, Any]:
+    """The members of an error's detail a problem document can carry (JSON values only)."""
+    safe: dict[str, Any] = {}
+    for key, value in detail.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        safe[str(key)] = value
+    return safe
 
 
 class RequestIdMiddleware:

@@ -195,27 +195,28 @@ def test_an_allowed_statement_request_is_issued_without_a_preview(stack: Stack) 
     assert request["state"] == "prepared" and request["preview"] is None
 
 
-@pytest.mark.parametrize(("target", "sql", "sqlstate", "said"), [
+@pytest.mark.parametrize(("target", "sql", "sqlstate", "said", "engine"), [
     ("bank", "UPDATE accounts SET id = 2 WHERE id = 1", None,
-     "UNIQUE constraint failed: accounts.id"),
+     "UNIQUE constraint failed: accounts.id",
+     {"sqlite_errorname": "SQLITE_CONSTRAINT_PRIMARYKEY"}),
     ("pgbank", "UPDATE accounts SET id = 2 WHERE id = 1", "23505",
-     'duplicate key value violates unique constraint "accounts_pkey"'),
+     'duplicate key value violates unique constraint "accounts_pkey"', {}),
     ("pgbank", "UPDATE accounts SET balance = -1 WHERE id = 1", "23514",
-     'new row for relation "accounts" violates check constraint "accounts_balance_check"'),
+     'new row for relation "accounts" violates check constraint "accounts_balance_check"', {}),
 ], ids=["sqlite-unique", "postgres-unique", "postgres-check"])
 def test_a_statement_preview_refused_fails_the_request_keeping_the_sqlstate(
-        stack: Stack, target: str, sql: str, sqlstate: str | None, said: str) -> None:
+        stack: Stack, target: str, sql: str, sqlstate: str | None, said: str,
+        engine: dict[str, Any]) -> None:
     """A preview the Pilot refuses (a constraint its rolled-back run trips) is
-    preview_failed with the Pilot's message and SQLSTATE, naming the request."""
+    preview_failed with the Pilot's message, SQLSTATE and detail, naming the request."""
     error = stack.delegated.refused(
         _statement(f"s-1-{target}-{sqlstate}", target=target, sql=sql), PreviewFailed)
     stored = stack.delegated.stored(error.detail["id"])
     assert error.message.startswith(f"preview on target {target} (")
     assert error.message.endswith(f"): statement 0 failed: {said}; everything was rolled back")
-    # The Pilot's problem document carries no detail object (docs/service.md "Errors"): its
-    # refusal's detail ({sqlstate | sqlite_errorname, statement}) never reaches the
-    # Harbourmaster, so the request's id is all the detail there is.
-    assert (error.sqlstate, error.detail) == (sqlstate, {"id": stored["id"]})
+    # The Pilot's detail crosses the wire as the problem's extension members.
+    assert (error.sqlstate, error.detail) == (
+        sqlstate, {**engine, "statement": 0, "id": stored["id"]})
     assert stored["state"] == "failed"
     assert stored["failure"] == {"code": "preview_failed", "message": error.message}
 
@@ -242,21 +243,27 @@ def test_a_statement_preview_of_something_else_fails_the_request(
     assert stored["failure"] == {"code": "preview_failed", "message": message}
 
 
-@pytest.mark.parametrize(("target", "rows", "error_type", "message"), [
+ABSENT = {"rule": "update_target_absent", "effect_id": "topup", "row": '{"id":3}'}
+
+
+@pytest.mark.parametrize(("target", "rows", "error_type", "message", "pilot_detail"), [
     ("ghost", TOPUP_ROWS[:2], UnknownTarget,
      "preview token names target ghost, which this Pilot does not serve (see `marque pilot "
-     "target list`)"),
-    ("bank", TOPUP_ROWS, PreviewFailed, 'topup: row {"id":3} to update does not exist'),
-    ("pgbank", TOPUP_ROWS, PreviewFailed, 'topup: row {"id":3} to update does not exist'),
+     "target list`)", {}),
+    ("bank", TOPUP_ROWS, PreviewFailed, 'topup: row {"id":3} to update does not exist',
+     ABSENT),
+    ("pgbank", TOPUP_ROWS, PreviewFailed, 'topup: row {"id":3} to update does not exist',
+     ABSENT),
 ], ids=["unknown_target", "preview_failed-sqlite", "preview_failed-postgres"])
 def test_an_effect_set_preview_refused_fails_the_request_with_the_pilots_refusal(
         either: Routed, target: str, rows: list[dict[str, Any]],
-        error_type: type[MarqueError], message: str) -> None:
-    """The Pilot's refusal keeps its code, message and SQLSTATE, adding the request's id."""
+        error_type: type[MarqueError], message: str, pilot_detail: dict[str, Any]) -> None:
+    """The Pilot's refusal keeps its code, message, SQLSTATE and detail (its `rule`…),
+    adding the request's id."""
     error = either.refused(_effects(f"e-1-{target}", target=target, rows=rows), error_type)
     stored = either.stored(error.detail["id"])
     assert (type(error), error.message, error.sqlstate, error.detail) == (
-        error_type, message, None, {"id": stored["id"]})
+        error_type, message, None, {**pilot_detail, "id": stored["id"]})
     assert stored["state"] == "failed"
     assert stored["failure"] == {"code": error_type.code, "message": message}
 

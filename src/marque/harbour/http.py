@@ -103,18 +103,6 @@ def _int_param(request: Request, name: str, default: int, minimum: int) -> int:
     return number
 
 
-def _json_safe(detail: dict[str, Any]) -> dict[str, Any]:
-    """The members of an error's detail a problem document can carry (JSON values only)."""
-    safe: dict[str, Any] = {}
-    for key, value in detail.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue
-        safe[str(key)] = value
-    return safe
-
-
 class _StoreFigures:
     """Metrics read from the store at scrape time: requests by state, findings by kind.
 
@@ -214,8 +202,7 @@ class HarbourService:
 
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, MarqueError)
-        response = problem(exc, getattr(request.state, "request_id", None),
-                           extra=_json_safe(exc.detail))
+        response = problem(exc, getattr(request.state, "request_id", None))
         if isinstance(exc, Unauthenticated):
             response.headers["WWW-Authenticate"] = 'Bearer realm="marque-harbour"'
         return response
