@@ -16,7 +16,7 @@ import pytest
 from effects_world import EffectWorld, apply_killed_after_row_2, build_effect_world, member
 
 from marque.effects.preview import verify_preview
-from marque.errors import EffectPreviewInvalid, StalePreview
+from marque.errors import EffectPreviewInvalid, PreviewFailed, StalePreview
 from marque.outcome import Status
 
 
@@ -70,6 +70,24 @@ def test_preview_reads_the_scope_stores_it_by_cid_and_changes_nothing(world: Eff
     stats = world.pilot.ledger.stats(world.pilot.clock())
     assert (stats["claims"], stats["attempts"]) == (0, 0)
     assert world.row_stamps() == []
+
+
+def test_a_preview_whose_read_the_database_refuses_is_preview_failed(world: EffectWorld) -> None:
+    """A member on a table the target lacks: the read fails, so the preview is
+    preview_failed (rule read_failed, the database's SQLSTATE kept), not a statement error
+    a caller would retry for ever; nothing is stored."""
+    absent = {**member("fix", "update"), "table": "no_such_table"}
+
+    with pytest.raises(PreviewFailed) as refused:
+        world.preview([absent], {"fix": [{"id": 1, "qty": 50}]})
+
+    assert refused.value.detail["rule"] == "read_failed"
+    assert refused.value.detail["effect_id"] == "fix"
+    assert "no_such_table" in refused.value.message
+    if world.dsn.startswith("postgresql"):
+        assert refused.value.sqlstate == "42P01"  # undefined_table
+    stats = world.pilot.ledger.stats(world.pilot.clock())
+    assert (stats["claims"], stats["attempts"]) == (0, 0)
 
 
 def test_apply_creates_updates_upserts_and_deletes_with_a_stamp_per_row(

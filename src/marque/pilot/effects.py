@@ -77,6 +77,8 @@ from marque.errors import (
     MarqueError,
     MaxRowsExceeded,
     NotApplied,
+    PreviewFailed,
+    StatementError,
     TargetUnavailable,
     UnknownTarget,
 )
@@ -148,7 +150,18 @@ def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
         items = [item for item in member.items if item.read_key is not None]
         if not items:
             continue
-        states = rows.read_rows(member.declaration.table, [_identity(member, i) for i in items])
+        try:
+            states = rows.read_rows(member.declaration.table,
+                                    [_identity(member, i) for i in items])
+        except StatementError as exc:
+            # The database refused the read itself (no such table or column): a preview that
+            # cannot be made, as a statement preview that fails is; asking again cannot help.
+            raise PreviewFailed(
+                f"{member.declaration.effect_id}: reading {member.declaration.table} on target "
+                f"{target} failed: {exc.message}; nothing was changed",
+                sqlstate=exc.sqlstate,
+                detail={**exc.detail, "rule": "read_failed",
+                        "effect_id": member.declaration.effect_id}) from exc
         reads[member.declaration.effect_id] = {
             str(item.read_key): state for item, state in zip(items, states, strict=True)}
     built = build_preview(bound, reads, pilot_id=pilot.pilot_id, target=target,
