@@ -362,7 +362,7 @@ def test_replay_records_its_jti_before_answering_when_write_behind_is_off(env: E
 
     assert (replayed.status, replayed.replayed) == ("applied", True)
     # Nothing went write-behind (its writer thread starts with the first held jti)...
-    assert env.pilot.ledger._jtis._thread is None  # type: ignore[attr-defined]
+    assert env.pilot.ledger._jtis._writer.started is False  # type: ignore[attr-defined]
     # ...yet the jti is already in the ledger.
     assert env.pilot.ledger.remember_pop_jti("jti-durable", time.time() + 600) is False
     with pytest.raises(PopReplayed):

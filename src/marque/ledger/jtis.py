@@ -21,10 +21,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+from marque.write_behind import WriteBehind
 
-#: Seconds between retries of a failed write, doubling up to the last.
-RETRY_DELAYS = (0.05, 0.2, 1.0, 5.0)
+log = logging.getLogger(__name__)
 
 
 class PendingJtis:
@@ -40,9 +39,8 @@ class PendingJtis:
         self._write = write
         self._pending: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._writer = WriteBehind(self.flush, name="marque-jti-writer",
+                                   what="writing proof jtis to the ledger")
 
     def __contains__(self, jti: object) -> bool:
         with self._lock:
@@ -54,12 +52,7 @@ class PendingJtis:
             if jti in self._pending:
                 return False
             self._pending[jti] = forget_after
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(
-                    target=self._loop, name="marque-jti-writer", daemon=True
-                )
-                self._thread.start()
-        self._wake.set()
+        self._writer.wake()
         return True
 
     def flush(self) -> None:
@@ -73,32 +66,9 @@ class PendingJtis:
             for jti, _ in batch:
                 self._pending.pop(jti, None)
 
-    def _loop(self) -> None:
-        failures = 0
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._closed:
-                return
-            try:
-                self.flush()
-                failures = 0
-            except Exception:  # noqa: BLE001 - kept in memory, retried: never dropped
-                delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
-                failures += 1
-                log.warning("writing proof jtis to the ledger failed; retrying in %ss", delay,
-                            exc_info=True)
-                self._wake.wait(delay)
-                self._wake.set()
-
     def close(self) -> None:
         """Stop the writer and write what it still holds (logged if that fails)."""
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        self._wake.set()
-        if thread is not None:
-            thread.join()
+        self._writer.stop()
         try:
             self.flush()
         except Exception:  # noqa: BLE001 - closing: report, never mask the caller's exit

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,14 +40,13 @@ from marque.errors import MarqueError
 from marque.ledger import AttemptRecord, Observed
 from marque.outcome import Status
 from marque.pilot.stream import Observation
+from marque.write_behind import WriteBehind
 
 if TYPE_CHECKING:
     from marque.pilot.core import Pilot
 
 log = logging.getLogger(__name__)
 
-#: Seconds between tries of a settle the ledger refused, growing to the last.
-RETRY_DELAYS = (0.05, 0.2, 1.0, 5.0)
 #: How long a held outcome waits for a claim to carry it before the thread records it.
 GATHER_SECONDS = 0.01
 #: At most this many held outcomes ride on one claim.
@@ -79,10 +77,11 @@ class SettleBehind:
         self._lock = threading.Lock()
         # One flush at a time: a replay's flush and the thread's must not record twice.
         self._flushing = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="marque-settler", daemon=True)
-        self._thread.start()
+        # Held outcomes are retried, never dropped: an answered outcome stays answered.
+        self._writer = WriteBehind(self.flush, name="marque-settler",
+                                   what="recording applied outcomes behind their answer",
+                                   gather_seconds=GATHER_SECONDS,
+                                   retry_on=(MarqueError, OSError))
 
     @staticmethod
     def takes(observation: Observation) -> bool:
@@ -99,7 +98,7 @@ class SettleBehind:
                          settled_at=self._pilot.clock())
         with self._lock:
             self._held[(record.marque_id, record.nonce)] = _Held(observation, events, record)
-        self._wake.set()
+        self._writer.wake()
         return record
 
     def held(self, marque_id: str, nonce: str) -> AttemptRecord | None:
@@ -138,7 +137,7 @@ class SettleBehind:
             crash_point("after_outcome_recorded")  # as on the path that records first
             self._pilot.report_wanted.set()
         else:
-            self._wake.set()
+            self._writer.wake()
 
     def _observed(self, held: _Held) -> Observed:
         target_attempt = held.observation.target_attempt
@@ -166,34 +165,10 @@ class SettleBehind:
                 raise
             self.carried(taken, committed=True)
 
-    def _loop(self) -> None:
-        failures = 0
-        while True:
-            self._wake.wait()
-            if not self._closed:
-                # Most held outcomes ride on the next claim's commit; wait for one first.
-                time.sleep(GATHER_SECONDS)
-            self._wake.clear()
-            if self._closed:
-                return
-            try:
-                self.flush()
-                failures = 0
-            except (MarqueError, OSError):  # held, retried: an answered outcome is never dropped
-                delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS) - 1)]
-                failures += 1
-                log.warning("recording applied outcomes behind their answer failed; "
-                            "retrying in %ss", delay, exc_info=True)
-                time.sleep(delay)
-                self._wake.set()
-
     def stop(self) -> None:
         """Stop the thread and record what is still held; what the ledger still refuses
         goes to the Pilot's unrecorded observations (see :meth:`Pilot.close`)."""
-        with self._lock:
-            self._closed = True
-        self._wake.set()
-        self._thread.join()
+        self._writer.stop()
         try:
             self.flush()
         except (MarqueError, OSError):
