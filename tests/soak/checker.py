@@ -5,7 +5,7 @@ start-up recovery), every unsettled attempt reconciled from the target's
 stamps, the outbox drained to the logbook. :func:`final_state` then reads
 the truth from the files and databases themselves — the effects table, the
 ledger's attempts, the Pilot's logbook — and :func:`check` holds the history
-against it, per nonce (see ``tests/soak/README.md`` for the invariants).
+against it, per nonce (see ``docs/reliability.md`` for the invariants).
 """
 
 from __future__ import annotations

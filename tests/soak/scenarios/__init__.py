@@ -1,1 +1,1 @@
-"""The rows of the fault matrix, one module each (see ``tests/soak/README.md``)."""
+"""The rows of the fault matrix, one module each (see ``docs/reliability.md``)."""
