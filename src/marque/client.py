@@ -62,6 +62,7 @@ class PilotClient:
         # An execution's request is built from parts made once: httpx's per-request URL
         # merging and header building cost more client CPU than the request itself.
         self._executions = httpx.URL(self.url + "/v1/executions")
+        self._executions_quiet = httpx.URL(self.url + "/v1/executions?events=false")
         self._post_headers = httpx.Headers({"content-type": "application/json",
                                             "accept": "application/x-ndjson",
                                             "user-agent": "marque"})
@@ -132,19 +133,22 @@ class PilotClient:
         """Post an execution and stream its events to its outcome.
 
         ``prove()`` makes a fresh proof of possession (each post needs its own).
+        Without ``on_event`` the Pilot is asked for the outcome only (``?events=false``).
         Refusals raise their error. A broken stream is followed again, never
         re-executed; a re-post happens only for a nonce the Pilot never claimed.
         """
         sink = on_event or (lambda event: None)
         try:
-            return self._post(marque, nonce, prove(), sink)
+            return self._post(marque, nonce, prove(), sink, events=on_event is not None)
         except _Lost as lost:
             return self._recover(marque, nonce, prove, sink, str(lost))
 
     def _post(self, marque: str, nonce: str, proof: str, sink: EventSink,
-              hello: dict[str, Any] | None = None) -> Outcome:
+              hello: dict[str, Any] | None = None, *, events: bool = True) -> Outcome:
         body = json.dumps({"marque": marque, "nonce": nonce, "proof": proof}).encode("utf-8")
-        request = httpx.Request("POST", self._executions, content=body,
+        # Without a sink the events are not wanted: the Pilot sends the outcome line only.
+        url = self._executions if events else self._executions_quiet
+        request = httpx.Request("POST", url, content=body,
                                 headers=self._post_headers, extensions=self._stream_timeout)
         try:
             response = self._http.send(request, stream=True)

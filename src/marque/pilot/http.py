@@ -196,6 +196,11 @@ class PilotService:
             if not outcome.replayed:
                 self.duration.labels(target).observe(time.monotonic() - started)
 
+        if request.query_params.get("events", "").lower() in ("false", "0", "no"):
+            # The caller wants the outcome only: the stream is that one line, and the
+            # execution's events are not sent to this request at all.
+            return await self._stream(
+                lambda sink: self.pilot.execute(marque, proof, nonce), record)
         return await self._stream(
             lambda sink: self.pilot.execute(marque, proof, nonce, on_event=sink), record)
 
