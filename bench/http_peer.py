@@ -1,9 +1,10 @@
 """``marque_http``: the same executions through a real ``marque pilot serve`` on loopback.
 
 The bed is a Pilot home like ``MarqueBed``'s (SQLite ledger, the PostgreSQL
-target), served by a child process; each client keeps one HTTP connection
-(httpx, keep-alive) and posts ``{marque, nonce, proof}``, reading the NDJSON
-stream to its outcome line. Only the request is timed; proofs are made before.
+target), served by a child process; each client is the client ``marque exec --pilot``
+uses (``marque.client.PilotClient``: httpx, one keep-alive connection) posting
+``{marque, nonce, proof}`` and reading the NDJSON stream to its outcome line.
+Only the request is timed; proofs are made before.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 from harness import Cell, Op
 from scenarios import EXECUTIONS, TTL_SECONDS, UPDATE, client_row
 
+from marque.client import PilotClient
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import Budget, Change, Statement, issue_marque, make_proof, new_key, public_jwk
 
@@ -64,13 +65,13 @@ class HttpBed:
 
 
 class HttpCell(Cell):
-    """Fresh nonces through ``POST /v1/executions``, one connection per client."""
+    """Fresh nonces through ``POST /v1/executions``, one ``PilotClient`` per client."""
 
     def __init__(self, bed: HttpBed, clients: int, name: str = "marque_http") -> None:
         super().__init__(name, clients)
         self.bed = bed
         self.tokens = [bed.issue(client_row(c)) for c in range(clients)]
-        self.http = [httpx.Client(base_url=bed.url, timeout=60) for _ in range(clients)]
+        self.clients_http = [PilotClient(bed.url, timeout=60) for _ in range(clients)]
 
     def extra(self) -> dict[str, Any]:
         return {}
@@ -79,19 +80,16 @@ class HttpCell(Cell):
         ops = []
         for c in range(self.clients):
             nonces = [f"n-{uuid.uuid4().hex}" for _ in range(per_client)]
-            bodies = [{"marque": self.tokens[c], "nonce": n,
-                       "proof": self.bed.proof(self.tokens[c], n)} for n in nonces]
-            ops.append(self._op(self.http[c], bodies))
+            proofs = [self.bed.proof(self.tokens[c], n) for n in nonces]
+            ops.append(self._op(self.clients_http[c], self.tokens[c], nonces, proofs))
         return ops
 
     @staticmethod
-    def _op(client: httpx.Client, bodies: list[dict[str, str]]) -> Op:
+    def _op(client: PilotClient, token: str, nonces: list[str], proofs: list[str]) -> Op:
         def op(i: int) -> None:
-            response = client.post("/v1/executions", json=bodies[i])
-            last = json.loads(response.text.rstrip("\n").rsplit("\n", 1)[-1])
-            outcome = last.get("outcome") or {}
-            if response.status_code != 200 or outcome.get("status") != "applied":
-                raise RuntimeError(f"expected applied, got {response.status_code}: {last}")
+            outcome = client.execute(token, nonces[i], lambda: proofs[i])
+            if outcome.status != "applied" or outcome.replayed:
+                raise RuntimeError(f"expected a fresh applied, got {outcome.to_dict()}")
 
         return op
 

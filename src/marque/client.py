@@ -9,9 +9,10 @@ never arrived) does it post again — under the same nonce, which is safe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -66,6 +67,14 @@ class PilotClient:
         # Reads wait as long as an execution takes: the stream ends with its outcome.
         self._http = httpx.Client(base_url=self.url,
                                   timeout=httpx.Timeout(timeout, read=None))
+        # An execution's request is built from parts made once: httpx's per-request URL
+        # merging and header building cost more client CPU than the request itself.
+        self._executions = httpx.URL(self.url + "/v1/executions")
+        self._executions_quiet = httpx.URL(self.url + "/v1/executions?events=false")
+        self._post_headers = httpx.Headers({"content-type": "application/json",
+                                            "accept": "application/x-ndjson",
+                                            "user-agent": "marque"})
+        self._stream_timeout = {"timeout": httpx.Timeout(timeout, read=None).as_dict()}
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -132,26 +141,34 @@ class PilotClient:
         """Post an execution and stream its events to its outcome.
 
         ``prove()`` makes a fresh proof of possession (each post needs its own).
+        Without ``on_event`` the Pilot is asked for the outcome only (``?events=false``).
         Refusals raise their error. A broken stream is followed again, never
         re-executed; a re-post happens only for a nonce the Pilot never claimed.
         """
         sink = on_event or (lambda event: None)
         try:
-            return self._post(marque, nonce, prove(), sink)
+            return self._post(marque, nonce, prove(), sink, events=on_event is not None)
         except _Lost as lost:
             return self._recover(marque, nonce, prove, sink, str(lost))
 
     def _post(self, marque: str, nonce: str, proof: str, sink: EventSink,
-              hello: dict[str, Any] | None = None) -> Outcome:
-        body = {"marque": marque, "nonce": nonce, "proof": proof}
+              hello: dict[str, Any] | None = None, *, events: bool = True) -> Outcome:
+        body = json.dumps({"marque": marque, "nonce": nonce, "proof": proof}).encode("utf-8")
+        # Without a sink the events are not wanted: the Pilot sends the outcome line only.
+        url = self._executions if events else self._executions_quiet
+        request = httpx.Request("POST", url, content=body,
+                                headers=self._post_headers, extensions=self._stream_timeout)
         try:
-            with self._http.stream("POST", "/v1/executions", json=body) as response:
+            response = self._http.send(request, stream=True)
+            try:
                 if response.status_code != 200:
                     response.read()
                     raise error_from_problem(response)
                 if hello is not None:
                     sink(hello)
-                return self._read(response.iter_lines(), sink)
+                return self._read(response, sink)
+            finally:
+                response.close()
         except httpx.ConnectError as exc:
             # Not connected: the request never left, so nothing can have been claimed.
             raise PilotUnavailable(
@@ -176,7 +193,7 @@ class PilotClient:
                     response.read()
                     raise error_from_problem(response)
                 sink(hello)
-                return self._read(response.iter_lines(), sink)
+                return self._read(response, sink)
         except httpx.TransportError as exc:
             raise _Lost(f"{type(exc).__name__}: {exc}") from exc
 
@@ -207,20 +224,46 @@ class PilotClient:
             time.sleep(_BACKOFF[min(tries, len(_BACKOFF) - 1)])
             tries += 1
 
-    @staticmethod
-    def _read(lines: Iterator[str], sink: EventSink) -> Outcome:
-        for line in lines:
-            if not line.strip():
+    @classmethod
+    def _read(cls, response: httpx.Response, sink: EventSink) -> Outcome:
+        """The stream's events to ``sink``, to its outcome (or error) line; the rest of the
+        body is read too, so the connection goes back to the pool for the next request
+        (a response closed half-read takes its connection with it)."""
+        chunks = response.iter_raw()
+        pending = b""
+        for chunk in chunks:
+            pending += chunk
+            if b"\n" not in pending:
                 continue
-            try:
-                event = json.loads(line)
-            except ValueError as exc:  # a line cut in half by a broken connection
-                raise _Lost(f"a garbled event line ({line[:80]!r})") from exc
-            if event.get("event") == "outcome":
-                return Outcome.from_dict(event["outcome"])
-            if event.get("event") == "error":
-                error = event.get("error") or {}
-                raise _error_class(error.get("code"))(
-                    str(error.get("message", "")), sqlstate=error.get("sqlstate"))
-            sink(event)
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                end = cls._line(line, sink)
+                if end is not None:
+                    with contextlib.suppress(httpx.TransportError):  # the answer is in
+                        for _ in chunks:  # the stream ends right behind its last line
+                            pass
+                    return end
+        end = cls._line(pending, sink)  # a last line without its newline
+        if end is not None:
+            return end
         raise _Lost("the stream ended before its outcome")
+
+    @staticmethod
+    def _line(line: bytes, sink: EventSink) -> Outcome | None:
+        """One NDJSON line: an event for ``sink``; the outcome it ends with; or its error."""
+        if not line.strip():
+            return None
+        try:
+            event = json.loads(line)
+        except ValueError as exc:  # a line cut in half by a broken connection
+            raise _Lost(f"a garbled event line ({line[:80]!r})") from exc
+        if not isinstance(event, dict):
+            raise _Lost(f"an event line that is not an object ({line[:80]!r})")
+        if event.get("event") == "outcome":
+            return Outcome.from_dict(event["outcome"])
+        if event.get("event") == "error":
+            error = event.get("error") or {}
+            raise _error_class(error.get("code"))(
+                str(error.get("message", "")), sqlstate=error.get("sqlstate"))
+        sink(event)
+        return None

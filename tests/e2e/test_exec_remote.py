@@ -41,6 +41,8 @@ class HttpCutter:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.drop_posts = 0
         self.dropped = 0
+        #: Connections the proxy accepted: how many a client opened.
+        self.accepted = 0
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -64,6 +66,7 @@ class HttpCutter:
             server = socket.create_connection(self.upstream, timeout=10)
             server.settimeout(None)
             with self._lock:
+                self.accepted += 1
                 self._open.update((client, server))
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False),
@@ -114,6 +117,32 @@ def test_exec_through_the_service_applies_once(world: World, service: Service) -
     again = world.run(*remote(world, service.url, marque, "n1"))
     assert again.returncode == 0 and again.json["replayed"] is True
     assert world.balances()[1] == 90
+
+
+def test_one_client_runs_many_executions_over_one_connection(
+        world: World, service: Service) -> None:
+    """The client exec --pilot uses reads each stream to its end, so its connection serves
+    the next execution too (a stream left half-read took its connection with it)."""
+    from marque.client import PilotClient
+    from marque.token import make_proof
+
+    marque = world.issue([DEBIT], executions=3)
+    token = marque.read_text().strip()
+    holder = json.loads(world.holder_key.read_text())
+    cutter = HttpCutter(int(service.url.rsplit(":", 1)[1]))
+    client = PilotClient(cutter.url)
+    try:
+        for nonce in ("n1", "n2", "n3"):
+            events: list[dict[str, object]] = []
+            outcome = client.execute(token, nonce, lambda nonce=nonce: make_proof(
+                holder, token, nonce=nonce, pilot_id=world.pilot_id), events.append)
+            assert (outcome.status, outcome.replayed) == ("applied", False)
+            assert events[0]["event"] == "claimed" and "committed" in [e["event"] for e in events]
+    finally:
+        client.close()
+        cutter.close()
+    assert cutter.accepted == 1
+    assert world.balances()[1] == 70
 
 
 def test_a_refusal_through_the_service_is_exit_3_with_its_code(

@@ -80,6 +80,25 @@ def test_an_execution_streams_its_events_in_order_then_the_outcome(
     assert world.balances()[1] == 90  # replayed, never run again
 
 
+def test_an_execution_asked_for_its_outcome_only_streams_one_line(
+        world: World, service: Service) -> None:
+    """POST /v1/executions?events=false: the stream is the outcome line alone; the
+    execution is the same, its events still recorded in the ledger."""
+    marque = world.issue([DEBIT])
+    response = httpx.post(f"{service.url}/v1/executions?events=false",
+                          json=body(world, marque, "q1"), timeout=30)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    got = lines(response)
+    assert [e["event"] for e in got] == ["outcome"]
+    assert (got[0]["outcome"]["status"], got[0]["outcome"]["rows_affected"]) == ("applied", 1)
+    assert world.balances()[1] == 90
+    deadline = time.monotonic() + 10
+    while world.ledger_count("events") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # recorded just behind the answer (settle_write_behind)
+    assert world.ledger_count("events") >= 1
+
+
 def test_events_arrive_while_the_statement_runs(world: World, service: Service) -> None:
     """The stream is live: statement_started arrives while the attempt is still in progress."""
     marque = world.issue([SLOW])

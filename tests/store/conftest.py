@@ -142,6 +142,7 @@ def make_ticket(
     owner_process: str = "proc_test",
     lease_seconds: float = 60,
     now: float | None = None,
+    pop_jti: str | None = None,
 ) -> ClaimTicket:
     """A claim ticket with test defaults; the marque expires ten minutes after ``now``."""
     now = time.time() if now is None else now
@@ -156,6 +157,8 @@ def make_ticket(
         owner_process=owner_process,
         lease_seconds=lease_seconds,
         now=now,
+        pop_jti=pop_jti,
+        pop_forget_after=now + 300,
     )
 
 

@@ -260,6 +260,60 @@ def test_zero_budget_refusal_records_nothing(ledger: Ledger):
     assert (stats["claims"], stats["attempts"], stats["marques"]) == (0, 0, 0)
 
 
+def test_claim_with_a_seen_proof_jti_is_refused_and_claims_nothing(ledger: Ledger):
+    """A new nonce whose proof jti a claim already recorded is refused: no claim, no spend."""
+    ledger.claim(make_ticket(nonce="n1", executions=3, pop_jti="jti-once"))
+    with pytest.raises(PopReplayed):
+        ledger.claim(make_ticket(nonce="n2", executions=3, pop_jti="jti-once"))
+    assert ledger.outcome(MQ, "n2") is None
+    assert ledger.budget(MQ)["executions_left"] == 2
+    assert ledger.stats(time.time())["claims"] == 1
+
+
+@pytest.mark.parametrize("with_proof", [True, False])
+def test_claims_with_and_without_a_proof_record_the_same(ledger: Ledger, with_proof: bool):
+    """A fresh claim records the same attempt and budget whether or not it carries a jti."""
+    def ticket(nonce: str, **kwargs: Any) -> ClaimTicket:
+        jti = f"jti-{uuid.uuid4().hex}" if with_proof else None
+        return make_ticket(nonce=nonce, executions=2, pop_jti=jti, **kwargs)
+
+    now = time.time()
+    claimed = ledger.claim(ticket("n1", now=now, lease_seconds=30))
+    assert claimed.fresh and ledger.outcome(MQ, "n1") == claimed.record
+    assert claimed.record.lease_expires_at == pytest.approx(now + 30)
+    assert ledger.budget(MQ)["executions_left"] == 1
+    again = ledger.claim(ticket("n1"))
+    assert not again.fresh and again.record == claimed.record
+    ledger.claim(ticket("n2"))
+    with pytest.raises(BudgetExhausted):
+        ledger.claim(ticket("n3"))
+    assert ledger.outcome(MQ, "n3") is None
+    # n1, its replay and n2 recorded their jtis; n3's rolled back with its claim.
+    assert ledger.stats(time.time())["pop_jtis"] == (3 if with_proof else 0)
+
+
+def test_fresh_claim_is_two_round_trips_on_postgresql(
+        ledger: Ledger, engine: LedgerEngine, monkeypatch: pytest.MonkeyPatch):
+    """On PostgreSQL a fresh claim is one message (BEGIN and the folded claim) and COMMIT."""
+    if engine.name != "postgres":
+        pytest.skip("round trips are PostgreSQL's concern; SQLite runs in process")
+    import psycopg
+
+    ledger.claim(make_ticket(nonce="warm", executions=5))  # the pool holds a connection
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    assert ledger.claim(make_ticket(nonce="n1", executions=5)).fresh
+    monkeypatch.undo()
+    assert len(sent) == 2, sent
+    assert sent[-1] == "COMMIT"
+
+
 def test_claimed_nonce_replays_even_when_budget_is_spent(ledger: Ledger):
     """A retry of a claimed nonce returns its record even after the budget reached zero."""
     first = ledger.claim(make_ticket(nonce="n1", executions=1))

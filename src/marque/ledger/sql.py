@@ -149,6 +149,9 @@ _ATTEMPT_COLUMNS = (
     "a.owner_incarnation, a.owner_process, a.lease_expires_at, a.started_at, a.settled_at"
 )
 _ATTEMPT_COLUMNS_BARE = _ATTEMPT_COLUMNS.replace("a.", "")
+#: The columns a new attempt is inserted with (the rest start NULL).
+_STARTED_COLUMNS = ("marque_id, nonce, attempt, status, status_rank, owner_incarnation, "
+                    "owner_process, lease_expires_at, started_at")
 
 
 class Tx(abc.ABC):
@@ -368,46 +371,22 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         with self.transaction() as tx:
             for item in ticket.carried:
                 self._observe_txn(tx, item)
-            if ticket.pop_jti is not None and not self._remember_pop_jti_txn(
-                tx, ticket.pop_jti, ticket.pop_forget_after
-            ):
-                raise PopReplayed("this proof has been used before")
-            inserted = tx.one(
-                "INSERT INTO claims (marque_id, nonce, attempt, claimed_at) VALUES (?, ?, 1, ?) "
-                "ON CONFLICT (marque_id, nonce) DO NOTHING RETURNING attempt",
-                (*key, ticket.now),
-            )
-            if inserted is not None:
-                if ticket.executions < 1:
-                    raise BudgetExhausted(f"marque {ticket.marque_id} allows no executions")
-                # One statement: the budget row is born from the token already spent
-                # once, or an existing row is decremented only while above zero. A
-                # reaped marque's budget is never born again (its record stays).
-                spent = tx.one(
-                    "INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
-                    "attempts_per_nonce, expires_at) SELECT ?, ?, ?, ?, ?, ? "
-                    "WHERE NOT EXISTS (SELECT 1 FROM reaped_marques WHERE marque_id = ?) "
-                    "ON CONFLICT (marque_id) DO UPDATE "
-                    "SET executions_left = budgets.executions_left - 1 "
-                    "WHERE budgets.executions_left > 0 RETURNING executions_left",
-                    (
-                        ticket.marque_id,
-                        ticket.target,
-                        ticket.executions - 1,
-                        ticket.max_rows,
-                        ticket.attempts_per_nonce,
-                        ticket.expires_at,
-                        ticket.marque_id,
-                    ),
-                )
-                if spent is None:
-                    # Raising rolls the claim back with it: no nonce is claimed.
-                    self._refuse_reaped_txn(tx, ticket.marque_id)
-                    raise BudgetExhausted(
-                        f"marque {ticket.marque_id} has no executions left in its budget"
-                    )
-                return Claim(True, self._start_attempt_txn(tx, ticket, 1))
-
+            folded = self._claim_fresh_txn(tx, ticket) if ticket.executions >= 1 else None
+            if folded is not None:
+                jti_unseen, inserted_claim, spent_budget = folded
+                if not jti_unseen:
+                    raise PopReplayed("this proof has been used before")
+                if inserted_claim:
+                    if not spent_budget:
+                        # Raising rolls the claim back with it: no nonce is claimed.
+                        self._refuse_reaped_txn(tx, ticket.marque_id)
+                        raise BudgetExhausted(
+                            f"marque {ticket.marque_id} has no executions left in its budget")
+                    return Claim(True, self._attempt_record(ticket, 1))
+            else:
+                fresh = self._claim_steps_txn(tx, ticket)
+                if fresh is not None:
+                    return fresh
             latest = self._latest_txn(tx, *key)
             assert latest is not None, "a claim row always has its latest attempt"
             if latest.status is not Status.ABORTED_NOT_APPLIED:
@@ -426,24 +405,71 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                 )
             return Claim(True, self._start_attempt_txn(tx, ticket, advanced[0]))
 
-    def _start_attempt_txn(self, tx: Tx, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
-        lease = ticket.now + ticket.lease_seconds
-        tx.execute(
-            "INSERT INTO attempts (marque_id, nonce, attempt, status, status_rank, "
-            "owner_incarnation, owner_process, lease_expires_at, started_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                ticket.marque_id,
-                ticket.nonce,
-                attempt,
-                Status.IN_PROGRESS.value,
-                Status.IN_PROGRESS.rank,
-                self.incarnation,
-                ticket.owner_process,
-                lease,
-                ticket.now,
-            ),
+    def _claim_steps_txn(self, tx: Tx, ticket: ClaimTicket) -> Claim | None:
+        """The proof's ``jti``, the claim row and the budget, one statement each; the fresh
+        claim, or None when the nonce was claimed before (the caller reads it)."""
+        if ticket.pop_jti is not None and not self._remember_pop_jti_txn(
+            tx, ticket.pop_jti, ticket.pop_forget_after
+        ):
+            raise PopReplayed("this proof has been used before")
+        inserted = tx.one(
+            "INSERT INTO claims (marque_id, nonce, attempt, claimed_at) VALUES (?, ?, 1, ?) "
+            "ON CONFLICT (marque_id, nonce) DO NOTHING RETURNING attempt",
+            (ticket.marque_id, ticket.nonce, ticket.now),
         )
+        if inserted is not None:
+            if ticket.executions < 1:
+                raise BudgetExhausted(f"marque {ticket.marque_id} allows no executions")
+            # One statement: the budget row is born from the token already spent
+            # once, or an existing row is decremented only while above zero. A
+            # reaped marque's budget is never born again (its record stays).
+            spent = tx.one(
+                "INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
+                "attempts_per_nonce, expires_at) SELECT ?, ?, ?, ?, ?, ? "
+                "WHERE NOT EXISTS (SELECT 1 FROM reaped_marques WHERE marque_id = ?) "
+                "ON CONFLICT (marque_id) DO UPDATE "
+                "SET executions_left = budgets.executions_left - 1 "
+                "WHERE budgets.executions_left > 0 RETURNING executions_left",
+                (
+                    ticket.marque_id,
+                    ticket.target,
+                    ticket.executions - 1,
+                    ticket.max_rows,
+                    ticket.attempts_per_nonce,
+                    ticket.expires_at,
+                    ticket.marque_id,
+                ),
+            )
+            if spent is None:
+                # Raising rolls the claim back with it: no nonce is claimed.
+                self._refuse_reaped_txn(tx, ticket.marque_id)
+                raise BudgetExhausted(
+                    f"marque {ticket.marque_id} has no executions left in its budget"
+                )
+            return Claim(True, self._start_attempt_txn(tx, ticket, 1))
+        return None
+
+    def _claim_fresh_txn(self, tx: Tx, ticket: ClaimTicket) -> tuple[bool, bool, bool] | None:
+        """What :meth:`_claim_steps_txn` does, as one statement, where the engine can: whether
+        the ``jti`` was unseen, the claim row inserted and the budget spent (and then the
+        attempt started). None: not here, take the steps."""
+        return None
+
+    def _start_attempt_txn(self, tx: Tx, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
+        tx.execute(
+            f"INSERT INTO attempts ({_STARTED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            self._started_values(ticket, attempt),
+        )
+        return self._attempt_record(ticket, attempt)
+
+    def _started_values(self, ticket: ClaimTicket, attempt: int) -> tuple[Any, ...]:
+        """The values of :data:`_STARTED_COLUMNS` for a new attempt of ``ticket``."""
+        return (ticket.marque_id, ticket.nonce, attempt, Status.IN_PROGRESS.value,
+                Status.IN_PROGRESS.rank, self.incarnation, ticket.owner_process,
+                ticket.now + ticket.lease_seconds, ticket.now)
+
+    def _attempt_record(self, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
+        """The attempt :meth:`_start_attempt_txn` (or a folded claim) just started."""
         return AttemptRecord(
             marque_id=ticket.marque_id,
             nonce=ticket.nonce,
@@ -454,7 +480,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             result=None,
             owner_incarnation=self.incarnation,
             owner_process=ticket.owner_process,
-            lease_expires_at=lease,
+            lease_expires_at=ticket.now + ticket.lease_seconds,
             started_at=ticket.now,
             settled_at=None,
         )

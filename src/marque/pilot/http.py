@@ -11,7 +11,9 @@ never cut short half-way.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +25,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from marque.crash import crash_point
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
@@ -122,58 +125,53 @@ class PilotService:
     ) -> Response:
         """Run ``work(sink)`` in a worker thread; a problem if it fails before its first
         event, else NDJSON: each event as it happens, then the outcome line."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-        def put(kind: str, item: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+        feed = _Feed(asyncio.get_running_loop())
 
         def run() -> None:
             try:
-                outcome = work(lambda event: put("event", event))
+                outcome = work(lambda event: feed.put("event", event))
             except MarqueError as exc:
-                put("error", exc)
+                feed.put("error", exc)
             except BaseException as exc:  # a fault of ours: said, never hidden
-                put("error", MarqueError(f"{type(exc).__name__}: {exc}"))
+                feed.put("error", MarqueError(f"{type(exc).__name__}: {exc}"))
             else:
-                put("outcome", outcome)
+                feed.put("outcome", outcome)
                 if on_outcome is not None:
                     try:
                         on_outcome(outcome)
                     except Exception:  # metrics must never cost an answer
                         pass
 
-        loop.run_in_executor(self._pool, run)
-        first = await queue.get()
-        if first[0] == "error":
-            return problem(first[1])
+        # Not awaited: what the execution says comes through the feed.
+        self._pool.submit(run)
+        first = await feed.take()
+        if first[0][0] == "error":
+            return problem(first[0][1])
 
-        async def lines() -> AsyncIterator[bytes]:
-            kind, item = first
+        async def chunks() -> AsyncIterator[tuple[bytes, bool]]:
+            """Every line already waiting, as one chunk, and whether the stream ends there:
+            a fast execution costs a few writes, not one per event."""
+            batch, sent = first, False
             while True:
-                # Every line already queued goes out in one write: nothing waits for
-                # it, and a fast execution costs one chunk instead of one per event.
                 chunk: list[bytes] = []
-                while True:
+                for kind, item in batch:
                     if kind == "event":
                         chunk.append(_line(item))
-                    elif kind == "outcome":
+                        continue
+                    if kind == "outcome":
                         crash_point("stream_before_outcome")
                         chunk.append(_line({"event": "outcome", "outcome": item.to_dict()}))
-                        yield b"".join(chunk)
-                        return
                     else:  # failed after events were sent: the stream says so and ends
                         chunk.append(_line({"event": "error", "error": item.to_dict()}))
-                        yield b"".join(chunk)
-                        return
-                    if queue.empty():
-                        break
-                    kind, item = queue.get_nowait()
-                yield b"".join(chunk)
-                crash_point("stream_after_first_chunk")
-                kind, item = await queue.get()
+                    yield b"".join(chunk), True
+                    return
+                yield b"".join(chunk), False
+                if not sent:
+                    sent = True
+                    crash_point("stream_after_first_chunk")
+                batch = await feed.take()
 
-        return StreamingResponse(lines(), media_type=NDJSON)
+        return _NdjsonStream(chunks())
 
     # -- routes ----------------------------------------------------------------------
 
@@ -191,14 +189,18 @@ class PilotService:
         if proof is not None and not isinstance(proof, str):
             return problem(InvalidInput("`proof` must be a string (a compact JWS)"))
         started = time.monotonic()
-        # A label only (no I/O, nothing trusted): the execution verifies the marque.
-        target = str((unverified_claims(marque) or {}).get("target", ""))
+        target = _target_label(marque)
 
         def record(outcome: Outcome) -> None:
             self.executions.labels(outcome.status, target).inc()
             if not outcome.replayed:
                 self.duration.labels(target).observe(time.monotonic() - started)
 
+        if request.query_params.get("events", "").lower() in ("false", "0", "no"):
+            # The caller wants the outcome only: the stream is that one line, and the
+            # execution's events are not sent to this request at all.
+            return await self._stream(
+                lambda sink: self.pilot.execute(marque, proof, nonce), record)
         return await self._stream(
             lambda sink: self.pilot.execute(marque, proof, nonce, on_event=sink), record)
 
@@ -286,5 +288,94 @@ class PilotService:
             return False
 
 
+#: Tokens up to this long have their label cached (a marque may carry a megabyte of SQL).
+_LABEL_CACHED_CHARS = 16_384
+
+
+def _target_label(marque: str) -> str:
+    """A metrics label only (no I/O, nothing trusted: the execution verifies the marque);
+    read once per token, which callers send again and again."""
+    if len(marque) > _LABEL_CACHED_CHARS:
+        return _read_target(marque)
+    return _cached_target(marque)
+
+
+def _read_target(marque: str) -> str:
+    return str((unverified_claims(marque) or {}).get("target", ""))
+
+
+_cached_target = functools.lru_cache(maxsize=1024)(_read_target)
+
+
+_LINE = json.JSONEncoder(sort_keys=True)  # built once: dumps(sort_keys=…) builds one a call
+
+
 def _line(obj: dict[str, Any]) -> bytes:
-    return (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
+    return (_LINE.encode(obj) + "\n").encode("utf-8")
+
+
+class _Feed:
+    """What a worker thread says, for the event loop: the loop is woken once for all the
+    items put while it was busy, not once per event (each wake is a write to the loop's
+    self-pipe and a turn of the loop)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        #: A ``_wake`` is scheduled and has not run yet: the items put now will be seen.
+        self._wake_pending = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, kind: str, item: Any) -> None:
+        """From the worker thread."""
+        with self._lock:
+            self._items.append((kind, item))
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list[tuple[str, Any]]:
+        """On the loop: everything put so far (at least one item), in order."""
+        while True:
+            with self._lock:
+                if self._items:
+                    items, self._items = self._items, []
+                    return items
+                self._waiter = self._loop.create_future()
+            await self._waiter
+
+
+class _NdjsonStream(Response):
+    """An NDJSON body written chunk by chunk straight to the ASGI ``send``.
+
+    Starlette's ``StreamingResponse`` runs each stream in a task group with a second
+    task listening for the client's disconnect, to cancel the stream; an execution runs
+    to its end whatever the caller does (it can be followed again), so there is nothing
+    to cancel, and the server drops what is sent after a disconnect. The last chunk
+    carries the end of the body, so a stream's end costs no write of its own.
+    """
+
+    media_type = NDJSON
+
+    def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]]) -> None:
+        self._chunks = chunks
+        self.status_code = 200
+        self.background = None
+        self.init_headers()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        async for chunk, last in self._chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
