@@ -872,7 +872,31 @@ REFUSED_PROOFS: list[tuple[str, BadProof, type[MarqueError]]] = [
         lambda w, m: forge(_pop_header(w), _pop_claims(m, jti="j" * 300), w.holder),
         PopInvalid,
     ),
+    # The signature is checked over the exact header.payload text the proof carries.
+    ("payload-swapped", lambda w, m: _spliced(w, m, payload=b64json(_pop_claims(m, jti="pop-y"))),
+     PopInvalid),
+    ("header-respelled", lambda w, m: _spliced(w, m, header=base64.urlsafe_b64encode(json.dumps(
+        _pop_header(w), indent=1).encode()).rstrip(b"=").decode()), PopInvalid),
+    ("signature-of-another-proof", lambda w, m: _spliced(w, m, signature=_valid_proof(
+        w, m, jti="pop-z").split(".")[2]), PopInvalid),
+    ("signature-padded", lambda w, m: _spliced(w, m, signature=_valid_proof(w, m).split(".")[2]
+                                              + "=="), PopInvalid),
+    ("signature-not-base64url", lambda w, m: _spliced(w, m, signature="+" + _valid_proof(
+        w, m).split(".")[2][1:]), PopInvalid),
+    ("signature-short", lambda w, m: _spliced(
+        w, m, signature=_valid_proof(w, m).split(".")[2][:-4]), PopInvalid),
 ]
+
+
+def _valid_proof(world: World, marque: Marque, jti: str = "pop-x") -> str:
+    return make_proof(world.holder, marque.token, nonce=NONCE, pilot_id=PILOT, now=NOW, jti=jti)
+
+
+def _spliced(world: World, marque: Marque, **segments: str) -> str:
+    """A valid proof with some of its three segments replaced."""
+    header, payload, signature = _valid_proof(world, marque).split(".")
+    parts = {"header": header, "payload": payload, "signature": signature, **segments}
+    return f"{parts['header']}.{parts['payload']}.{parts['signature']}"
 
 
 @pytest.mark.parametrize(
