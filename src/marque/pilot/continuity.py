@@ -95,8 +95,11 @@ def _holds_binding(pilot: Pilot, name: str, target_id: str) -> bool:
     operator points it back or rebinds it (``marque pilot target rebind``). The first
     time it is found so, the finding goes to the logbook.
     """
-    binding = pilot.ledger.bind_target(name, target_id, pilot.targets[name].location(),
-                                       now=pilot.clock())
+    # A read, on every start and recheck; the write (and its commit) only for a name the
+    # ledger never bound. The ledger is read again, not this process's copy: a rebinding
+    # by another process must be seen.
+    binding = pilot.ledger.target_binding(name) or pilot.ledger.bind_target(
+        name, target_id, pilot.targets[name].location(), now=pilot.clock())
     pilot.target_ids[name] = binding.target_id
     if binding.target_id == target_id:
         pilot.targets_replaced.pop(name, None)

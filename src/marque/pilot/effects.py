@@ -379,7 +379,8 @@ def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecor
                 rows=len(rows), members=len(preview.members))
     unavailable = _dispatch(pilot, marque, nonce, preview, target, stream)
     return _seal(pilot, marque.marque_id, nonce, record.attempt, preview, target_attempt,
-                 stream, unavailable)
+                 stream, unavailable,
+                 attempts_left=record.attempt < marque.budget.attempts_per_nonce)
 
 
 def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
@@ -505,16 +506,9 @@ def _status_of(states: list[str], rows: list[DispatchRow],
                                         "message": "no row of the Effect Set was applied"}
 
 
-def _attempts_left(pilot: Pilot, marque_id: str, attempt: int) -> bool:
-    """Whether the nonce may run another attempt after ``attempt`` (its marque's
-    ``attempts_per_nonce``; an unknown budget is taken as having some)."""
-    budget = pilot.ledger.budget(marque_id)
-    return budget is None or attempt < budget["attempts_per_nonce"]
-
-
 def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: EffectPreview,
           target_attempt: TargetAttempt, stream: AttemptStream,
-          unavailable: TargetUnavailable | None) -> Observation:
+          unavailable: TargetUnavailable | None, *, attempts_left: bool) -> Observation:
     rows = pilot.ledger.effect_rows(marque_id, nonce)
     members = _member_receipts(preview, rows)
     run = pilot.ledger.effect_run(marque_id, nonce)
@@ -526,7 +520,7 @@ def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: Effec
     status, error = _status_of(states, rows, unavailable)
     ended = effect_run.end_attempt(pilot, marque_id, nonce, preview, states, status,
                                    _records(preview, rows), sealed.receipt_cid,
-                                   attempts_left=_attempts_left(pilot, marque_id, attempt))
+                                   attempts_left=attempts_left)
     summary = _summary(preview, sealed, states, rows, ended)
     return Observation(target_attempt, status,
                        rows_affected=summary["effect_set"]["rows_affected"], result=summary,
@@ -625,7 +619,8 @@ def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> Attemp
     status, error = _status_of(states, all_rows, None)
     ended = effect_run.end_attempt(pilot, mid, nonce, preview, states, status,
                                    _records(preview, all_rows), sealed.receipt_cid,
-                                   attempts_left=_attempts_left(pilot, mid, record.attempt))
+                                   attempts_left=budget is None
+                                   or record.attempt < budget["attempts_per_nonce"])
     summary = _summary(preview, sealed, states, all_rows, ended)
     if status is Status.INDETERMINATE:
         # Still unknown (no tombstone could be written): the sealed unknown_outcome receipt

@@ -196,13 +196,12 @@ class PilotService:
             if not outcome.replayed:
                 self.duration.labels(target).observe(time.monotonic() - started)
 
-        if request.query_params.get("events", "").lower() in ("false", "0", "no"):
-            # The caller wants the outcome only: the stream is that one line, and the
-            # execution's events are not sent to this request at all.
-            return await self._stream(
-                lambda sink: self.pilot.execute(marque, proof, nonce), record)
+        # events=false: the caller wants the outcome only, so the stream is that one line
+        # and the execution's events are not sent to this request at all.
+        events = request.query_params.get("events", "").lower() not in ("false", "0", "no")
         return await self._stream(
-            lambda sink: self.pilot.execute(marque, proof, nonce, on_event=sink), record)
+            lambda sink: self.pilot.execute(marque, proof, nonce,
+                                            on_event=sink if events else None), record)
 
     async def get_execution(self, request: Request) -> Response:
         """``GET /v1/executions/{marque_id}/{nonce}[?follow=true]``."""

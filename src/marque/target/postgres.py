@@ -73,7 +73,6 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
 )
-from marque.target.identity import refuses_tombstone
 
 _ISOLATION = {
     "read_committed": "READ COMMITTED",
@@ -355,9 +354,7 @@ class PostgresTarget(SqlTarget):
         try:
             # The identity first: a connection reaches one database for its whole life, so
             # what it reads here is where the tombstone below would go.
-            foreign = refuses_tombstone(self.name, self.location(),
-                                        conn.execute(self.identity_query).fetchone(),
-                                        attempt.target_id)
+            foreign = self._refuses_tombstone(conn, attempt.target_id)
             if foreign is not None:
                 return Evidence(Status.INDETERMINATE, reason=foreign)
             # Autocommit: the tombstone is its own transaction. It waits behind an

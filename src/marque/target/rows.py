@@ -215,6 +215,14 @@ class RowTarget(abc.ABC):
         finally:
             self._abandon(conn)
 
+    def _refuses_tombstone(self, conn: Any, sent_to: str | None) -> str | None:
+        """Why no tombstone may be written over ``conn`` (its database is not the one the
+        attempt was sent to, :mod:`marque.target.identity`), or None: the identity is read
+        in the tombstone's own transaction. Nonce and row tombstones alike."""
+        return refuses_tombstone(self.name, self.location(),
+                                 self._row_exec(conn, self.identity_query, ()).fetchone(),
+                                 sent_to)
+
     def _row_stamp(self, write: RowWrite, kind: str) -> tuple[Any, ...]:
         return (write.effect_apply_key, write.row_idempotency_key, write.marque_id, write.nonce,
                 write.dispatch_attempt, kind, write.pilot_id, write.incarnation, time.time(),
@@ -304,9 +312,7 @@ class RowTarget(abc.ABC):
         except Exception as exc:
             return RowEvidence(Status.INDETERMINATE, reason=f"target unavailable: {exc}")
         try:
-            foreign = refuses_tombstone(
-                self.name, self.location(),
-                self._row_exec(conn, self.identity_query, ()).fetchone(), write.target_id)
+            foreign = self._refuses_tombstone(conn, write.target_id)
             if foreign is not None:
                 return RowEvidence(Status.INDETERMINATE, reason=foreign)
             inserted = self._row_exec(conn, self._stamp_sql(upsert=True),

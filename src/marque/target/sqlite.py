@@ -43,7 +43,6 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
 )
-from marque.target.identity import refuses_tombstone
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -239,9 +238,7 @@ class SqliteTarget(SqlTarget):
         try:
             conn.execute("BEGIN IMMEDIATE")
             self._ensure_stamps(conn)
-            foreign = refuses_tombstone(self.name, self.location(),
-                                        conn.execute(self.identity_query).fetchone(),
-                                        attempt.target_id)
+            foreign = self._refuses_tombstone(conn, attempt.target_id)
             if foreign is not None:
                 conn.execute("ROLLBACK")
                 return Evidence(Status.INDETERMINATE, reason=foreign)
