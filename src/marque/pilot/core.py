@@ -36,7 +36,14 @@ from marque.pilot.config import Settings
 from marque.pilot.continuity import ensure_continuity, refuse_if_replaced, unreadable
 from marque.pilot.processes import ProcessRegistry
 from marque.pilot.settle_behind import SettleBehind
-from marque.pilot.stream import AttemptStream, EventSink, Inflight, Observation, send_event
+from marque.pilot.stream import (
+    AttemptStream,
+    EventSink,
+    Inflight,
+    Observation,
+    recorded_event,
+    send_event,
+)
 from marque.target import StampConflict, Target, TargetAttempt
 from marque.timefmt import iso_time
 from marque.token import (
@@ -398,9 +405,9 @@ class Pilot:
         the observation for its next :meth:`recover`, and any other process settles
         the attempt from the target's stamp once its owner is gone.
         """
-        recorded_event = attempt.event("outcome_recorded", status=observation.status.value)
+        recorded = attempt.event("outcome_recorded", status=observation.status.value)
         try:
-            record = self._settle_observation(observation, [*attempt.events, recorded_event])
+            record = self._settle_observation(observation, [*attempt.events, recorded])
         except LedgerUnavailable as exc:
             target_attempt = observation.target_attempt
             missed = attempt.event("outcome_not_recorded", status=observation.status.value,
@@ -409,9 +416,9 @@ class Pilot:
             key = (target_attempt.marque_id, target_attempt.nonce, target_attempt.number)
             self._unrecorded[key] = (observation, [*attempt.events, missed])
             return None
-        attempt.publish(recorded_event)
+        attempt.publish(recorded)
         if self._unrecorded:
-            self._record_unrecorded()  # the ledger is back: record what it missed
+            self.record_unrecorded()  # the ledger is back: record what it missed
         return record
 
     def _settle_observation(
@@ -448,7 +455,7 @@ class Pilot:
             result=observation.result,
         )
 
-    def _record_unrecorded(self) -> list[dict[str, Any]]:
+    def record_unrecorded(self) -> list[dict[str, Any]]:
         """Record the observations the ledger missed while it was away; what changed."""
         changes: list[dict[str, Any]] = []
         for key in list(self._unrecorded):
@@ -457,12 +464,9 @@ class Pilot:
                 continue  # another thread is recording it
             observation, events = pending
             target_attempt = observation.target_attempt
-            recorded_event = {"event": "outcome_recorded", "marque_id": target_attempt.marque_id,
-                              "nonce": target_attempt.nonce,
-                              "attempt": target_attempt.number,
-                              "at": round(self.clock(), 6), "status": observation.status.value}
+            recorded = recorded_event(target_attempt, observation.status, self.clock())
             try:
-                record = self._observe_execution(observation, [*events, recorded_event])
+                record = self._observe_execution(observation, [*events, recorded])
             except LedgerUnavailable:
                 self._unrecorded[key] = pending
                 break  # still away: the next recovery tries again
@@ -502,7 +506,7 @@ class Pilot:
             self.settler.flush()  # answered applied already: record it, then read it
             return reconciliation.current(self, record)
         if record.status is Status.IN_PROGRESS and key in self._unrecorded:
-            self._record_unrecorded()
+            self.record_unrecorded()
             return reconciliation.current(self, record)
         if record.status is Status.IN_PROGRESS and reconciliation.owner_gone(self, record):
             return reconciliation.settle_lost(self, record)
@@ -721,7 +725,7 @@ class Pilot:
         self._workers.clear()
         self.settler = None
         if self._unrecorded:
-            self._record_unrecorded()  # a last try: the ledger may be back
+            self.record_unrecorded()  # a last try: the ledger may be back
         for target in self.targets.values():
             target.close()
         self.ledger.close()

@@ -222,7 +222,7 @@ def recover(pilot: Pilot) -> list[dict[str, Any]]:
     In-progress attempts whose owner is dead or whose lease expired become
     ``indeterminate``; every indeterminate attempt is then reconciled.
     """
-    changes = pilot._record_unrecorded()
+    changes = pilot.record_unrecorded()
     gone: set[str] = set()
     tried: set[tuple[str, str, int]] = set()
     for record in pilot.ledger.unsettled(Status.IN_PROGRESS):

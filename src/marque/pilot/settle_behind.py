@@ -39,7 +39,7 @@ from marque.crash import crash_point
 from marque.errors import MarqueError
 from marque.ledger import AttemptRecord, Observed
 from marque.outcome import Status
-from marque.pilot.stream import Observation
+from marque.pilot.stream import Observation, recorded_event
 from marque.write_behind import WriteBehind
 
 if TYPE_CHECKING:
@@ -142,9 +142,7 @@ class SettleBehind:
     def _observed(self, held: _Held) -> Observed:
         target_attempt = held.observation.target_attempt
         now = self._pilot.clock()
-        recorded = {"event": "outcome_recorded", "marque_id": target_attempt.marque_id,
-                    "nonce": target_attempt.nonce, "attempt": target_attempt.number,
-                    "at": round(now, 6), "status": Status.APPLIED.value}
+        recorded = recorded_event(target_attempt, Status.APPLIED, now)
         return Observed(target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
                         Status.APPLIED, now=now, cause="execution",
                         rows_affected=held.observation.rows_affected,

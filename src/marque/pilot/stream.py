@@ -94,3 +94,11 @@ class AttemptStream:
 def send_event(sink: EventSink | None, event: dict[str, Any]) -> None:
     if sink is not None:
         sink(event)
+
+
+def recorded_event(target_attempt: TargetAttempt, status: Status, at: float) -> dict[str, Any]:
+    """The ``outcome_recorded`` event of an outcome recorded after its caller was answered
+    (the ledger was away, or the settle went behind the answer)."""
+    return {"event": "outcome_recorded", "marque_id": target_attempt.marque_id,
+            "nonce": target_attempt.nonce, "attempt": target_attempt.number,
+            "at": round(at, 6), "status": status.value}
