@@ -266,7 +266,12 @@ def prefilled_bed(root: Path, target: str, entries: int) -> tuple[MarqueBed, flo
         marque_id = "mq_template" + uuid.uuid4().hex[:16]
         jti = "template-" + uuid.uuid4().hex
         bed.execute_once(bed.issue(1, marque_id=marque_id), "template", jti=jti)
-        # Reported before it is copied: pre-filled entries are settled *and* reported.
+        # Settled and reported before it is copied: pre-filled entries are settled *and*
+        # reported. The settle of an applied write lands just behind its answer, so it is
+        # flushed first (else the copy would be of an attempt still in progress, and the
+        # settler would wait on the pre-fill's write lock).
+        if bed.pilot.settler is not None:
+            bed.pilot.settler.flush()
         bed.pilot.report()
         started = time.perf_counter()
         written = prefill_sqlite_ledger(bed.ledger_path, marque_id, jti, entries)
