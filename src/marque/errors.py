@@ -73,6 +73,7 @@ classes; nothing else maps codes by hand.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 
@@ -109,6 +110,18 @@ class MarqueError(Exception):
     def to_dict(self) -> dict[str, Any]:
         """The ``error`` object of an outcome: ``{code, message, sqlstate}``."""
         return {"code": self.code, "message": self.message, "sqlstate": self.sqlstate}
+
+    def json_detail(self) -> dict[str, Any]:
+        """The members of the detail that are JSON values: what a problem document or a
+        ``--json`` error can carry (a value that is not JSON is left out, never mangled)."""
+        safe: dict[str, Any] = {}
+        for key, value in self.detail.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                continue
+            safe[str(key)] = value
+        return safe
 
 
 def lookup(code: str) -> type[MarqueError]:

@@ -9,7 +9,6 @@ services cannot drift apart.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -20,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marque.errors import MarqueError
 
-__all__ = ["PROBLEM", "RequestIdMiddleware", "json_safe", "problem"]
+__all__ = ["PROBLEM", "RequestIdMiddleware", "problem"]
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -48,22 +47,10 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     }
     if exc.sqlstate:
         body["sqlstate"] = exc.sqlstate
-    for key, value in {**json_safe(exc.detail), **(extra or {})}.items():
+    for key, value in {**exc.json_detail(), **(extra or {})}.items():
         if key not in _STANDARD:
             body[key] = value
     return JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
-
-
-def json_safe(detail: Mapping[str, Any]) -> dict[str, Any]:
-    """The members of an error's detail a problem document can carry (JSON values only)."""
-    safe: dict[str, Any] = {}
-    for key, value in detail.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue
-        safe[str(key)] = value
-    return safe
 
 
 class RequestIdMiddleware:

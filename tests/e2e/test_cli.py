@@ -191,6 +191,7 @@ def test_outcome_of_unclaimed_nonce_is_not_found(world: World) -> None:
     res = world.outcome("mq_nosuchmarque", "nope")
     assert res.returncode == EXIT["usage"], res
     assert res.json["error"]["code"] == "not_found"
+    assert set(res.json["error"]) == {"code", "message", "sqlstate"}  # no detail to give
 
 
 # -- ledger ---------------------------------------------------------------------------

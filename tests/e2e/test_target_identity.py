@@ -109,6 +109,8 @@ def test_a_repointed_target_is_refused_and_reconciliation_writes_no_tombstone_th
     assert refused.json["error"]["code"] == "target_unsettled"
     assert refused.json["unsettled"] == [
         {"marque_id": marque_id, "nonce": "n-1", "attempt": 1}]
+    # The error object carries its detail too, as every --json failure does.
+    assert refused.json["error"]["detail"]["unsettled"] == refused.json["unsettled"]
 
     _point(world, world.bank)
     settled = world.reconcile()

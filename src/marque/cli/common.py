@@ -162,9 +162,17 @@ def when(epoch: float | None) -> str:
 
 
 def fail(exc: MarqueError, as_json: bool, extra: dict[str, Any] | None = None) -> NoReturn:
-    """Print a Marque error (JSON or one line) and end with its class's exit status."""
+    """Print a Marque error (JSON or one line) and end with its class's exit status.
+
+    With ``--json`` the error object is ``{code, message, sqlstate}`` and, when the
+    error knows more than its message (the rule that refused, the target, the attempts
+    left unsettled…), ``detail``: a script should not have to parse the message.
+    """
     if as_json:
-        emit_json({**(extra or {}), "error": exc.to_dict()})
+        error = exc.to_dict()
+        if detail := exc.json_detail():
+            error["detail"] = detail
+        emit_json({**(extra or {}), "error": error})
     else:
         err.say(f"[bold red]{exc.kind}[/]: [bold]{exc.code}[/] — {literal(exc.message)}")
     raise CommandExit(exc.exit_status)
