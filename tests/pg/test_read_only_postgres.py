@@ -215,10 +215,12 @@ def test_mode_switches_and_copy_are_never_approved_sql(sql: str) -> None:
 
 
 def test_session_settings_made_by_a_read_do_not_outlive_it(ro_world: World) -> None:
-    """A read that sets a session default (read-only for later transactions) leaves the
-    pooled connection as it found it: the savepoint rollback undoes it."""
+    """A read that sets session defaults (read-only for later transactions, a search path
+    where no table is) leaves the pooled connection as it found it: the savepoint rollback
+    undoes them. (Not a tiny statement_timeout: it would also bind the read's own last
+    messages, and fail the read itself on a loaded machine.)"""
     poison = issue(ro_world, ["SELECT set_config('default_transaction_read_only', 'on', false)",
-                              "SELECT set_config('statement_timeout', '1ms', false)"])
+                              "SELECT set_config('search_path', 'marque_nowhere', false)"])
     assert ro_world.execute(poison, "n-poison").status == "applied"
     for n in range(3):
         debit = ro_world.execute(
