@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -41,6 +42,34 @@ Conn = psycopg.Connection[TupleRow]
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
 
+def _discard(conn: Conn) -> None:
+    """Give ``conn``'s session back as it began (``DISCARD ALL``), or close it.
+
+    Approved SQL can leave state behind in its session that outlives its transaction —
+    ``set_config(…, false)`` (a role, a search path, read-only as the default), a session
+    advisory lock, a temporary table, a ``LISTEN`` — even in a transaction rolled back, for
+    the lock. On a pooled connection that state would bind the next marque's change, or
+    hold a lock other programs wait for while the connection idles. A connection that
+    cannot be reset (broken, or still in a transaction) is closed: the pool drops it.
+    """
+    if conn.closed or conn.broken:
+        return
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise psycopg.InterfaceError("returned inside a transaction")
+        conn.execute("DISCARD ALL")
+    except psycopg.Error:
+        conn.close()
+
+
+def session_options(dsn: str, settings: dict[str, str]) -> str:
+    """The libpq ``options`` that start a session with ``settings`` on top of the DSN's own
+    options: what ``RESET`` (and ``DISCARD ALL``) come back to."""
+    given = conninfo_to_dict(dsn).get("options") or ""
+    ours = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    return f"{given} {ours}".strip()
+
+
 def make_pool(
     dsn: str,
     *,
@@ -50,8 +79,15 @@ def make_pool(
     autocommit: bool = False,
     configure: Callable[[Conn], None] | None = None,
     check_always: bool = False,
+    session: dict[str, str] | None = None,
+    discard_on_return: bool = False,
 ) -> ConnectionPool[Conn]:
-    """An open pool whose connections are checked before use (idle ones, or all)."""
+    """An open pool whose connections are checked before use (idle ones, or all).
+
+    ``session`` settings start every connection's session (as libpq options, so a
+    session reset keeps them); ``discard_on_return`` resets each session as its
+    connection comes back (:func:`_discard`).
+    """
     # The pool logs each failed background connect as a warning; with no logging
     # configured Python would print those on stderr, where the CLI's JSON events go.
     # The failure reaches the caller as a typed error instead (see checkout()).
@@ -59,6 +95,8 @@ def make_pool(
     if not pool_logger.handlers:
         pool_logger.addHandler(logging.NullHandler())
     kwargs: dict[str, Any] = {"autocommit": autocommit, "connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    if session:
+        kwargs["options"] = session_options(dsn, session)
     pool = _Pool(
         dsn,
         min_size=min_size,
@@ -70,6 +108,7 @@ def make_pool(
         name=name,
     )
     pool.check_always = check_always
+    pool.discard_on_return = discard_on_return
     return pool
 
 
@@ -83,12 +122,16 @@ class _Pool(ConnectionPool[Conn]):
     """
 
     check_always = False
+    #: Connections that ran SQL Marque did not write are reset before they go back.
+    discard_on_return = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._returned: dict[int, float] = {}
         super().__init__(*args, check=self._check_idle, **kwargs)
 
     def putconn(self, conn: Conn) -> None:
+        if self.discard_on_return:
+            _discard(conn)
         self._returned[id(conn)] = time.monotonic()
         super().putconn(conn)
 

@@ -153,9 +153,14 @@ class PostgresTarget(SqlTarget):
     def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
         with self._pool_lock:
             if self._pool is None:
+                # The Pilot's timeouts start every session, so the reset each connection
+                # gets on its way back to the pool (approved SQL may have changed its
+                # session) comes back to them.
                 self._pool = make_pool(
                     self.dsn, name=f"marque-target-{self.name}", max_size=self._pool_size,
-                    autocommit=True, configure=self._configure,
+                    autocommit=True, configure=self._configure, discard_on_return=True,
+                    session={"statement_timeout": f"{self.statement_timeout_ms}ms",
+                             "lock_timeout": f"{self.lock_timeout_ms}ms"},
                 )
             return self._pool
 
@@ -164,10 +169,6 @@ class PostgresTarget(SqlTarget):
         # client-side (a new text each time), and approved SQL is run a few times at most.
         # Off, psycopg skips its per-query bookkeeping of candidates.
         conn.prepare_threshold = None
-        # The Pilot's timeouts for every statement on this connection, ours included.
-        conn.execute("SELECT set_config('statement_timeout', %s, false), "
-                     "set_config('lock_timeout', %s, false)",
-                     (f"{self.statement_timeout_ms}ms", f"{self.lock_timeout_ms}ms"))
 
     def _ensure_schema(self, conn: psycopg.Connection[TupleRow]) -> None:
         if self._schema_ready:
