@@ -14,8 +14,13 @@ prints one line per round and a ``MEDIAN`` line (medians of the rounds' figures)
   ledger, or PostgreSQL with ``LEDGER=pg``) and the process's CPU per execution;
 * ``raw``: p50 of raw psycopg, Marque with each ledger and a replay, and × raw;
 * ``http``: p50 in process and through ``marque pilot serve`` (``PilotClient``, no
-  event sink), the difference, the client's and the service's CPU per execution;
+  event sink), the difference, the client's and the service's CPU per execution, and
+  the in-process Pilot's process CPU per execution (its caller's and its background
+  threads', the same work the service's figure counts beside its HTTP);
 * ``clients8``: executions per second at 8 clients, in process and through HTTP.
+
+``http`` and ``clients8`` take ``LEDGER=pg`` (both Pilots on PostgreSQL ledgers, each
+its own database) and ``WORKERS=N`` (``pilot serve --workers N``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,20 @@ from marque.client import PilotClient  # noqa: E402
 
 N = int(os.environ.get("N", "300"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+WORKERS = int(os.environ.get("WORKERS", "1"))
+
+
+def served_beds(cluster: BenchCluster, workdir: Path) -> tuple[MarqueBed, HttpBed]:
+    """The in-process Pilot and the served one, on SQLite ledgers or (``LEDGER=pg``)
+    PostgreSQL ledgers in two databases of their own."""
+    inproc_ledger = served_ledger = None
+    if os.environ.get("LEDGER") == "pg":
+        with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
+            conn.execute('CREATE DATABASE "ledger_served"')
+        inproc_ledger, served_ledger = cluster.dsn("ledger"), cluster.dsn("ledger_served")
+    bed = MarqueBed(workdir, "inproc", cluster.dsn("bench"), ledger_dsn=inproc_ledger)
+    served = HttpBed(workdir, "served", cluster.dsn("bench"), WORKERS, ledger_dsn=served_ledger)
+    return bed, served
 
 
 @contextmanager
@@ -190,8 +209,7 @@ def raw() -> None:
 def http() -> None:
     """In process and through HTTP, op by op: p50s, their difference, CPU on each side."""
     with cluster_and_dir() as (cluster, workdir):
-        bed = MarqueBed(workdir, "inproc", cluster.dsn("bench"))
-        served = HttpBed(workdir, "served", cluster.dsn("bench"))
+        bed, served = served_beds(cluster, workdir)
         token, served_token = bed.issue(3), served.issue(4)
         bed.execute_once(token, "warm")
         client = PilotClient(served.url, timeout=60)
@@ -207,6 +225,7 @@ def http() -> None:
             remote: list[float] = []
             client_cpu = 0.0
             server_began = process_cpu(served.proc.pid)
+            began = os.times()
             for nonce, proof, served_proof in zip(fresh, proofs, served_proofs, strict=True):
                 t0 = time.perf_counter()
                 bed.pilot.execute(token, proof, nonce)
@@ -219,12 +238,17 @@ def http() -> None:
                 remote.append(t2 - t1)
                 client_cpu += c2 - c1
             time.sleep(0.3)
+            ended = os.times()
             server_cpu = process_cpu(served.proc.pid) - server_began
+            # This process's CPU less the client's: the in-process Pilot's, all its threads.
+            in_process_cpu = (ended.user + ended.system - began.user - began.system
+                              - client_cpu)
             row = {"in_process_p50": statistics.median(local) * 1e3,
                    "http_p50": statistics.median(remote) * 1e3}
             row["http_adds"] = row["http_p50"] - row["in_process_p50"]
             row["client_cpu"] = client_cpu / N * 1e3
             row["service_cpu"] = server_cpu / N * 1e3
+            row["in_process_cpu"] = in_process_cpu / N * 1e3
             say(round_no, row)
             rows.append(row)
         report(rows)
@@ -237,8 +261,7 @@ def clients8() -> None:
     """Executions per second at 8 clients, in process and through HTTP, rounds alternating."""
     clients, per_client = 8, max(N // 8, 10)
     with cluster_and_dir() as (cluster, workdir):
-        bed = MarqueBed(workdir, "inproc", cluster.dsn("bench"))
-        served = HttpBed(workdir, "served", cluster.dsn("bench"))
+        bed, served = served_beds(cluster, workdir)
         tokens = [bed.issue(10 + k) for k in range(clients)]
         served_tokens = [served.issue(30 + k) for k in range(clients)]
         http_clients = [PilotClient(served.url, timeout=60) for _ in range(clients)]
