@@ -17,7 +17,10 @@ prints one line per round and a ``MEDIAN`` line (medians of the rounds' figures)
   event sink), the difference, the client's and the service's CPU per execution, and
   the in-process Pilot's process CPU per execution (its caller's and its background
   threads', the same work the service's figure counts beside its HTTP);
-* ``clients8``: executions per second at 8 clients, in process and through HTTP.
+* ``clients8``: executions per second at 8 clients, in process and through HTTP, how
+  busy the machine's cores were during each (1.0: all of them, all the time, whoever
+  used them), and CPU per execution: the in-process Pilot's, the HTTP clients' and the
+  service's (all its worker processes).
 
 ``http`` and ``clients8`` take ``LEDGER=pg`` (both Pilots on PostgreSQL ledgers, each
 its own database) and ``WORKERS=N`` (``pilot serve --workers N``).
@@ -88,6 +91,25 @@ def process_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live children (``pilot serve --workers``)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            kids = [int(k) for k in children.read().split()]
+    except OSError:
+        kids = []
+    return process_cpu(pid) + sum(tree_cpu(k) for k in kids)
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (``/proc/stat``)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    total = sum(fields[:8])
+    return (total - idle) / os.sysconf("SC_CLK_TCK"), total / os.sysconf("SC_CLK_TCK")
 
 
 def report(rows: list[dict[str, float]]) -> None:
@@ -266,7 +288,7 @@ def clients8() -> None:
         served_tokens = [served.issue(30 + k) for k in range(clients)]
         http_clients = [PilotClient(served.url, timeout=60) for _ in range(clients)]
 
-        def one_round(kind: str) -> float:
+        def one_round(kind: str) -> tuple[float, float, float, float]:
             fresh = [nonces(per_client) for _ in range(clients)]
             if kind == "in_process":
                 proofs = [[bed.proof(tokens[k], n) for n in fresh[k]] for k in range(clients)]
@@ -285,12 +307,23 @@ def clients8() -> None:
             bed.pilot.report()
             time.sleep(0.3)
             threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
+            busy_began, total_began = machine_busy()
+            own_began, served_began = os.times(), tree_cpu(served.proc.pid)
             began = time.perf_counter()
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            return clients * per_client / (time.perf_counter() - began)
+            took = time.perf_counter() - began
+            busy_ended, total_ended = machine_busy()
+            own_ended, served_ended = os.times(), tree_cpu(served.proc.pid)
+            # How busy the machine's cores were meanwhile (1.0: every core, all the time).
+            busy = (busy_ended - busy_began) / max(total_ended - total_began, 1e-9)
+            done = clients * per_client
+            # CPU per execution: this process's (the in-process Pilot, or the HTTP
+            # clients) and the service's (idle in an in-process round).
+            own = (own_ended.user + own_ended.system - own_began.user - own_began.system) / done
+            return done / took, busy, own * 1e3, (served_ended - served_began) / done * 1e3
 
         one_round("in_process")
         one_round("http")
@@ -298,8 +331,11 @@ def clients8() -> None:
         for round_no in range(1, ROUNDS + 2):
             order = ("in_process", "http") if round_no % 2 else ("http", "in_process")
             got = {kind: one_round(kind) for kind in order}
-            row = {"in_process_ops": got["in_process"], "http_ops": got["http"],
-                   "http_over_in_process": got["http"] / got["in_process"]}
+            row = {"in_process_ops": got["in_process"][0], "http_ops": got["http"][0],
+                   "http_over_in_process": got["http"][0] / got["in_process"][0],
+                   "in_process_busy": got["in_process"][1], "http_busy": got["http"][1],
+                   "in_process_cpu": got["in_process"][2], "http_client_cpu": got["http"][2],
+                   "http_service_cpu": got["http"][3]}
             say(round_no, row)
             rows.append(row)
         report(rows)
