@@ -216,6 +216,9 @@ def _serve(home: Path, sock: socket.socket, tls_cert: Path | None, tls_key: Path
     server_config = uvicorn.Config(
         service.app, log_level="warning", lifespan="off", access_log=False,
         http=_protocol_class(), ws="none",
+        # No "server: uvicorn" on every answer: a header each side parses per request,
+        # and nothing a caller needs (Date stays: HTTP asks an origin server for it).
+        server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
