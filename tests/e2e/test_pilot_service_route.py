@@ -127,3 +127,70 @@ def test_the_route_streams_events_and_frames_a_one_line_answer_by_its_length(
         assert json.loads(line)["outcome"]["status"] == "applied"
         assert quiet.content.endswith(b"\n")
     assert world.balances()[1] == 80
+
+
+def _self_signed(where: Any) -> tuple[Any, Any]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = where / "cert.pem", where / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+def test_the_route_streams_over_tls_too(world: World) -> None:
+    """--tls-cert/--tls-key: an execution streams its events and outcome over HTTPS
+    (every connection's writes go through the service's coalescing transport, TLS too),
+    with its X-Request-Id, and a second one rides the same connection."""
+    import ssl
+    import subprocess
+
+    from e2e_support import MARQUE, cli_env
+
+    cert, key = _self_signed(world.root)
+    proc = subprocess.Popen(
+        [str(MARQUE), "pilot", "serve", "--home", str(world.home), "--listen", "127.0.0.1:0",
+         "--tls-cert", str(cert), "--tls-key", str(key), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        text=True, env=cli_env(), cwd=world.root)
+    try:
+        assert proc.stdout is not None
+        url = json.loads(proc.stdout.readline())["url"]
+        assert url.startswith("https://127.0.0.1:")
+        marque = world.issue([DEBIT], executions=2)
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(cert)),
+                          timeout=30) as client:
+            with client.stream("POST", f"{url}/v1/executions", json=body(world, marque, "t1"),
+                               headers={"X-Request-Id": "over-tls"}) as streamed:
+                assert (streamed.status_code, streamed.headers["x-request-id"]) == (
+                    200, "over-tls")
+                events = [json.loads(line) for line in streamed.iter_lines() if line.strip()]
+            assert events[0]["event"] == "claimed"
+            assert events[-1]["outcome"]["status"] == "applied"
+            quiet = client.post(f"{url}/v1/executions?events=false",
+                                json=body(world, marque, "t2"))
+            assert json.loads(quiet.content)["outcome"]["status"] == "applied"
+        assert world.balances()[1] == 80
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
