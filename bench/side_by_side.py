@@ -23,13 +23,15 @@ prints one line per round and a ``MEDIAN`` line (medians of the rounds' figures)
   service's (all its worker processes).
 
 ``http`` and ``clients8`` take ``LEDGER=pg`` (both Pilots on PostgreSQL ledgers, each
-its own database) and ``WORKERS=N`` (``pilot serve --workers N``).
+its own database) and ``WORKERS=N`` (``pilot serve --workers N``); ``clients8`` takes
+``CLIENT=stdlib`` (its HTTP clients on ``http.client``, not ``PilotClient``).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import json
 import os
 import shutil
 import statistics
@@ -40,8 +42,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -296,6 +300,25 @@ def clients8() -> None:
                 def work(k: int) -> None:
                     for nonce, proof in zip(fresh[k], proofs[k], strict=True):
                         bed.pilot.execute(tokens[k], proof, nonce)
+            elif os.environ.get("CLIENT") == "stdlib":
+                # Python's own http.client instead of PilotClient (httpx): what the
+                # service does when its callers' CPU is not on the same two cores.
+                bodies = [[json.dumps({"marque": served_tokens[k], "nonce": n,
+                                       "proof": served.proof(served_tokens[k], n)}).encode()
+                           for n in fresh[k]] for k in range(clients)]
+
+                def work(k: int) -> None:
+                    address = urlsplit(served.url)
+                    conn = HTTPConnection(address.hostname or "127.0.0.1", address.port,
+                                          timeout=60)
+                    for payload in bodies[k]:
+                        conn.request("POST", "/v1/executions?events=false", body=payload,
+                                     headers={"Content-Type": "application/json"})
+                        answer = conn.getresponse()
+                        line = json.loads(answer.read())
+                        if answer.status != 200 or line["outcome"]["status"] != "applied":
+                            raise RuntimeError(f"expected applied, got {line}")
+                    conn.close()
             else:
                 proofs = [[served.proof(served_tokens[k], n) for n in fresh[k]]
                           for k in range(clients)]
@@ -306,7 +329,15 @@ def clients8() -> None:
                                                 lambda p=proof: p)
             bed.pilot.report()
             time.sleep(0.3)
-            threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
+            failed: list[BaseException] = []
+
+            def guarded(k: int) -> None:
+                try:
+                    work(k)
+                except BaseException as exc:  # a round with a failed client is no figure
+                    failed.append(exc)
+
+            threads = [threading.Thread(target=guarded, args=(k,)) for k in range(clients)]
             busy_began, total_began = machine_busy()
             own_began, served_began = os.times(), tree_cpu(served.proc.pid)
             began = time.perf_counter()
@@ -315,6 +346,8 @@ def clients8() -> None:
             for thread in threads:
                 thread.join()
             took = time.perf_counter() - began
+            if failed:
+                raise RuntimeError(f"{len(failed)} clients failed in a {kind} round") from failed[0]
             busy_ended, total_ended = machine_busy()
             own_ended, served_ended = os.times(), tree_cpu(served.proc.pid)
             # How busy the machine's cores were meanwhile (1.0: every core, all the time).
