@@ -250,7 +250,7 @@ def http() -> None:
             local: list[float] = []
             remote: list[float] = []
             client_cpu = 0.0
-            server_began = process_cpu(served.proc.pid)
+            server_began = tree_cpu(served.proc.pid)
             began = os.times()
             for nonce, proof, served_proof in zip(fresh, proofs, served_proofs, strict=True):
                 t0 = time.perf_counter()
@@ -265,7 +265,7 @@ def http() -> None:
                 client_cpu += c2 - c1
             time.sleep(0.3)
             ended = os.times()
-            server_cpu = process_cpu(served.proc.pid) - server_began
+            server_cpu = tree_cpu(served.proc.pid) - server_began
             # This process's CPU less the client's: the in-process Pilot's, all its threads.
             in_process_cpu = (ended.user + ended.system - began.user - began.system
                               - client_cpu)
