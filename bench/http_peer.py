@@ -32,11 +32,12 @@ MARQUE = str(Path(sys.executable).parent / "marque")
 class HttpBed:
     """A Pilot home served by ``marque pilot serve`` in a child process."""
 
-    def __init__(self, root: Path, name: str, target_dsn: str, workers: int = 1) -> None:
+    def __init__(self, root: Path, name: str, target_dsn: str, workers: int = 1, *,
+                 ledger_dsn: str | None = None) -> None:
         self.home = root / name
         self.issuer = new_key()
         self.holder = new_key()
-        init_home(self.home, f"bench-{name}")
+        init_home(self.home, f"bench-{name}", ledger_dsn)
         trust_issuer(self.home, public_jwk(self.issuer))
         add_target(self.home, "bench", target_dsn)
         self.proc = subprocess.Popen(

@@ -14,14 +14,24 @@ prints one line per round and a ``MEDIAN`` line (medians of the rounds' figures)
   ledger, or PostgreSQL with ``LEDGER=pg``) and the process's CPU per execution;
 * ``raw``: p50 of raw psycopg, Marque with each ledger and a replay, and × raw;
 * ``http``: p50 in process and through ``marque pilot serve`` (``PilotClient``, no
-  event sink), the difference, the client's and the service's CPU per execution;
-* ``clients8``: executions per second at 8 clients, in process and through HTTP.
+  event sink), the difference, the client's and the service's CPU per execution, and
+  the in-process Pilot's process CPU per execution (its caller's and its background
+  threads', the same work the service's figure counts beside its HTTP);
+* ``clients8``: executions per second at 8 clients, in process and through HTTP, how
+  busy the machine's cores were during each (1.0: all of them, all the time, whoever
+  used them), and CPU per execution: the in-process Pilot's, the HTTP clients' and the
+  service's (all its worker processes).
+
+``http`` and ``clients8`` take ``LEDGER=pg`` (both Pilots on PostgreSQL ledgers, each
+its own database) and ``WORKERS=N`` (``pilot serve --workers N``); ``clients8`` takes
+``CLIENT=stdlib`` (its HTTP clients on ``http.client``, not ``PilotClient``).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import json
 import os
 import shutil
 import statistics
@@ -32,8 +42,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -47,6 +59,20 @@ from marque.client import PilotClient  # noqa: E402
 
 N = int(os.environ.get("N", "300"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
+WORKERS = int(os.environ.get("WORKERS", "1"))
+
+
+def served_beds(cluster: BenchCluster, workdir: Path) -> tuple[MarqueBed, HttpBed]:
+    """The in-process Pilot and the served one, on SQLite ledgers or (``LEDGER=pg``)
+    PostgreSQL ledgers in two databases of their own."""
+    inproc_ledger = served_ledger = None
+    if os.environ.get("LEDGER") == "pg":
+        with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
+            conn.execute('CREATE DATABASE "ledger_served"')
+        inproc_ledger, served_ledger = cluster.dsn("ledger"), cluster.dsn("ledger_served")
+    bed = MarqueBed(workdir, "inproc", cluster.dsn("bench"), ledger_dsn=inproc_ledger)
+    served = HttpBed(workdir, "served", cluster.dsn("bench"), WORKERS, ledger_dsn=served_ledger)
+    return bed, served
 
 
 @contextmanager
@@ -69,6 +95,25 @@ def process_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live children (``pilot serve --workers``)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            kids = [int(k) for k in children.read().split()]
+    except OSError:
+        kids = []
+    return process_cpu(pid) + sum(tree_cpu(k) for k in kids)
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (``/proc/stat``)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    total = sum(fields[:8])
+    return (total - idle) / os.sysconf("SC_CLK_TCK"), total / os.sysconf("SC_CLK_TCK")
 
 
 def report(rows: list[dict[str, float]]) -> None:
@@ -190,8 +235,7 @@ def raw() -> None:
 def http() -> None:
     """In process and through HTTP, op by op: p50s, their difference, CPU on each side."""
     with cluster_and_dir() as (cluster, workdir):
-        bed = MarqueBed(workdir, "inproc", cluster.dsn("bench"))
-        served = HttpBed(workdir, "served", cluster.dsn("bench"))
+        bed, served = served_beds(cluster, workdir)
         token, served_token = bed.issue(3), served.issue(4)
         bed.execute_once(token, "warm")
         client = PilotClient(served.url, timeout=60)
@@ -206,7 +250,8 @@ def http() -> None:
             local: list[float] = []
             remote: list[float] = []
             client_cpu = 0.0
-            server_began = process_cpu(served.proc.pid)
+            server_began = tree_cpu(served.proc.pid)
+            began = os.times()
             for nonce, proof, served_proof in zip(fresh, proofs, served_proofs, strict=True):
                 t0 = time.perf_counter()
                 bed.pilot.execute(token, proof, nonce)
@@ -219,12 +264,17 @@ def http() -> None:
                 remote.append(t2 - t1)
                 client_cpu += c2 - c1
             time.sleep(0.3)
-            server_cpu = process_cpu(served.proc.pid) - server_began
+            ended = os.times()
+            server_cpu = tree_cpu(served.proc.pid) - server_began
+            # This process's CPU less the client's: the in-process Pilot's, all its threads.
+            in_process_cpu = (ended.user + ended.system - began.user - began.system
+                              - client_cpu)
             row = {"in_process_p50": statistics.median(local) * 1e3,
                    "http_p50": statistics.median(remote) * 1e3}
             row["http_adds"] = row["http_p50"] - row["in_process_p50"]
             row["client_cpu"] = client_cpu / N * 1e3
             row["service_cpu"] = server_cpu / N * 1e3
+            row["in_process_cpu"] = in_process_cpu / N * 1e3
             say(round_no, row)
             rows.append(row)
         report(rows)
@@ -237,13 +287,12 @@ def clients8() -> None:
     """Executions per second at 8 clients, in process and through HTTP, rounds alternating."""
     clients, per_client = 8, max(N // 8, 10)
     with cluster_and_dir() as (cluster, workdir):
-        bed = MarqueBed(workdir, "inproc", cluster.dsn("bench"))
-        served = HttpBed(workdir, "served", cluster.dsn("bench"))
+        bed, served = served_beds(cluster, workdir)
         tokens = [bed.issue(10 + k) for k in range(clients)]
         served_tokens = [served.issue(30 + k) for k in range(clients)]
         http_clients = [PilotClient(served.url, timeout=60) for _ in range(clients)]
 
-        def one_round(kind: str) -> float:
+        def one_round(kind: str) -> tuple[float, float, float, float]:
             fresh = [nonces(per_client) for _ in range(clients)]
             if kind == "in_process":
                 proofs = [[bed.proof(tokens[k], n) for n in fresh[k]] for k in range(clients)]
@@ -251,6 +300,25 @@ def clients8() -> None:
                 def work(k: int) -> None:
                     for nonce, proof in zip(fresh[k], proofs[k], strict=True):
                         bed.pilot.execute(tokens[k], proof, nonce)
+            elif os.environ.get("CLIENT") == "stdlib":
+                # Python's own http.client instead of PilotClient (httpx): what the
+                # service does when its callers' CPU is not on the same two cores.
+                bodies = [[json.dumps({"marque": served_tokens[k], "nonce": n,
+                                       "proof": served.proof(served_tokens[k], n)}).encode()
+                           for n in fresh[k]] for k in range(clients)]
+
+                def work(k: int) -> None:
+                    address = urlsplit(served.url)
+                    conn = HTTPConnection(address.hostname or "127.0.0.1", address.port,
+                                          timeout=60)
+                    for payload in bodies[k]:
+                        conn.request("POST", "/v1/executions?events=false", body=payload,
+                                     headers={"Content-Type": "application/json"})
+                        answer = conn.getresponse()
+                        line = json.loads(answer.read())
+                        if answer.status != 200 or line["outcome"]["status"] != "applied":
+                            raise RuntimeError(f"expected applied, got {line}")
+                    conn.close()
             else:
                 proofs = [[served.proof(served_tokens[k], n) for n in fresh[k]]
                           for k in range(clients)]
@@ -261,13 +329,34 @@ def clients8() -> None:
                                                 lambda p=proof: p)
             bed.pilot.report()
             time.sleep(0.3)
-            threads = [threading.Thread(target=work, args=(k,)) for k in range(clients)]
+            failed: list[BaseException] = []
+
+            def guarded(k: int) -> None:
+                try:
+                    work(k)
+                except BaseException as exc:  # a round with a failed client is no figure
+                    failed.append(exc)
+
+            threads = [threading.Thread(target=guarded, args=(k,)) for k in range(clients)]
+            busy_began, total_began = machine_busy()
+            own_began, served_began = os.times(), tree_cpu(served.proc.pid)
             began = time.perf_counter()
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            return clients * per_client / (time.perf_counter() - began)
+            took = time.perf_counter() - began
+            if failed:
+                raise RuntimeError(f"{len(failed)} clients failed in a {kind} round") from failed[0]
+            busy_ended, total_ended = machine_busy()
+            own_ended, served_ended = os.times(), tree_cpu(served.proc.pid)
+            # How busy the machine's cores were meanwhile (1.0: every core, all the time).
+            busy = (busy_ended - busy_began) / max(total_ended - total_began, 1e-9)
+            done = clients * per_client
+            # CPU per execution: this process's (the in-process Pilot, or the HTTP
+            # clients) and the service's (idle in an in-process round).
+            own = (own_ended.user + own_ended.system - own_began.user - own_began.system) / done
+            return done / took, busy, own * 1e3, (served_ended - served_began) / done * 1e3
 
         one_round("in_process")
         one_round("http")
@@ -275,8 +364,11 @@ def clients8() -> None:
         for round_no in range(1, ROUNDS + 2):
             order = ("in_process", "http") if round_no % 2 else ("http", "in_process")
             got = {kind: one_round(kind) for kind in order}
-            row = {"in_process_ops": got["in_process"], "http_ops": got["http"],
-                   "http_over_in_process": got["http"] / got["in_process"]}
+            row = {"in_process_ops": got["in_process"][0], "http_ops": got["http"][0],
+                   "http_over_in_process": got["http"][0] / got["in_process"][0],
+                   "in_process_busy": got["in_process"][1], "http_busy": got["http"][1],
+                   "in_process_cpu": got["in_process"][2], "http_client_cpu": got["http"][2],
+                   "http_service_cpu": got["http"][3]}
             say(round_no, row)
             rows.append(row)
         report(rows)

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marque.errors import MarqueError
 
-__all__ = ["PROBLEM", "RequestIdMiddleware", "problem"]
+__all__ = ["PROBLEM", "RequestIdMiddleware", "problem", "request_id_of"]
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -35,8 +35,9 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     ``target``…: what a caller's client turns back into the error's detail, see
     :func:`marque.client.error_from_problem`); JSON values only. ``extra`` adds
     members (e.g. the ``id`` of a request stored as failed). Neither can override
-    the standard ones. ``request_id`` is accepted for callers that have it at
-    hand: the middleware puts it on the response's header.
+    the standard ones. ``request_id``, when given, goes on the response's
+    ``X-Request-Id`` header (a route that skips the middleware sets it so; behind
+    the middleware the header is its, the same id).
     """
     body: dict[str, Any] = {
         "type": f"urn:marque:error:{exc.code}",
@@ -50,7 +51,26 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     for key, value in {**exc.json_detail(), **(extra or {})}.items():
         if key not in _STANDARD:
             body[key] = value
-    return JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
+    response = JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
+    if request_id is not None:
+        response.headers["x-request-id"] = request_id
+    return response
+
+
+def request_id_of(scope: Scope) -> str:
+    """The request's id: the caller's ``X-Request-Id`` if it is sane, else a new one;
+    kept in the scope's state, so every layer of one request finds the same id."""
+    state = scope.setdefault("state", {})
+    known = state.get("request_id")
+    if isinstance(known, str):
+        return known
+    given = ""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":  # servers hand ASGI header names lower-cased
+            given = value.decode("latin-1")
+    request_id = given if _REQUEST_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
+    state["request_id"] = request_id
+    return request_id
 
 
 class RequestIdMiddleware:
@@ -63,9 +83,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        request_id = request_id_of(scope)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from e2e_support import EXIT, MARQUE, Service, World, cli_env, json_lines, one_json
 from harbour_support import free_port
 from pgproxy import close_socket
@@ -143,6 +144,34 @@ def test_one_client_runs_many_executions_over_one_connection(
         cutter.close()
     assert cutter.accepted == 1
     assert world.balances()[1] == 70
+
+
+def test_a_client_with_a_proxy_in_its_environment_goes_through_it(
+        world: World, service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executions skip httpx's Client.send for its transport, but not the environment's
+    proxy: with HTTP_PROXY set they travel through it (here a forwarding proxy in front
+    of the service), and apply once each over its one connection."""
+    from marque.client import PilotClient
+    from marque.token import make_proof
+
+    marque = world.issue([DEBIT], executions=2)
+    token = marque.read_text().strip()
+    holder = json.loads(world.holder_key.read_text())
+    proxy = HttpCutter(int(service.url.rsplit(":", 1)[1]))
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    client = PilotClient(service.url)
+    try:
+        for nonce in ("x1", "x2"):
+            outcome = client.execute(token, nonce, lambda nonce=nonce: make_proof(
+                holder, token, nonce=nonce, pilot_id=world.pilot_id))
+            assert (outcome.status, outcome.replayed) == ("applied", False)
+    finally:
+        client.close()
+        proxy.close()
+    assert proxy.accepted == 1
+    assert world.balances()[1] == 80
 
 
 def test_a_refusal_through_the_service_is_exit_3_with_its_code(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import socket
@@ -60,6 +61,47 @@ def _bind(host: str, port: int) -> socket.socket:
         raise InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     sock.listen(2048)
     return sock
+
+
+class _CoalescingTransport:
+    """A connection's transport whose writes made in one turn of the event loop leave in
+    one ``send``: uvicorn writes a response's status line and headers, then each body
+    chunk, each with a system call of its own (and with ``TCP_NODELAY`` a segment of its
+    own, each waking the client). Everything else is the real transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self._flush()  # what was written before the close still goes out, in order
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _protocol_class() -> type:
+    """uvicorn's httptools protocol on a :class:`_CoalescingTransport`."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Protocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(
+                _CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    return Protocol
 
 
 def _server_class() -> type:
@@ -173,6 +215,10 @@ def _serve(home: Path, sock: socket.socket, tls_cert: Path | None, tls_key: Path
     service = PilotService(running, reachable=reachable, previews=config.previews)
     server_config = uvicorn.Config(
         service.app, log_level="warning", lifespan="off", access_log=False,
+        http=_protocol_class(), ws="none",
+        # No "server: uvicorn" on every answer: a header each side parses per request,
+        # and nothing a caller needs (Date stays: HTTP asks an origin server for it).
+        server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
