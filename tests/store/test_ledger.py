@@ -1440,7 +1440,7 @@ def test_a_version_1_ledger_is_upgraded_and_keeps_its_history(
 
 
 def test_observe_all_matches_observing_one_by_one(pool: LedgerPool):
-    """``observe_all`` over eleven nonces (batches of eight and two, then one alone) leaves
+    """``observe_all`` over eleven nonces (a batch of eight, then one of three) leaves
     exactly what observing each in turn leaves: attempts, observations, events, reports."""
     batched, single = pool.create(), pool.create()
     plans: list[tuple[str, Status | None, Status, dict[str, Any]]] = [

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from marque.ledger.sql import SqlLedger, Tx
 
 #: Batch sizes that get statements of their own, largest first; what is left goes one by
-#: one. A few fixed sizes keep a few statement texts, each cached and prepared once.
-SIZES = (32, 8, 2)
+#: one. Fixed sizes keep the statement texts few (four each), each cached and prepared
+#: once; every size up to eight, as a settler's batch is mostly a handful.
+SIZES = (32, 16, 8, 7, 6, 5, 4, 3, 2)
 
 _CAST_ROW = ("(CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS TEXT), "
              "CAST(? AS INTEGER), CAST(? AS BIGINT), CAST(? AS TEXT), CAST(? AS TEXT), "

@@ -87,7 +87,10 @@ class SqliteLedger(SqlLedger):
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
+            # Room for every statement the ledger prepares (batches of several sizes
+            # among them), so that none on the execution path is ever prepared again.
+            cached_statements=256,
         )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = FULL")
