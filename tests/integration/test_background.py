@@ -55,6 +55,51 @@ def test_reporter_delivers_outside_the_execution_path(env: Env) -> None:
     assert entry["body"]["nonce"] == "n-1"
 
 
+def test_reporter_gathers_longer_under_load_and_delivers_every_outcome(env: Env) -> None:
+    """Outcomes that keep coming are reported in fewer, bigger rounds (the gather grows to
+    its ceiling); every one is still delivered, and after a quiet spell the next outcome
+    is reported after the short gather again."""
+    env.pilot.options.report_inline = False
+    token = env.issue(["UPDATE accounts SET balance = balance - 1 WHERE id = 1"],
+                      executions=100)
+    logbook = env.pilot.logbook
+    assert logbook is not None
+    rounds: list[int] = []
+    append_all = logbook.append_all
+
+    def counted(entries: list[tuple[str, str, dict[str, object]]]) -> int:
+        rounds.append(len(entries))
+        return append_all(entries)
+
+    logbook.append_all = counted  # type: ignore[method-assign]
+    reporter = Reporter(env.pilot, idle_interval=0.05, gather_seconds=0.02,
+                        max_gather_seconds=0.16).start()
+    try:
+        for index in range(60):
+            env.run(token, f"n-{index}")
+            env.pilot.report_wanted.set()
+            time.sleep(0.01)
+        grown = reporter.gather
+        deadline = time.monotonic() + 10
+        while env.pilot.ledger.stats(time.time())["unreported_outcomes"] and (
+                time.monotonic() < deadline):
+            time.sleep(0.02)
+        assert env.pilot.ledger.stats(time.time())["unreported_outcomes"] == 0
+        time.sleep(0.3)  # quiet
+        env.run(token, "n-quiet")
+        env.pilot.report_wanted.set()
+        deadline = time.monotonic() + 10
+        while env.pilot.ledger.stats(time.time())["unreported_outcomes"] and (
+                time.monotonic() < deadline):
+            time.sleep(0.005)
+        assert reporter.gather == 0.02
+    finally:
+        reporter.stop()
+    assert grown > 0.02
+    assert sum(rounds) == 61 and len(rounds) < 30
+    assert len(logbook.entries("execution.applied")) == 61
+
+
 def test_reconciler_backs_off_while_the_target_is_away_then_settles(env: Env) -> None:
     """An unreachable target: indeterminate, the wait doubles; once back, it settles."""
     token = env.issue([DEBIT_1])

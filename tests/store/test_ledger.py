@@ -27,7 +27,7 @@ from marque.errors import (
     LedgerMissing,
     PopReplayed,
 )
-from marque.ledger.base import Claim, ClaimTicket, Ledger
+from marque.ledger.base import Claim, ClaimTicket, Ledger, Observed
 from marque.outcome import Status, advance
 
 from .conftest import LedgerEngine, LedgerPool, make_ticket
@@ -292,14 +292,10 @@ def test_claims_with_and_without_a_proof_record_the_same(ledger: Ledger, with_pr
     assert ledger.stats(time.time())["pop_jtis"] == (3 if with_proof else 0)
 
 
-def test_fresh_claim_is_two_round_trips_on_postgresql(
-        ledger: Ledger, engine: LedgerEngine, monkeypatch: pytest.MonkeyPatch):
-    """On PostgreSQL a fresh claim is one message (BEGIN and the folded claim) and COMMIT."""
-    if engine.name != "postgres":
-        pytest.skip("round trips are PostgreSQL's concern; SQLite runs in process")
+def _messages(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement the ledger's psycopg cursors send from now on (PostgreSQL)."""
     import psycopg
 
-    ledger.claim(make_ticket(nonce="warm", executions=5))  # the pool holds a connection
     sent: list[str] = []
     execute = psycopg.Cursor.execute
 
@@ -308,10 +304,94 @@ def test_fresh_claim_is_two_round_trips_on_postgresql(
         return execute(cursor, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    assert ledger.claim(make_ticket(nonce="n1", executions=5)).fresh
+    return sent
+
+
+def test_fresh_claim_is_one_round_trip_on_postgresql(
+        ledger: Ledger, engine: LedgerEngine, monkeypatch: pytest.MonkeyPatch):
+    """On PostgreSQL a fresh claim is one statement that commits by itself: its jti, claim
+    row, budget and attempt all there after one message."""
+    if engine.name != "postgres":
+        pytest.skip("round trips are PostgreSQL's concern; SQLite runs in process")
+    ledger.claim(make_ticket(nonce="warm", executions=5))  # the pool holds a connection
+    sent = _messages(monkeypatch)
+    claimed = ledger.claim(make_ticket(nonce="n1", executions=5, pop_jti="j-n1"))
     monkeypatch.undo()
-    assert len(sent) == 2, sent
-    assert sent[-1] == "COMMIT"
+    assert claimed.fresh and claimed.record.attempt == 1
+    assert len(sent) == 1, sent
+    assert ledger.outcome(MQ, "n1") == claimed.record
+    assert ledger.budget(MQ)["executions_left"] == 3
+    assert ledger.remember_pop_jti("j-n1", time.time() + 60) is False
+
+
+def test_a_claim_whose_answer_was_lost_is_recognised_as_landed(
+        ledger: Ledger, engine: LedgerEngine):
+    """PostgreSQL's one-statement claim commits by itself: when its connection dies under it,
+    the ledger tells its own fresh claim (that attempt, this process, that start) from one
+    that did not land and from another process's claim of the same nonce."""
+    if engine.name != "postgres":
+        pytest.skip("only PostgreSQL's claim commits in the statement that does the work")
+    mine = make_ticket(nonce="n1", now=T0, owner_process="proc_a")
+    assert not ledger._claim_landed(mine)  # type: ignore[attr-defined]
+    assert ledger.claim(mine).fresh
+    assert ledger._claim_landed(mine)  # type: ignore[attr-defined]
+    for other in (dataclasses.replace(mine, owner_process="proc_b"),
+                  dataclasses.replace(mine, now=T0 + 1)):
+        assert not ledger._claim_landed(other)  # type: ignore[attr-defined]
+
+
+def test_claim_refusals_of_one_statement_leave_nothing(ledger: Ledger):
+    """A budget at zero and a seen jti refuse the claim and record nothing of it (the
+    one-statement claim of PostgreSQL ends by the budget's CHECK constraint)."""
+    ledger.claim(make_ticket(nonce="n1", executions=1, pop_jti="j1"))
+    with pytest.raises(BudgetExhausted):
+        ledger.claim(make_ticket(nonce="n2", executions=1, pop_jti="j2"))
+    with pytest.raises(PopReplayed):
+        ledger.claim(make_ticket(nonce="n3", executions=5, pop_jti="j1"))
+    assert ledger.outcome(MQ, "n2") is None and ledger.outcome(MQ, "n3") is None
+    assert ledger.budget(MQ)["executions_left"] == 0
+    assert ledger.remember_pop_jti("j2", time.time() + 60) is True  # rolled back with it
+    assert ledger.stats(time.time())["pop_jtis"] == 2
+
+
+def test_claim_answers_an_applied_replay_behind_where_it_may(
+        ledger: Ledger, engine: LedgerEngine, monkeypatch: pytest.MonkeyPatch):
+    """With ``replay_behind``, a ledger that answers replays in the claim returns an applied
+    nonce's record with nothing durable written (the jti held, then written behind, and
+    refused at once the second time); elsewhere the claim records the jti as always."""
+    claim_and_observe(ledger, make_ticket(nonce="done"), Status.APPLIED, rows_affected=1)
+    before = ledger.stats(T0)["pop_jtis"]
+    ticket = dataclasses.replace(_with_jti(make_ticket(nonce="done"), "jb"), replay_behind=True)
+    sent = _messages(monkeypatch) if engine.name == "postgres" else []
+    again = ledger.claim(ticket)
+    monkeypatch.undo()
+    assert not again.fresh
+    assert (again.record.status, again.record.rows_affected) == (Status.APPLIED, 1)
+    if ledger.claim_answers_replays:
+        assert len(sent) == 1, sent  # one statement, and no COMMIT of a write
+        with pytest.raises(PopReplayed):
+            ledger.claim(ticket)
+        with pytest.raises(PopReplayed):
+            ledger.replay(MQ, "done", "jb", T0 + 600)
+        deadline = time.monotonic() + 10
+        while ledger.stats(T0)["pop_jtis"] == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert ledger.stats(T0)["pop_jtis"] == before + 1
+    with pytest.raises(PopReplayed):
+        ledger.claim(ticket)
+
+
+@pytest.mark.parametrize("status", [Status.IN_PROGRESS, Status.ABORTED_NOT_APPLIED])
+def test_replay_behind_never_answers_an_unapplied_nonce(ledger: Ledger, status: Status):
+    """``replay_behind`` changes nothing for a nonce that is not applied: the jti is
+    recorded with the claim, and an aborted nonce starts its next attempt."""
+    claim_and_observe(ledger, make_ticket(nonce="n1"),
+                      None if status is Status.IN_PROGRESS else status)
+    ticket = dataclasses.replace(_with_jti(make_ticket(nonce="n1"), "jx"), replay_behind=True)
+    again = ledger.claim(ticket)
+    assert again.fresh is (status is Status.ABORTED_NOT_APPLIED)
+    assert again.record.attempt == (2 if again.fresh else 1)
+    assert ledger.remember_pop_jti("jx", T0 + 600) is False  # recorded durably, at once
 
 
 def test_claimed_nonce_replays_even_when_budget_is_spent(ledger: Ledger):
@@ -566,6 +646,22 @@ def test_claim_alone_queues_no_report(ledger: Ledger):
     ledger.claim(make_ticket(nonce="n1"))
     assert ledger.outbox_pending() == []
     assert ledger.stats(time.time())["unreported_outcomes"] == 0
+
+
+def test_ack_all_acknowledges_many_but_not_a_report_requeued_since(ledger: Ledger):
+    """``outbox_ack_all`` of more reports than one statement takes acknowledges each, except
+    one whose status changed after it was read (its new report stays pending)."""
+    count = 250
+    for i in range(count):
+        ledger.claim(make_ticket(nonce=f"n{i}", executions=count))
+        observe(ledger, f"n{i}", Status.INDETERMINATE)
+    pending = ledger.outbox_pending(limit=10_000)
+    assert len(pending) == count
+    observe(ledger, "n7", Status.APPLIED, rows_affected=1)  # re-queued as applied
+    ledger.outbox_ack_all(pending, T0)
+    (left,) = ledger.outbox_pending(limit=10_000)
+    assert (left.nonce, left.status) == ("n7", "applied")
+    assert ledger.stats(time.time())["unreported_outcomes"] == 1
 
 
 def test_status_change_queues_report_and_ack_clears_it(ledger: Ledger):
@@ -1338,3 +1434,65 @@ def test_a_version_1_ledger_is_upgraded_and_keeps_its_history(
     new_location = pool.location()
     pool.create(new_location)
     assert _schema_of(engine, location) == _schema_of(engine, new_location)
+
+
+# -- observe_all: many observations, one statement per table --------------------------
+
+
+def test_observe_all_matches_observing_one_by_one(pool: LedgerPool):
+    """``observe_all`` over eleven nonces (a batch of eight, then one of three) leaves
+    exactly what observing each in turn leaves: attempts, observations, events, reports."""
+    batched, single = pool.create(), pool.create()
+    plans: list[tuple[str, Status | None, Status, dict[str, Any]]] = [
+        (f"n{i}", None, Status.APPLIED, {"rows_affected": i, "events": [{"event": "e", "i": i}]})
+        for i in range(7)
+    ]
+    plans += [
+        ("weaker", Status.APPLIED, Status.INDETERMINATE, {"events": [{"event": "late"}]}),
+        ("unknown", None, Status.INDETERMINATE,
+         {"error": {"code": "commit_unknown"}, "events": [{"event": "x"}]}),
+        ("read", None, Status.APPLIED, {"rows_affected": 2, "result": {"rows": [[1], [2]]}}),
+        ("aborted", None, Status.ABORTED_NOT_APPLIED, {"error": {"code": "guard"}}),
+    ]
+    for ledger in (batched, single):
+        for nonce, before, _, _ in plans:
+            ledger.claim(make_ticket(nonce=nonce, executions=100, now=T0))
+            if before is not None:
+                observe(ledger, nonce, before, rows_affected=9, now=T0)
+    items = [Observed(MQ, nonce, 1, status, now=T0 + 1, cause="settle", **kwargs)
+             for nonce, _, status, kwargs in plans]
+    records = batched.observe_all(items)
+    expected = [single.observe(MQ, item.nonce, 1, item.status, now=item.now, cause=item.cause,
+                               rows_affected=item.rows_affected, error=item.error,
+                               result=item.result, events=item.events) for item in items]
+
+    def same(records: list[Any]) -> list[Any]:  # two ledgers, two incarnations
+        return [dataclasses.replace(r, owner_incarnation="") for r in records]
+
+    assert same(records) == same(expected)
+    for nonce, *_ in plans:
+        assert same(batched.attempts(MQ, nonce)) == same(single.attempts(MQ, nonce))
+        assert batched.events(MQ, nonce) == single.events(MQ, nonce)
+        assert batched.observations(MQ, nonce) == single.observations(MQ, nonce)
+
+    def reports(ledger: Ledger) -> list[tuple[Any, ...]]:
+        return sorted((e.nonce, e.status, e.payload["rows_affected"], e.payload["cause"])
+                      for e in ledger.outbox_pending(limit=100))
+
+    assert reports(batched) == reports(single)
+    assert ("weaker", "indeterminate") not in {r[:2] for r in reports(batched)}
+
+
+def test_observe_all_of_a_missing_attempt_records_nothing(ledger: Ledger):
+    """One item naming no attempt fails the whole batch: none of its observations land."""
+    for nonce in ("a", "b"):
+        ledger.claim(make_ticket(nonce=nonce, now=T0))
+    items = [Observed(MQ, nonce, 1, Status.APPLIED, now=T0, cause="settle", rows_affected=1,
+                      events=[{"event": "e"}]) for nonce in ("a", "ghost", "b", "c")]
+    ledger.claim(make_ticket(nonce="c", now=T0))
+    with pytest.raises(LedgerMissing):
+        ledger.observe_all(items)
+    for nonce in ("a", "b", "c"):
+        assert ledger.outcome(MQ, nonce).status is Status.IN_PROGRESS
+        assert ledger.observations(MQ, nonce) == [] and ledger.events(MQ, nonce) == []
+    assert ledger.outbox_pending() == []

@@ -38,6 +38,10 @@ class ClaimTicket:
     #: Outcomes answered earlier and not yet recorded (``settle_write_behind``), written
     #: in this claim's transaction: they share its commit. If the claim fails, so do they.
     carried: tuple[Observed, ...] = ()
+    #: A nonce found ``applied`` may have this proof's ``jti`` remembered write-behind,
+    #: as :meth:`Ledger.replay` does (``replay_jti_write_behind``). Heeded only by a ledger
+    #: whose :attr:`Ledger.claim_answers_replays` is true; elsewhere the jti is recorded.
+    replay_behind: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,14 @@ class Ledger(abc.ABC):
     #: dear (SQLite in process); no where each statement is a round trip that would
     #: lengthen one caller's claim by four per carried outcome (PostgreSQL).
     carries_settles: bool = False
+
+    #: Whether :meth:`claim` answers a replay of an ``applied`` nonce as :meth:`replay`
+    #: would (its jti checked unseen and remembered write-behind, nothing durable written)
+    #: when the ticket allows it (``ClaimTicket.replay_behind``), within the claim's one
+    #: round trip: a caller may then skip :meth:`replay`, the read a fresh nonce pays to
+    #: find nothing. Yes where that read is a round trip of its own (PostgreSQL); no where
+    #: a claim joins the writers' group commit (SQLite), which a replay must not wait for.
+    claim_answers_replays: bool = False
 
     @abc.abstractmethod
     def observe_all(self, observed: list[Observed]) -> list[AttemptRecord]:

@@ -25,9 +25,10 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from marque.dsn import describe
-from marque.errors import LedgerUnavailable
-from marque.ledger.base import ClaimTicket, Durability
-from marque.ledger.sql import _STARTED_COLUMNS, SqlLedger, Tx
+from marque.errors import BudgetExhausted, LedgerUnavailable, PopReplayed
+from marque.ledger.base import Claim, ClaimTicket, Durability
+from marque.ledger.sql import _ATTEMPT_COLUMNS, _STARTED_COLUMNS, SqlLedger, Tx, _record
+from marque.outcome import Status
 from marque.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_pool, reason
 
 SCHEMA = "marque_ledger"
@@ -60,6 +61,45 @@ _CLAIM_FRESH = (
     "RETURNING 1) "
     "SELECT (SELECT ok FROM unseen), EXISTS (SELECT 1 FROM claimed), "
     "EXISTS (SELECT 1 FROM started)"
+)
+
+#: The name PostgreSQL gives ``budgets``' ``CHECK (executions_left >= 0)``.
+BUDGET_CHECK = "budgets_executions_left_check"
+
+#: A fresh claim as one statement that commits by itself (autocommit): one round trip
+#: where ``BEGIN``, :data:`_CLAIM_FRESH` and ``COMMIT`` take two. Nothing in it needs a
+#: second statement to be undone, because every refusal is an error that ends the
+#: statement, and with it everything it wrote: a ``jti`` seen before writes nothing; a
+#: budget at zero, or a reaped marque (its budget would be born at -1), violates
+#: :data:`BUDGET_CHECK`. A nonce claimed before (``prior``, in the statement's snapshot)
+#: writes nothing either, and answers its latest attempt and whether the ``jti`` was
+#: seen, so a replay of an ``applied`` nonce is answered from this one round trip. A
+#: claim row inserted meanwhile by another process (not in the snapshot, but ``ON
+#: CONFLICT`` waits for it) leaves only the ``jti`` recorded, as a claim of a known nonce
+#: does.
+_CLAIM_ALONE = (
+    f"WITH prior AS (SELECT {_ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
+    "ON a.marque_id = c.marque_id AND a.nonce = c.nonce AND a.attempt = c.attempt "
+    "WHERE c.marque_id = %s AND c.nonce = %s), "
+    "jti AS (INSERT INTO pop_jtis (jti, forget_after) SELECT %s, %s "
+    "WHERE %s IS NOT NULL AND NOT EXISTS (SELECT 1 FROM prior) "
+    "ON CONFLICT (jti) DO NOTHING RETURNING 1), "
+    "unseen AS (SELECT %s IS NULL OR EXISTS (SELECT 1 FROM jti) AS ok), "
+    "claimed AS (INSERT INTO claims (marque_id, nonce, attempt, claimed_at) "
+    "SELECT %s, %s, 1, %s WHERE NOT EXISTS (SELECT 1 FROM prior) AND (SELECT ok FROM unseen) "
+    "ON CONFLICT (marque_id, nonce) DO NOTHING RETURNING 1), "
+    "spent AS (INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
+    "attempts_per_nonce, expires_at) "
+    "SELECT %s, %s, CASE WHEN EXISTS (SELECT 1 FROM reaped_marques WHERE marque_id = %s) "
+    "THEN -1 ELSE %s END, %s, %s, %s WHERE EXISTS (SELECT 1 FROM claimed) "
+    "ON CONFLICT (marque_id) DO UPDATE SET executions_left = budgets.executions_left - 1 "
+    "RETURNING 1), "
+    f"started AS (INSERT INTO attempts ({_STARTED_COLUMNS}) "
+    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s WHERE EXISTS (SELECT 1 FROM spent) "
+    "RETURNING 1) "
+    "SELECT (SELECT ok FROM unseen), EXISTS (SELECT 1 FROM started), "
+    "EXISTS (SELECT 1 FROM pop_jtis WHERE jti = %s), p.* "
+    "FROM (SELECT 1) AS one LEFT JOIN prior p ON true"
 )
 
 
@@ -264,6 +304,84 @@ class PostgresLedger(SqlLedger):
 
     def _json_array_length(self, column: str) -> str:
         return f"json_array_length({column}::json)"
+
+    claim_answers_replays = True
+
+    def _claim_alone(self, ticket: ClaimTicket) -> Claim | None:
+        jti = ticket.pop_jti
+        try:
+            row = self._commit_alone(_CLAIM_ALONE, (
+                ticket.marque_id, ticket.nonce,
+                jti, ticket.pop_forget_after, jti, jti,
+                ticket.marque_id, ticket.nonce, ticket.now,
+                ticket.marque_id, ticket.target, ticket.marque_id, ticket.executions - 1,
+                ticket.max_rows, ticket.attempts_per_nonce, ticket.expires_at,
+                *self._started_values(ticket, 1),
+                jti,
+            ))
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != BUDGET_CHECK:
+                raise unavailable(self.dsn, exc) from exc
+            # The statement, and everything it wrote, ended: no nonce is claimed.
+            with self.reading() as tx:
+                self._refuse_reaped_txn(tx, ticket.marque_id)
+            raise BudgetExhausted(
+                f"marque {ticket.marque_id} has no executions left in its budget") from None
+        if row is None:
+            # Whether it committed is unknown (the connection died under it).
+            if self._claim_landed(ticket):
+                return Claim(True, self._attempt_record(ticket, 1))
+            return None  # not committed, or a known nonce's jti only: the transaction
+        unseen, fresh, seen, *prior = row
+        if prior[0] is not None:
+            # Claimed before; nothing was written.
+            latest = _record(tuple(prior))
+            if not (ticket.replay_behind and jti is not None
+                    and latest.status is Status.APPLIED):
+                return None  # the transaction records the jti and reads it again
+            # Applied is absorbing: this proof can only read it again (Ledger.replay).
+            with self._replay_lock:
+                if seen or not self._jtis.add(jti, ticket.pop_forget_after):
+                    raise PopReplayed("this proof has been used before")
+            return Claim(False, latest)
+        if not unseen:
+            raise PopReplayed("this proof has been used before")
+        if fresh:
+            return Claim(True, self._attempt_record(ticket, 1))
+        # Another process claimed the nonce meanwhile; this jti is recorded already.
+        with self.transaction() as tx:
+            return self._claim_known_txn(tx, ticket)
+
+    def _claim_landed(self, ticket: ClaimTicket) -> bool:
+        """Whether ``ticket``'s fresh claim committed: its one trace that no other claim
+        can leave is its very attempt 1 (this incarnation, process and start time)."""
+        with self.reading() as tx:
+            started = tx.one(
+                "SELECT owner_incarnation, owner_process, started_at FROM attempts "
+                "WHERE marque_id = ? AND nonce = ? AND attempt = 1",
+                (ticket.marque_id, ticket.nonce))
+        return started == (self.incarnation, ticket.owner_process, ticket.now)
+
+    def _commit_alone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """One statement that commits by itself, and its row; None when the connection
+        died under it, so that whether it committed is unknown (the caller finds out from
+        the ledger, never by sending it again). A ``CheckViolation`` is raised as it is."""
+        try:
+            conn = checkout(self._pool, self.dsn)
+            try:
+                cur = psycopg.ClientCursor(conn)
+                cur.execute(sql.replace("?", "%s"), tuple(params))
+                return cur.fetchone()
+            except psycopg.OperationalError as exc:
+                if conn.broken or (exc.sqlstate or "").startswith("57P"):
+                    return None  # ended by the server, before or while it ran
+                raise
+            finally:
+                self._pool.putconn(conn)
+        except psycopg.errors.CheckViolation:
+            raise
+        except psycopg.Error as exc:
+            raise unavailable(self.dsn, exc) from exc
 
     def _claim_fresh_txn(self, tx: Tx, ticket: ClaimTicket) -> tuple[bool, bool, bool] | None:
         jti = ticket.pop_jti

@@ -37,6 +37,7 @@ from marque.ledger.bindings import BINDING_MIGRATION, BindingLedger
 from marque.ledger.effects import EFFECT_MIGRATION, EFFECT_RUN_MIGRATION, EffectLedger
 from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
+from marque.ledger.settles import observe_many_txn
 from marque.outcome import SETTLED_RANK, Status
 
 # Forward-only migrations: index i holds the statements that take the schema
@@ -144,6 +145,17 @@ MIGRATIONS: list[list[str]] = [
     BINDING_MIGRATION,
 ]
 
+#: Queueing an outcome report (one row, or many rows joined by ", ").
+_QUEUE_REPORT = ("INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
+                 "VALUES ")
+_QUEUE_ROW = "(?, ?, ?, ?, ?, ?)"
+_QUEUE_CONFLICT = (" ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "
+                   "SET status = excluded.status, payload = excluded.payload, "
+                   "queued_at = excluded.queued_at, acked_at = NULL")
+_QUEUE_ONE = _QUEUE_REPORT + _QUEUE_ROW + _QUEUE_CONFLICT
+#: Outbox entries acknowledged per statement (four parameters each).
+ACK_CHUNK = 128
+
 _ATTEMPT_COLUMNS = (
     "a.marque_id, a.nonce, a.attempt, a.status, a.rows_affected, a.error, a.result, "
     "a.owner_incarnation, a.owner_process, a.lease_expires_at, a.started_at, a.settled_at"
@@ -218,6 +230,11 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
     def reading(self) -> contextlib.AbstractContextManager[Tx]:
         """A transaction that only reads; engines may serve it without joining writers."""
         return self.transaction()
+
+    def _point_read(self) -> contextlib.AbstractContextManager[Tx]:
+        """:meth:`reading`, for a few index lookups on the execution path (a replay check):
+        engines may serve it wherever the latest commit is cheapest to read."""
+        return self.reading()
 
     @abc.abstractmethod
     def _has_schema(self) -> bool:
@@ -365,12 +382,14 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
     # -- claims ---------------------------------------------------------------
 
     def claim(self, ticket: ClaimTicket) -> Claim:
-        key = (ticket.marque_id, ticket.nonce)
         if ticket.pop_jti is not None and ticket.pop_jti in self._jtis:
             raise PopReplayed("this proof has been used before")
+        if not ticket.carried and ticket.executions >= 1:
+            alone = self._claim_alone(ticket)
+            if alone is not None:
+                return alone
         with self.transaction() as tx:
-            for item in ticket.carried:
-                self._observe_txn(tx, item)
+            observe_many_txn(self, tx, list(ticket.carried))
             folded = self._claim_fresh_txn(tx, ticket) if ticket.executions >= 1 else None
             if folded is not None:
                 jti_unseen, inserted_claim, spent_budget = folded
@@ -387,23 +406,29 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                 fresh = self._claim_steps_txn(tx, ticket)
                 if fresh is not None:
                     return fresh
-            latest = self._latest_txn(tx, *key)
-            assert latest is not None, "a claim row always has its latest attempt"
-            if latest.status is not Status.ABORTED_NOT_APPLIED:
-                return Claim(False, latest)
-            advanced = tx.one(
-                "UPDATE claims SET attempt = attempt + 1 "
-                "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND attempt < ? "
-                "RETURNING attempt",
-                (*key, latest.attempt, ticket.attempts_per_nonce),
+            return self._claim_known_txn(tx, ticket)
+
+    def _claim_known_txn(self, tx: Tx, ticket: ClaimTicket) -> Claim:
+        """A nonce claimed before: its latest attempt as it stands, or (that attempt was
+        ``aborted_not_applied``) the next attempt started, within ``attempts_per_nonce``."""
+        key = (ticket.marque_id, ticket.nonce)
+        latest = self._latest_txn(tx, *key)
+        assert latest is not None, "a claim row always has its latest attempt"
+        if latest.status is not Status.ABORTED_NOT_APPLIED:
+            return Claim(False, latest)
+        advanced = tx.one(
+            "UPDATE claims SET attempt = attempt + 1 "
+            "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND attempt < ? "
+            "RETURNING attempt",
+            (*key, latest.attempt, ticket.attempts_per_nonce),
+        )
+        if advanced is None:
+            raise AttemptsExhausted(
+                f"nonce {ticket.nonce} used all {ticket.attempts_per_nonce} attempts the "
+                "marque allows it, and its last one was aborted_not_applied (nothing "
+                "applied); a new nonce is a new execution and spends budget"
             )
-            if advanced is None:
-                raise AttemptsExhausted(
-                    f"nonce {ticket.nonce} used all {ticket.attempts_per_nonce} attempts the "
-                    "marque allows it, and its last one was aborted_not_applied (nothing "
-                    "applied); a new nonce is a new execution and spends budget"
-                )
-            return Claim(True, self._start_attempt_txn(tx, ticket, advanced[0]))
+        return Claim(True, self._start_attempt_txn(tx, ticket, advanced[0]))
 
     def _claim_steps_txn(self, tx: Tx, ticket: ClaimTicket) -> Claim | None:
         """The proof's ``jti``, the claim row and the budget, one statement each; the fresh
@@ -447,6 +472,11 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                     f"marque {ticket.marque_id} has no executions left in its budget"
                 )
             return Claim(True, self._start_attempt_txn(tx, ticket, 1))
+        return None
+
+    def _claim_alone(self, ticket: ClaimTicket) -> Claim | None:
+        """The whole claim as one statement that commits by itself, where the engine can;
+        None: take the transaction (the statement wrote nothing, or it cannot say)."""
         return None
 
     def _claim_fresh_txn(self, tx: Tx, ticket: ClaimTicket) -> tuple[bool, bool, bool] | None:
@@ -500,7 +530,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         with self._replay_lock:
             if pop_jti in self._jtis:
                 raise PopReplayed("this proof has been used before")
-            with self.reading() as tx:
+            with self._point_read() as tx:
                 latest = self._latest_txn(tx, marque_id, nonce)
                 if latest is None or latest.status is not Status.APPLIED:
                     return None
@@ -514,7 +544,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         with self._replay_lock:
             if pop_jti in self._jtis:
                 raise PopReplayed("this proof has been used before")
-            with self.reading() as tx:
+            with self._point_read() as tx:
                 seen = tx.one("SELECT 1 FROM pop_jtis WHERE jti = ?", (pop_jti,))
             if seen is not None:
                 raise PopReplayed("this proof has been used before")
@@ -548,7 +578,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
 
     def observe_all(self, observed: list[Observed]) -> list[AttemptRecord]:
         with self.transaction() as tx:
-            return [self._observe_txn(tx, item) for item in observed]
+            return observe_many_txn(self, tx, observed)
 
     def _observe_txn(self, tx: Tx, item: Observed) -> AttemptRecord:
         marque_id, nonce, attempt, status = item.marque_id, item.nonce, item.attempt, item.status
@@ -600,29 +630,28 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             raise LedgerMissing(f"no attempt {attempt} of nonce {nonce} in this ledger")
         record = _record(row)
         if changed is not None and record.status is not Status.IN_PROGRESS:
-            payload = {
-                "marque_id": marque_id,
-                "nonce": nonce,
-                "attempt": attempt,
-                "status": record.status.value,
-                "rows_affected": record.rows_affected,
-                "error": record.error,
-                "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
-                "cause": cause,
-            }
-            effect_set = (record.result or {}).get("effect_set")
-            if isinstance(effect_set, dict):
-                # An Effect Set attempt's summary and set receipt travel with its
-                # report, so the Harbourmaster keeps the receipt with the request.
-                payload["effect_set"] = effect_set
-            tx.execute(
-                "INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "
-                "SET status = excluded.status, payload = excluded.payload, "
-                "queued_at = excluded.queued_at, acked_at = NULL",
-                (*key, record.status.value, _dumps(payload), now),
-            )
+            tx.execute(_QUEUE_ONE, self._report_row(item, record))
         return record
+
+    def _report_row(self, item: Observed, record: AttemptRecord) -> tuple[Any, ...]:
+        """The outbox row that reports ``record`` (just changed by ``item``)."""
+        payload = {
+            "marque_id": item.marque_id,
+            "nonce": item.nonce,
+            "attempt": item.attempt,
+            "status": record.status.value,
+            "rows_affected": record.rows_affected,
+            "error": record.error,
+            "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
+            "cause": item.cause,
+        }
+        effect_set = (record.result or {}).get("effect_set")
+        if isinstance(effect_set, dict):
+            # An Effect Set attempt's summary and set receipt travel with its
+            # report, so the Harbourmaster keeps the receipt with the request.
+            payload["effect_set"] = effect_set
+        return (item.marque_id, item.nonce, item.attempt, record.status.value,
+                _dumps(payload), item.now)
 
     def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
         with self.reading() as tx:
@@ -730,11 +759,24 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         if not entries:
             return
         with self.transaction() as tx:
-            for entry in entries:
+            # One statement per chunk, not one per entry: on PostgreSQL each statement is
+            # a round trip. Each row is still acknowledged only while it carries the
+            # status that was delivered (a report re-queued since stays pending).
+            for start in range(0, len(entries), ACK_CHUNK):
+                chunk = entries[start:start + ACK_CHUNK]
+                # Padded to a power of two (the last entry repeated, which acknowledges
+                # nothing twice): a few statement texts, each prepared once, not one per size.
+                chunk += chunk[-1:] * ((1 << (len(chunk) - 1).bit_length()) - len(chunk))
+                # Joined on the primary key (a row-value IN would scan the unacked rows).
                 tx.execute(
-                    "UPDATE outbox SET acked_at = ? WHERE marque_id = ? AND nonce = ? "
-                    "AND attempt = ? AND status = ? AND acked_at IS NULL",
-                    (now, entry.marque_id, entry.nonce, entry.attempt, entry.status),
+                    "WITH acked (marque_id, nonce, attempt, status) AS (VALUES "
+                    + ", ".join(["(?, ?, ?, ?)"] * len(chunk)) + ") "
+                    "UPDATE outbox SET acked_at = ? FROM acked "
+                    "WHERE outbox.marque_id = acked.marque_id AND outbox.nonce = acked.nonce "
+                    "AND outbox.attempt = acked.attempt AND outbox.status = acked.status "
+                    "AND outbox.acked_at IS NULL",
+                    (*(value for entry in chunk for value in
+                       (entry.marque_id, entry.nonce, entry.attempt, entry.status)), now),
                 )
 
     def outbox_failed(self, entry: OutboxEntry) -> None:

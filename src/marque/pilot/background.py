@@ -14,6 +14,7 @@ nothing is left.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from marque.pilot.core import Pilot
@@ -83,17 +84,26 @@ class Reporter:
     A round that leaves reports undelivered (the logbook or the Harbourmaster
     away) is retried after a pause that doubles from ``first_backoff`` up to
     ``max_backoff``, until every report is acknowledged; news cuts a pause short.
+
+    Under load (news arrived while the last round ran), the wait before a round
+    doubles from ``gather_seconds`` up to ``max_gather_seconds``, so each round's
+    logbook and outbox transactions carry more outcomes; the first news after a
+    quiet spell is reported ``gather_seconds`` after it. Reports are only later,
+    never lost or acknowledged early: an outcome stays unreported in the outbox
+    until the logbook (and every sink) took it.
     """
 
     def __init__(
         self, pilot: Pilot, *, idle_interval: float = 5.0, gather_seconds: float = 0.05,
-        first_backoff: float = 0.25, max_backoff: float = 5.0,
+        max_gather_seconds: float = 0.25, first_backoff: float = 0.25, max_backoff: float = 5.0,
     ) -> None:
         self.pilot = pilot
         self.idle_interval = idle_interval
         # Wait this long after the first news so one logbook transaction (one
         # fsync) carries many outcomes rather than one each.
         self.gather_seconds = gather_seconds
+        self.max_gather_seconds = max_gather_seconds
+        self.gather = gather_seconds
         self.first_backoff = first_backoff
         self.max_backoff = max_backoff
         self.delay = first_backoff
@@ -106,10 +116,19 @@ class Reporter:
         return self
 
     def _loop(self) -> None:
+        wanted = self.pilot.report_wanted
         while not self._stop.is_set():
-            if self.pilot.report_wanted.wait(self.idle_interval):
-                self._stop.wait(self.gather_seconds)
-            self.pilot.report_wanted.clear()
+            began = time.monotonic()
+            if wanted.wait(self.idle_interval):
+                if time.monotonic() - began > self.gather:
+                    self.gather = self.gather_seconds  # news after a quiet spell
+                wanted.clear()
+                self._stop.wait(self.gather)
+                # More news while gathering: outcomes keep coming, so the next round
+                # waits longer and carries more of them; a lone outcome starts over.
+                self.gather = (min(self.gather * 2, self.max_gather_seconds)
+                               if wanted.is_set() else self.gather_seconds)
+            wanted.clear()
             try:
                 delivered = self.pilot.report()
             except Exception:  # the outbox keeps every report for the next round
