@@ -373,6 +373,9 @@ def _json_object(raw: bytes, what: str, error: type[MarqueError]) -> dict[str, A
         raise error(f"{what} is not valid JSON") from exc
     if not isinstance(value, dict):
         raise error(f"{what} must be a JSON object")
+    if b"\\u" not in raw:
+        # Strictly decoded UTF-8 holds no surrogate: only a \u escape can make one.
+        return value
     try:
         # I-JSON (RFC 7493 §2.1): every string is Unicode text. An escaped unpaired
         # surrogate ("\ud800") parses in Python but is read differently elsewhere.

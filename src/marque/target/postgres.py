@@ -151,6 +151,9 @@ class PostgresTarget(SqlTarget):
     # -- connections ------------------------------------------------------------
 
     def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+        pool = self._pool
+        if pool is not None:  # made once: no lock to read it (twice per attempt)
+            return pool
         with self._pool_lock:
             if self._pool is None:
                 # The Pilot's timeouts start every session, so the reset each connection
