@@ -173,9 +173,11 @@ class Marque:
     change: AnyChange
     kid: str
 
-    @property
+    @functools.cached_property
     def token_hash(self) -> str:
-        """base64url(SHA-256(token)) without padding: the ``ath`` a proof must carry."""
+        """base64url(SHA-256(token)) without padding: the ``ath`` a proof must carry.
+
+        Computed once per marque (a Pilot caches its marques), not on every proof."""
         return _token_hash(self.token)
 
     def claims(self) -> dict[str, Any]:

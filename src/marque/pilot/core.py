@@ -240,7 +240,10 @@ class Pilot:
                 self.ledger.hold_jti(jti, forget_after)
                 return self._outcome(held, replayed=True, recorded=False)
             self.settler.flush()  # every replay records its jti: let the claim see it
-        if self.options.replay_jti_write_behind:
+        # A ledger whose claim answers an applied replay itself (PostgreSQL: in the claim's
+        # one round trip) needs no read first; an Effect Set's admit comes before its claim.
+        if self.options.replay_jti_write_behind and not (
+                self.ledger.claim_answers_replays and isinstance(marque.change, Change)):
             # An applied nonce is absorbing: answer its replay from a read, no durable write.
             settled = self.ledger.replay(marque.marque_id, nonce, jti, forget_after)
             if settled is not None:
@@ -328,6 +331,7 @@ class Pilot:
                 now=now,
                 pop_jti=jti,
                 pop_forget_after=forget_after,
+                replay_behind=self.options.replay_jti_write_behind,
                 carried=carried,
             ))
             committed = True
