@@ -23,6 +23,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── Forbidden            forbidden             (HTTP 403)
     │   ├── NotFound             not_found             (HTTP 404)
     │   │   └── NonceReaped      nonce_reaped          settled, reported, then reaped
+    │   ├── MethodNotAllowed     method_not_allowed    (HTTP 405)
     │   └── Conflict             conflict              (HTTP 409; 422 for a reused request id)
     ├── Refusal               nothing was claimed, no budget spent (exit 3; HTTP 403)
     │   ├── MarqueInvalid        marque_invalid
@@ -215,6 +216,12 @@ class NotFound(UsageError, code="not_found"):
     """No such thing here (a nonce never claimed, an unknown request)."""
 
     http_status = 404
+
+
+class MethodNotAllowed(UsageError, code="method_not_allowed"):
+    """An endpoint that exists, asked with a method it does not answer (HTTP only)."""
+
+    http_status = 405
 
 
 class NonceReaped(NotFound, code="nonce_reaped"):

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marque.errors import MarqueError
+from marque.errors import MarqueError, MethodNotAllowed, NotFound
 
-__all__ = ["PROBLEM", "RequestIdMiddleware", "problem", "request_id_of"]
+__all__ = ["PROBLEM", "RequestIdMiddleware", "api_http_errors", "problem", "request_id_of"]
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -94,3 +96,27 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def api_http_errors(*prefixes: str) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """A Starlette handler for the router's own 404 and 405 that answers them, under the
+    API's path ``prefixes``, as problem documents (``not_found``, ``method_not_allowed``,
+    with ``Allow`` kept) like every other error of the API; elsewhere (the console's
+    pages) as Starlette answers them, in plain text."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        path = request.url.path
+        if exc.status_code in (404, 405) and path.startswith(prefixes):
+            error: MarqueError = (
+                NotFound(f"no endpoint at {path}") if exc.status_code == 404 else
+                MethodNotAllowed(f"{request.method} is not answered at {path}"))
+            response = problem(error, getattr(request.state, "request_id", None))
+            for name, value in (exc.headers or {}).items():
+                response.headers[name] = value
+            return response
+        if exc.status_code in (204, 304):
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+
+    return handle

@@ -225,6 +225,20 @@ def test_health_and_jwks_need_no_token(setup: Setup) -> None:
     assert key["x"] == issuer["x"] and "d" not in key
 
 
+def test_the_apis_unknown_paths_and_methods_are_problems(setup: Setup) -> None:
+    """Under /v1/ the router's own 404 and 405 are problem documents like every other
+    error of the API (with Allow kept); a page path outside it is the console's."""
+    missing = httpx.get(setup.server.url + "/v1/nothing-here")
+    assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
+    assert missing.headers["content-type"] == "application/problem+json"
+    wrong = httpx.delete(setup.server.url + "/v1/logbook")
+    assert (wrong.status_code, wrong.json()["code"]) == (405, "method_not_allowed")
+    assert "GET" in wrong.headers["allow"]
+    page = httpx.get(setup.server.url + "/no-such-page")
+    assert page.status_code == 404
+    assert page.headers["content-type"] != "application/problem+json"
+
+
 # -- ownership: requests and marques of others do not leak ----------------------------------
 
 

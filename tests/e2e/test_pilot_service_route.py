@@ -94,10 +94,15 @@ def test_other_paths_and_methods_get_the_routers_answers(world: World, service: 
             assert response.status_code == 405, method
             assert "POST" in response.headers["allow"]
             assert "x-request-id" in response.headers
+            # a problem document, as every other error of the API
+            assert response.headers["content-type"] == "application/problem+json"
+            assert response.json()["code"] == "method_not_allowed"
         for path in ("/v1/execution", "/v1/executionsx", "/v2/executions"):
             response = client.post(path, json={})
             assert response.status_code == 404, path
             assert "x-request-id" in response.headers
+            assert response.headers["content-type"] == "application/problem+json"
+            assert response.json()["code"] == "not_found"
         missing = client.get("/v1/executions/mq_none/n1")
         assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
         assert "x-request-id" in missing.headers

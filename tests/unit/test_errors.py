@@ -33,10 +33,12 @@ OWN_CODES = {
     "stale_preview": 4,
     # target identity (docs/model.md, "A target's identity")
     "target_replaced": 3, "target_unsettled": 2,
+    # the services' router (docs/errors.md)
+    "method_not_allowed": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
-        "target_replaced": 403, "target_unsettled": 409}
+        "target_replaced": 403, "target_unsettled": 409, "method_not_allowed": 405}
 
 
 @pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Info
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -35,7 +36,7 @@ from marque.errors import Forbidden, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.console import Console
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
-from marque.httpcommon import RequestIdMiddleware, problem
+from marque.httpcommon import RequestIdMiddleware, api_http_errors, problem
 
 if TYPE_CHECKING:
     from marque.harbour.service import Harbourmaster
@@ -191,7 +192,9 @@ class HarbourService:
                 *self.console.routes,
             ],
             middleware=[Middleware(RequestIdMiddleware)],
-            exception_handlers={MarqueError: self._on_error},
+            exception_handlers={
+                MarqueError: self._on_error,
+                HTTPException: api_http_errors("/v1/", "/.well-known/", "/metrics")},
         )
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from marque.crash import crash_point
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
-from marque.httpcommon import RequestIdMiddleware, problem, request_id_of
+from marque.httpcommon import RequestIdMiddleware, api_http_errors, problem, request_id_of
 from marque.outcome import Outcome
 from marque.pilot.core import Pilot
 from marque.token import unverified_claims
@@ -104,7 +105,8 @@ class PilotService:
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
             middleware=[Middleware(RequestIdMiddleware)],
-            exception_handlers={MarqueError: self._on_error},
+            exception_handlers={MarqueError: self._on_error,
+                                HTTPException: api_http_errors("/")},
         )
         #: The ASGI app to serve (an instance, so servers see an ASGI 3 app, not a method).
         self.app: ASGIApp = _Asgi(self._front)
