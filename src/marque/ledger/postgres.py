@@ -33,41 +33,11 @@ from marque.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_po
 
 SCHEMA = "marque_ledger"
 
-#: A fresh claim's steps (``SqlLedger._claim_steps_txn``) as one statement: one round
-#: trip where they cost four. Each step runs only if the one before it took: the claim
-#: only for an unseen ``jti`` (or none given), the budget only for a new claim row, the
-#: attempt only once the budget was spent. Every step keeps its constraint — the
-#: ``jti`` and claim primary keys (``ON CONFLICT DO NOTHING`` still waits for a
-#: concurrent insert of the same key), the budget's conditional ``DO UPDATE``
-#: re-checked on the latest row version. A claim row already there is read by the
-#: caller in a statement of its own, whose snapshot sees a claim committed while
-#: this one waited.
-_CLAIM_FRESH = (
-    "WITH jti AS (INSERT INTO pop_jtis (jti, forget_after) SELECT %s, %s "
-    "WHERE %s IS NOT NULL ON CONFLICT (jti) DO NOTHING RETURNING 1), "
-    "unseen AS (SELECT %s IS NULL OR EXISTS (SELECT 1 FROM jti) AS ok), "
-    "claimed AS (INSERT INTO claims (marque_id, nonce, attempt, claimed_at) "
-    "SELECT %s, %s, 1, %s WHERE (SELECT ok FROM unseen) "
-    "ON CONFLICT (marque_id, nonce) DO NOTHING RETURNING 1), "
-    "spent AS (INSERT INTO budgets (marque_id, target, executions_left, max_rows, "
-    "attempts_per_nonce, expires_at) "
-    "SELECT %s, %s, %s, %s, %s, %s "
-    "WHERE EXISTS (SELECT 1 FROM claimed) "
-    "AND NOT EXISTS (SELECT 1 FROM reaped_marques WHERE marque_id = %s) "
-    "ON CONFLICT (marque_id) DO UPDATE SET executions_left = budgets.executions_left - 1 "
-    "WHERE budgets.executions_left > 0 RETURNING 1), "
-    f"started AS (INSERT INTO attempts ({_STARTED_COLUMNS}) "
-    "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s WHERE EXISTS (SELECT 1 FROM spent) "
-    "RETURNING 1) "
-    "SELECT (SELECT ok FROM unseen), EXISTS (SELECT 1 FROM claimed), "
-    "EXISTS (SELECT 1 FROM started)"
-)
-
 #: The name PostgreSQL gives ``budgets``' ``CHECK (executions_left >= 0)``.
 BUDGET_CHECK = "budgets_executions_left_check"
 
 #: A fresh claim as one statement that commits by itself (autocommit): one round trip
-#: where ``BEGIN``, :data:`_CLAIM_FRESH` and ``COMMIT`` take two. Nothing in it needs a
+#: where ``BEGIN``, the claim's steps and ``COMMIT`` take several. Nothing in it needs a
 #: second statement to be undone, because every refusal is an error that ends the
 #: statement, and with it everything it wrote: a ``jti`` seen before writes nothing; a
 #: budget at zero, or a reaped marque (its budget would be born at -1), violates
@@ -76,7 +46,8 @@ BUDGET_CHECK = "budgets_executions_left_check"
 #: seen, so a replay of an ``applied`` nonce is answered from this one round trip. A
 #: claim row inserted meanwhile by another process (not in the snapshot, but ``ON
 #: CONFLICT`` waits for it) leaves only the ``jti`` recorded, as a claim of a known nonce
-#: does.
+#: does. Whatever this does not settle (a known nonce not answered here, a connection
+#: lost under it) takes the transaction of :meth:`SqlLedger._claim_steps_txn`.
 _CLAIM_ALONE = (
     f"WITH prior AS (SELECT {_ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
     "ON a.marque_id = c.marque_id AND a.nonce = c.nonce AND a.attempt = c.attempt "
@@ -382,18 +353,6 @@ class PostgresLedger(SqlLedger):
             raise
         except psycopg.Error as exc:
             raise unavailable(self.dsn, exc) from exc
-
-    def _claim_fresh_txn(self, tx: Tx, ticket: ClaimTicket) -> tuple[bool, bool, bool] | None:
-        jti = ticket.pop_jti
-        row = tx.one(_CLAIM_FRESH, (
-            jti, ticket.pop_forget_after, jti, jti,
-            ticket.marque_id, ticket.nonce, ticket.now,
-            ticket.marque_id, ticket.target, ticket.executions - 1, ticket.max_rows,
-            ticket.attempts_per_nonce, ticket.expires_at, ticket.marque_id,
-            *self._started_values(ticket, 1),
-        ))
-        assert row is not None, "the statement always answers one row"
-        return bool(row[0]), bool(row[1]), bool(row[2])
 
     def close(self) -> None:
         self._jtis.close()

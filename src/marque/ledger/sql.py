@@ -390,22 +390,9 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                 return alone
         with self.transaction() as tx:
             observe_many_txn(self, tx, list(ticket.carried))
-            folded = self._claim_fresh_txn(tx, ticket) if ticket.executions >= 1 else None
-            if folded is not None:
-                jti_unseen, inserted_claim, spent_budget = folded
-                if not jti_unseen:
-                    raise PopReplayed("this proof has been used before")
-                if inserted_claim:
-                    if not spent_budget:
-                        # Raising rolls the claim back with it: no nonce is claimed.
-                        self._refuse_reaped_txn(tx, ticket.marque_id)
-                        raise BudgetExhausted(
-                            f"marque {ticket.marque_id} has no executions left in its budget")
-                    return Claim(True, self._attempt_record(ticket, 1))
-            else:
-                fresh = self._claim_steps_txn(tx, ticket)
-                if fresh is not None:
-                    return fresh
+            fresh = self._claim_steps_txn(tx, ticket)
+            if fresh is not None:
+                return fresh
             return self._claim_known_txn(tx, ticket)
 
     def _claim_known_txn(self, tx: Tx, ticket: ClaimTicket) -> Claim:
@@ -479,12 +466,6 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         None: take the transaction (the statement wrote nothing, or it cannot say)."""
         return None
 
-    def _claim_fresh_txn(self, tx: Tx, ticket: ClaimTicket) -> tuple[bool, bool, bool] | None:
-        """What :meth:`_claim_steps_txn` does, as one statement, where the engine can: whether
-        the ``jti`` was unseen, the claim row inserted and the budget spent (and then the
-        attempt started). None: not here, take the steps."""
-        return None
-
     def _start_attempt_txn(self, tx: Tx, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
         tx.execute(
             f"INSERT INTO attempts ({_STARTED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -499,7 +480,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                 ticket.now + ticket.lease_seconds, ticket.now)
 
     def _attempt_record(self, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
-        """The attempt :meth:`_start_attempt_txn` (or a folded claim) just started."""
+        """The attempt :meth:`_start_attempt_txn` (or a one-statement claim) just started."""
         return AttemptRecord(
             marque_id=ticket.marque_id,
             nonce=ticket.nonce,
