@@ -103,10 +103,10 @@ class Harbour:
 class HarbourServer:
     """A ``marque harbour serve`` process on a free loopback port."""
 
-    def __init__(self, home: Path, *, port: int = 0) -> None:
+    def __init__(self, home: Path, *, port: int = 0, args: tuple[str, ...] = ()) -> None:
         self.proc = subprocess.Popen(
             [str(MARQUE), "harbour", "serve", "--home", str(home), "--listen",
-             f"127.0.0.1:{port}", "--json"],
+             f"127.0.0.1:{port}", "--json", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, env=cli_env())
         assert self.proc.stdout is not None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from marque.cli.common import emit_json, err, guarded, json_option, literal
+from marque.cli.common import emit_json, err, guarded, json_option, literal, parse_duration
 from marque.cli.harbour import harbour, harbour_home_option
 from marque.cli.serve import GRACEFUL_SECONDS, _bind, _is_loopback, _server_class, parse_listen
 from marque.errors import InvalidInput, MarqueError
@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 #: How often requests in ``reconciliation`` are offered to their Pilot's stamps.
 SWEEP_SECONDS = 30.0
+#: The shortest and longest console session ``--console-session`` accepts. Under a
+#: minute nobody can finish reading a change; past a week a lost laptop is a standing
+#: approval session.
+CONSOLE_SESSION_BOUNDS = (60, 7 * 86_400)
 
 
 class ReconciliationSweep:
@@ -70,6 +74,16 @@ class ReconciliationSweep:
                 log.exception("reconciliation sweep failed")
 
 
+def console_session_seconds(text: str) -> int:
+    """``--console-session``'s duration in seconds, within :data:`CONSOLE_SESSION_BOUNDS`."""
+    seconds = parse_duration(text)
+    shortest, longest = CONSOLE_SESSION_BOUNDS
+    if not shortest <= seconds <= longest:
+        raise InvalidInput(f"--console-session must be between 1m and 7d, not {text.strip()!r}",
+                           detail={"seconds": seconds, "min": shortest, "max": longest})
+    return seconds
+
+
 @harbour.command("serve")
 @harbour_home_option
 @click.option("--listen", default="127.0.0.1:8760", show_default=True, metavar="HOST:PORT",
@@ -78,10 +92,12 @@ class ReconciliationSweep:
               help="PEM certificate: serve HTTPS (with --tls-key).")
 @click.option("--tls-key", type=click.Path(path_type=Path), default=None,
               help="PEM private key of --tls-cert.")
+@click.option("--console-session", default="8h", show_default=True, metavar="DURATION",
+              help="How long a console login lasts (1m to 7d; no sliding renewal).")
 @json_option
 @guarded
 def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | None,
-                  as_json: bool) -> None:
+                  console_session: str, as_json: bool) -> None:
     """Serve this Harbourmaster over HTTP until SIGTERM or SIGINT.
 
     Once listening it prints {url, harbour_id} (one JSON line with --json).
@@ -97,6 +113,7 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
     host, port = parse_listen(listen)
     if (tls_cert is None) != (tls_key is None):
         raise InvalidInput("--tls-cert and --tls-key go together")
+    session_seconds = console_session_seconds(console_session)
     # Opened before anything is bound: a bad home or an unreachable store is one clear error.
     harbourmaster = Harbourmaster.open(HarbourHome(home))
     sock: socket.socket | None = None
@@ -109,7 +126,7 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
             err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: "
                     "tokens, marques and previews cross the network in clear text (use "
                     "--tls-cert/--tls-key)")
-        service = HarbourService(harbourmaster)
+        service = HarbourService(harbourmaster, console_session_seconds=session_seconds)
         server = _server_class()(uvicorn.Config(
             service.app, log_level="warning", lifespan="off", access_log=False,
             timeout_graceful_shutdown=GRACEFUL_SECONDS,

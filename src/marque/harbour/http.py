@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from marque.errors import Forbidden, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.console import Console
+from marque.harbour.console.sessions import SESSION_SECONDS
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
 from marque.httpcommon import RequestIdMiddleware, api_http_errors, problem
@@ -159,7 +160,8 @@ class _StoreFigures:
 class HarbourService:
     """The ASGI app of one Harbourmaster process, plus the threads and metrics it owns."""
 
-    def __init__(self, harbourmaster: Harbourmaster) -> None:
+    def __init__(self, harbourmaster: Harbourmaster, *,
+                 console_session_seconds: float = SESSION_SECONDS) -> None:
         self.harbourmaster = harbourmaster
         self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="marque-harbour")
         self.registry = CollectorRegistry()
@@ -170,7 +172,8 @@ class HarbourService:
         info.info({"harbour_id": harbourmaster.store.harbour_id})
         self.registry.register(_StoreFigures(harbourmaster))
         # The web console (DESIGN §12): its pages at `/`, over the same core, in the same threads.
-        self.console = Console(harbourmaster, self._in_thread)
+        self.console = Console(harbourmaster, self._in_thread,
+                               session_seconds=console_session_seconds)
         self.app = Starlette(
             routes=[
                 Route("/v1/requests", self.post_request, methods=["POST"]),
