@@ -92,6 +92,11 @@ class PgProxy:
         """Cut every connection through the proxy now, and refuse new ones until restored:
         the network between a client and its server is gone, the server is not."""
         self._severed.set()
+        self.cut()
+
+    def cut(self) -> None:
+        """Cut every connection through the proxy now (both sides), and let new ones through:
+        a client loses its connection while its server goes on with what it was sent."""
         with self._lock:
             doomed = list(self._open)
         for sock in doomed:

@@ -62,7 +62,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── PilotLost            pilot_lost            a service lost mid-execution, not regained
     │   └── CommitUnknown        commit_unknown
     ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 1)
-    └── Unavailable           could not be reached before anything was claimed (exit 7; HTTP 503)
+    └── Unavailable           could not be reached before anything ran (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
         ├── HarbourUnavailable   harbour_unavailable
@@ -423,12 +423,13 @@ class LogbookBroken(MarqueError, code="logbook_broken"):
     exit_status = 1
 
 
-# -- could not be reached; nothing claimed ------------------------------------------
+# -- could not be reached; nothing ran ---------------------------------------------
 
 
 class Unavailable(MarqueError):
-    """A ledger, target or service could not be reached before anything was claimed:
-    nothing happened, and a retry with the same nonce is safe."""
+    """A ledger, target or service could not be reached before anything was sent to a
+    target: nothing ran, and a retry with the same nonce is safe (a claim whose answer was
+    lost may have been recorded; the retry answers it)."""
 
     kind = "unavailable"
     exit_status = 7

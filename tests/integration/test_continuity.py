@@ -11,7 +11,9 @@ unchecked, and the first execution on it checks it again before claiming.
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,6 +97,27 @@ def test_an_unreachable_target_that_comes_back_to_an_intact_ledger_just_runs(env
     assert env.pilot.incarnation == old
     assert env.pilot.continuity_unchecked == set()
     assert env.balances()[1] == 80
+
+
+def test_a_pilot_start_opens_each_sqlite_target_once(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up check reads a SQLite target's identity, its stamps and its row stamps
+    over one connection: one open of the file, and the target is checked."""
+    assert env.run(env.issue([DEBIT_1]), "n-1").status == "applied"  # a stamp to read
+    env.pilot.close()
+    opened: list[str] = []
+    connect = sqlite3.connect
+
+    def counted(database: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(env.bank_path) in str(database):
+            opened.append(str(database))
+        return connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", counted)
+    env.pilot = open_pilot(env.home)
+    monkeypatch.undo()
+    assert len(opened) == 1, opened
+    assert env.pilot.continuity_unchecked == set()
 
 
 def test_a_restored_ledger_is_caught_by_an_effect_sets_row_stamps(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_a_reaped_effect_set_leaves_its_row_stamps_known_and_its_ledger_rows_gon
         world.pilot = open_pilot(world.home)
         assert world.pilot.incarnation == incarnation
         target = world.pilot.targets["shop"]
-        assert len(target.row_stamps_live(incarnation, time.time())) == 2
+        assert len(target.live_stamps(incarnation, time.time()).row_stamps) == 2
         assert world.pilot.logbook is not None
         assert world.pilot.logbook.entries("finding.ledger_regressed") == []
     finally:

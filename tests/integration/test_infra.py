@@ -136,7 +136,7 @@ def test_a_version_3_stamp_table_gets_the_row_stamps_live_index_and_keeps_its_ro
         ("stamps", VERSION)]
     assert _bank_rows(env, live) == [("marque_row_stamps_live",)]
     target = env.pilot.targets["bank"]
-    assert [(s["marque_id"], s["kind"]) for s in target.row_stamps_live("inc_old", 0.0)] == [
+    assert [(s["marque_id"], s["kind"]) for s in target.live_stamps("inc_old", 0.0).row_stamps] == [
         ("mq_old", "applied")]
     plan = " ".join(str(r[-1]) for r in _bank_rows(
         env, "EXPLAIN QUERY PLAN SELECT * FROM marque_row_stamps "

@@ -176,3 +176,30 @@ def test_a_second_statement_runs_after_the_first(target: PostgresTarget):
     assert _query(target, "SELECT balance FROM accounts ORDER BY id") == [(90,), (110,)]
     assert events.count("statement_started") == 2
     assert _stamps(target) == [("n-1", 1, "applied", 2)]
+
+
+def test_live_stamps_reads_identity_and_an_incarnations_live_stamps_in_one_checkout(
+        target: PostgresTarget, monkeypatch: pytest.MonkeyPatch):
+    """The continuity read: the target's identity, and the stamps of one incarnation's
+    marques still live (not another incarnation's, not an expired one), over one pooled
+    connection."""
+    target.execute(_run(Change((Statement("SELECT 1"),))), lambda *a, **k: None)
+    target.execute(replace(_run(Change((Statement("SELECT 1"),)), "n-2"),
+                           incarnation="inc_other"), lambda *a, **k: None)
+    checkouts: list[int] = []
+    checkout = PostgresTarget._checkout
+
+    def counted(self: PostgresTarget) -> Any:
+        checkouts.append(1)
+        return checkout(self)
+
+    monkeypatch.setattr(PostgresTarget, "_checkout", counted)
+    live = target.live_stamps("inc_pg", time.time())
+    expired = target.live_stamps("inc_pg", time.time() + 3600)
+    monkeypatch.undo()
+    assert len(checkouts) == 2
+    assert live.target_id == target.identity()
+    assert [(s["nonce"], s["kind"], s["incarnation"]) for s in live.stamps] == [
+        ("n-1", "applied", "inc_pg")]
+    assert live.row_stamps == []
+    assert (expired.target_id, expired.stamps) == (live.target_id, [])

@@ -17,7 +17,11 @@ a pool timeout.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -36,6 +40,13 @@ SCHEMA = "marque_ledger"
 #: The name PostgreSQL gives ``budgets``' ``CHECK (executions_left >= 0)``.
 BUDGET_CHECK = "budgets_executions_left_check"
 
+#: How long a claim whose connection was lost waits for the server session that ran it to
+#: end (seconds): only an ended session's claim is final, committed or not. Ending our own
+#: session takes milliseconds; a session we may not end ends when its statement does.
+SESSION_END_SECONDS = 5.0
+#: How often, meanwhile, the server is asked whether that session is still there.
+SESSION_POLL_SECONDS = 0.02
+
 #: A fresh claim as one statement that commits by itself (autocommit): one round trip
 #: where ``BEGIN``, the claim's steps and ``COMMIT`` take several. Nothing in it needs a
 #: second statement to be undone, because every refusal is an error that ends the
@@ -47,7 +58,8 @@ BUDGET_CHECK = "budgets_executions_left_check"
 #: claim row inserted meanwhile by another process (not in the snapshot, but ``ON
 #: CONFLICT`` waits for it) leaves only the ``jti`` recorded, as a claim of a known nonce
 #: does. Whatever this does not settle (a known nonce not answered here, a connection
-#: lost under it) takes the transaction of :meth:`SqlLedger._claim_steps_txn`.
+#: lost under it whose server session ended without committing it) takes the transaction
+#: of :meth:`SqlLedger._claim_steps_txn`.
 _CLAIM_ALONE = (
     f"WITH prior AS (SELECT {_ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
     "ON a.marque_id = c.marque_id AND a.nonce = c.nonce AND a.attempt = c.attempt "
@@ -179,9 +191,16 @@ class PostgresLedger(SqlLedger):
     def __init__(self, dsn: str, *, pool_size: int = 10) -> None:
         super().__init__()
         self.dsn = dsn
+        #: The server session behind each write connection: (pid, backend_start), the
+        #: start None when the role may not see it. A claim lost with its connection ends
+        #: that very session before it reads whether the claim landed.
+        self._sessions: weakref.WeakKeyDictionary[
+            psycopg.Connection[TupleRow], tuple[int, datetime | None]
+        ] = weakref.WeakKeyDictionary()
+        self._sessions_lock = threading.Lock()
         self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = make_pool(
-            dsn, name="marque-ledger", min_size=1, max_size=pool_size, configure=_configure,
-            autocommit=True,
+            dsn, name="marque-ledger", min_size=1, max_size=pool_size,
+            configure=self._configure_session, autocommit=True,
         )
         # No wait for the pool here: the first use (``_has_schema``) reports a server
         # that refuses us at once, with its reason (pgpool.checkout).
@@ -192,6 +211,16 @@ class PostgresLedger(SqlLedger):
             dsn, name="marque-ledger-reads", max_size=pool_size, configure=_configure,
             autocommit=True,
         )
+
+    def _configure_session(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """A new write connection: its search path, and which server session it is (once
+        per connection, never on a claim's path)."""
+        _configure(conn)
+        row = conn.execute("SELECT pid, backend_start FROM pg_stat_activity "
+                           "WHERE pid = pg_backend_pid()").fetchone()
+        session = (int(row[0]), row[1]) if row else (conn.info.backend_pid, None)
+        with self._sessions_lock:
+            self._sessions[conn] = session
 
     @classmethod
     def create(cls, dsn: str, pilot_id: str) -> PostgresLedger:
@@ -299,7 +328,8 @@ class PostgresLedger(SqlLedger):
             raise BudgetExhausted(
                 f"marque {ticket.marque_id} has no executions left in its budget") from None
         if row is None:
-            # Whether it committed is unknown (the connection died under it).
+            # The connection died under it, and its server session has ended since (else
+            # _commit_alone raised): whether it committed is final, and its attempt 1 says.
             if self._claim_landed(ticket):
                 return Claim(True, self._attempt_record(ticket, 1))
             return None  # not committed, or a known nonce's jti only: the transaction
@@ -335,8 +365,10 @@ class PostgresLedger(SqlLedger):
 
     def _commit_alone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         """One statement that commits by itself, and its row; None when the connection
-        died under it, so that whether it committed is unknown (the caller finds out from
-        the ledger, never by sending it again). A ``CheckViolation`` is raised as it is."""
+        died under it: by then the server session that ran it has ended, so whether it
+        committed is final and the ledger tells (the caller reads it, never sends it
+        again). A ``CheckViolation`` is raised as it is; ``LedgerUnavailable`` when that
+        session's end cannot be established (:meth:`_end_lost_session`)."""
         try:
             conn = checkout(self._pool, self.dsn)
             try:
@@ -344,15 +376,83 @@ class PostgresLedger(SqlLedger):
                 cur.execute(sql.replace("?", "%s"), tuple(params))
                 return cur.fetchone()
             except psycopg.OperationalError as exc:
-                if conn.broken or (exc.sqlstate or "").startswith("57P"):
-                    return None  # ended by the server, before or while it ran
-                raise
+                if not (conn.broken or (exc.sqlstate or "").startswith("57P")):
+                    raise
+                # Ended by the server, or the connection lost: before, while or after it
+                # ran — and a session whose client is gone may still commit it.
+                with self._sessions_lock:
+                    session = self._sessions.get(conn) or (conn.info.backend_pid, None)
             finally:
                 self._pool.putconn(conn)
         except psycopg.errors.CheckViolation:
             raise
         except psycopg.Error as exc:
             raise unavailable(self.dsn, exc) from exc
+        self._end_lost_session(session)
+        return None
+
+    def _end_lost_session(self, session: tuple[int, datetime | None]) -> None:
+        """Return once the server session of a lost connection is gone, ending it first
+        where this role may; ``LedgerUnavailable`` (the claim's fate unknown) if it is not
+        gone within :data:`SESSION_END_SECONDS`, or the server cannot be asked.
+
+        The server may still be running (or not yet have read) the statement the
+        connection carried, and commit it after the ledger was asked whether it landed.
+        Once the session has ended, its transaction has committed or rolled back for good
+        (a backend ends its transaction, and releases its locks, before it leaves
+        ``pg_stat_activity``). The session is known by its pid and start, so a pid the
+        server has since given to another session is neither ended nor waited for. A role
+        that may not see its sessions' start (it logs in as one role and works as another)
+        ends nothing: it waits until no session has that pid.
+        """
+        pid, start = session
+        try:
+            gone = self._session_gone(pid, start)
+        except LedgerUnavailable as exc:
+            raise self._claim_unknown(
+                f"the server could not be asked whether its session ended ({exc.message})"
+            ) from exc
+        if not gone:
+            raise self._claim_unknown(
+                f"its server session (pid {pid}) was still there after "
+                f"{SESSION_END_SECONDS:g} s and may yet record it")
+
+    def _session_gone(self, pid: int, start: datetime | None) -> bool:
+        """End the session ``(pid, start)`` if this role may, then wait for it to be gone
+        from ``pg_stat_activity``; False if it is still there at the deadline."""
+        may_end = start is not None
+        deadline = time.monotonic() + SESSION_END_SECONDS
+        with self.reading() as tx:
+            while True:
+                if may_end:
+                    may_end = False  # asked once; then it is waited for
+                    try:
+                        rows = tx.execute(
+                            "SELECT backend_start, CASE WHEN backend_start = ? "
+                            "THEN pg_terminate_backend(pid) END "
+                            "FROM pg_stat_activity WHERE pid = ?", (start, pid))
+                    except psycopg.errors.InsufficientPrivilege:
+                        rows = [(start,)]  # not ours to end: wait for it
+                else:
+                    rows = tx.execute(
+                        "SELECT backend_start FROM pg_stat_activity WHERE pid = ?", (pid,))
+                seen = rows[0][0] if rows else None
+                if not rows or (start is not None and seen is not None and seen != start):
+                    return True  # gone (its pid, if there, is another session's)
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(SESSION_POLL_SECONDS)
+
+    def _claim_unknown(self, why: str) -> LedgerUnavailable:
+        """The claim's connection was lost and its fate could not be established."""
+        server = describe(self.dsn)
+        return LedgerUnavailable(
+            f"the ledger database at {server} lost the connection of a claim, and whether "
+            f"the claim was recorded is unknown: {why}. Nothing was sent to a target. Retry "
+            "with the same nonce: it answers what the ledger recorded (a claim that landed "
+            "stays in_progress until its lease runs out, then reconciliation settles it)",
+            detail={"server": server},
+        )
 
     def close(self) -> None:
         self._jtis.close()

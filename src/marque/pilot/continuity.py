@@ -50,12 +50,11 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
         if only is not None and name not in only:
             continue
         try:
-            target_id = target.identity()
-            if not _holds_binding(pilot, name, target_id):
+            # One read of the target: its identity and its stamps, on one connection.
+            live = target.live_stamps(pilot.incarnation, live_after)
+            if not _holds_binding(pilot, name, live.target_id):
                 checked.append(name)  # read, and not ours: its stamps say nothing of this ledger
                 continue
-            stamps = target.stamps(pilot.incarnation, live_after)
-            row_stamps = target.row_stamps_live(pilot.incarnation, live_after)
         except LedgerUnavailable:
             raise
         except Exception as exc:  # an unreachable target cannot vouch either way: asked again
@@ -65,10 +64,10 @@ def check_continuity(pilot: Pilot, only: Collection[str] | None = None
             continue
         checked.append(name)
         pilot.continuity_errors.pop(name, None)
-        for stamp in stamps:
+        for stamp in live.stamps:
             if not _knows(pilot, stamp):
                 unknown.append({"target": name, **stamp})
-        for stamp in row_stamps:
+        for stamp in live.row_stamps:
             if not _knows_nonce(pilot, stamp):
                 unknown.append({"target": name, "row": True, **stamp})
     pilot.continuity_unchecked = (pilot.continuity_unchecked - set(checked)) | set(unchecked)

@@ -52,6 +52,16 @@ STAMP_COLUMNS = (
 
 
 @dataclass(frozen=True)
+class LiveStamps:
+    """A target's identity and the stamps it holds of one Pilot incarnation's live marques
+    (:meth:`Target.live_stamps`)."""
+
+    target_id: str
+    stamps: list[dict[str, Any]]
+    row_stamps: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class TargetAttempt:
     """One attempt to apply a change on a target."""
 
@@ -118,8 +128,11 @@ class Target(abc.ABC):
         """Observe, never resend: settle the attempt by a tombstone stamp."""
 
     @abc.abstractmethod
-    def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
-        """Stamps this target holds for a Pilot incarnation, of marques live after a time."""
+    def live_stamps(self, incarnation: str, live_after: float) -> LiveStamps:
+        """What the continuity check reads (DESIGN §5), on one connection: the target's
+        identity (as :meth:`identity`), and the stamps and Effect Set row stamps it holds
+        for a Pilot incarnation, of marques live after a time; ``TargetUnavailable`` if
+        they cannot be read."""
 
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing
         """Release connections."""
@@ -155,10 +168,6 @@ class Target(abc.ABC):
         """Every Effect Set row stamp of one marque; none on a target without row stamps."""
         return []
 
-    def row_stamps_live(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
-        """Row stamps of a Pilot incarnation, of marques live after a time; none on a target
-        without row stamps."""
-        return []
 
 
 class StampConflict(Exception):

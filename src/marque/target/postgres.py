@@ -69,6 +69,7 @@ from marque.target.base import (
     STAMP_COLUMNS,
     Emit,
     Evidence,
+    LiveStamps,
     SqlTarget,
     TargetAttempt,
     _jsonable,
@@ -387,29 +388,37 @@ class PostgresTarget(SqlTarget):
     def identity(self) -> str:
         conn = self._checkout()  # makes or upgrades the stamp table, identity and all
         try:
-            row = conn.execute(self.identity_query).fetchone()
+            return self._identity_on(conn)
         except psycopg.Error as exc:
             raise self._unavailable(exc, "cannot be read") from exc
         finally:
             self._abandon(conn)
+
+    def live_stamps(self, incarnation: str, live_after: float) -> LiveStamps:
+        conn = self._checkout()  # as identity(): the stamp table made or brought up to date
+        try:
+            target_id = self._identity_on(conn)
+            rows = conn.execute(
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps "
+                "WHERE incarnation = %s AND expires_at > %s",
+                (incarnation, live_after),
+            ).fetchall()
+            row_stamps = self._live_row_stamps_on(conn, incarnation, live_after)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "cannot be read") from exc
+        finally:
+            self._abandon(conn)
+        return LiveStamps(target_id, [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows],
+                          row_stamps)
+
+    def _identity_on(self, conn: psycopg.Connection[TupleRow]) -> str:
+        row = conn.execute(self.identity_query).fetchone()
         if row is None:
             raise TargetUnavailable(
                 f"target {self.name} ({describe(self.dsn)}) has a stamp table without its "
                 "identity row (marque.target_identity): someone edited it; nothing was sent "
                 "to it")
         return str(row[0])
-
-    def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
-        conn = self._checkout()
-        try:
-            rows = conn.execute(
-                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps "
-                "WHERE incarnation = %s AND expires_at > %s",
-                (incarnation, live_after),
-            ).fetchall()
-        finally:
-            self._abandon(conn)
-        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
 
     def preview(
         self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int

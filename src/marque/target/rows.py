@@ -350,23 +350,29 @@ class RowTarget(abc.ABC):
         return self._select_row_stamps("marque_id = ? ORDER BY nonce, created_at",
                                        (marque_id,))
 
-    def row_stamps_live(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
-        """Row stamps a Pilot incarnation left, of marques live after a time (the
-        continuity check, DESIGN §5: an Effect Set leaves no nonce-level stamp)."""
-        return self._select_row_stamps("incarnation = ? AND expires_at > ?",
-                                       (incarnation, live_after))
+    def _live_row_stamps_on(self, conn: Any, incarnation: str,
+                            live_after: float) -> list[dict[str, Any]]:
+        """Row stamps a Pilot incarnation left, of marques live after a time, read on
+        ``conn`` (the continuity check, DESIGN §5: an Effect Set leaves no nonce-level
+        stamp); driver errors are the caller's to translate."""
+        return self._row_stamps_on(conn, "incarnation = ? AND expires_at > ?",
+                                   (incarnation, live_after))
 
     def _select_row_stamps(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         """Row stamps matching ``where``; none where no Effect Set ever ran (no table yet)."""
         conn = self._row_read_open()
         try:
-            if self._row_stamp_version(conn) < ROW_STAMPS_SINCE:
-                return []
-            rows = self._row_exec(conn, self._p(
-                f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
-                f"WHERE {where}"), params).fetchall()
+            return self._row_stamps_on(conn, where, params)
         except Exception as exc:
             raise self._translate(exc) from exc
         finally:
             self._abandon(conn)
+
+    def _row_stamps_on(self, conn: Any, where: str,
+                       params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        if self._row_stamp_version(conn) < ROW_STAMPS_SINCE:
+            return []
+        rows = self._row_exec(conn, self._p(
+            f"SELECT {', '.join(ROW_STAMP_COLUMNS)} FROM {self.row_stamp_table} "
+            f"WHERE {where}"), params).fetchall()
         return [dict(zip(ROW_STAMP_COLUMNS, r, strict=True)) for r in rows]

@@ -39,6 +39,7 @@ from marque.target.base import (
     STAMP_COLUMNS,
     Emit,
     Evidence,
+    LiveStamps,
     SqlTarget,
     TargetAttempt,
     _jsonable,
@@ -258,55 +259,61 @@ class SqliteTarget(SqlTarget):
         return self._stamp_evidence(attempt, stamp, bool(inserted))
 
     def identity(self) -> str:
+        conn = self._stamps_open()
+        try:
+            return self._identity_on(conn)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            conn.close()
+
+    def live_stamps(self, incarnation: str, live_after: float) -> LiveStamps:
+        conn = self._stamps_open()
+        try:
+            target_id = self._identity_on(conn)
+            rows = conn.execute(
+                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
+                "WHERE incarnation = ? AND expires_at > ?",
+                (incarnation, live_after),
+            ).fetchall()
+            row_stamps = self._live_row_stamps_on(conn, incarnation, live_after)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            conn.close()
+        return LiveStamps(target_id, [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows],
+                          row_stamps)
+
+    def _stamps_open(self) -> _TargetConnection:
+        """A connection to a target whose stamp table is there and up to date (made, or
+        brought up to date — a newer one refused — under the write lock)."""
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
         try:
             if stamp_schema.sqlite_version(conn) != stamp_schema.VERSION:
-                # Made (or brought up to date, a newer one refused) under the write lock.
-                conn.execute("BEGIN IMMEDIATE")
-                self._stamps_ready = False
-                self._ensure_stamps(conn)
-                conn.execute("COMMIT")
-            row = conn.execute(self.identity_query).fetchone()
-        except sqlite3.Error as exc:
-            self._stamps_ready = False
-            raise self._unavailable(exc) from exc
-        finally:
-            conn.close()
-        if row is None:
-            raise TargetUnavailable(
-                f"target {self.name} ({self.path}) has a stamp table without its identity row "
-                "(marque_target_identity): someone edited it; nothing was sent to it")
-        return str(row[0])
-
-    def stamps(self, incarnation: str, live_after: float) -> list[dict[str, Any]]:
-        try:
-            conn = self._connect()
-        except sqlite3.Error as exc:
-            raise self._unavailable(exc) from exc
-        try:
-            version = stamp_schema.sqlite_version(conn)
-            if version == 0:
-                return []
-            if version != stamp_schema.VERSION:
-                # An older table is brought up to date (a newer one refused) before reading.
                 conn.execute("BEGIN IMMEDIATE")
                 self._stamps_ready = False
                 self._ensure_stamps(conn)
                 conn.execute("COMMIT")
             self._stamps_ready = True
-            rows = conn.execute(
-                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps "
-                "WHERE incarnation = ? AND expires_at > ?",
-                (incarnation, live_after),
-            ).fetchall()
         except sqlite3.Error as exc:
-            raise self._unavailable(exc) from exc
-        finally:
+            self._stamps_ready = False
             conn.close()
-        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+            raise self._unavailable(exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _identity_on(self, conn: sqlite3.Connection) -> str:
+        row = conn.execute(self.identity_query).fetchone()
+        if row is None:
+            raise TargetUnavailable(
+                f"target {self.name} ({self.path}) has a stamp table without its identity row "
+                "(marque_target_identity): someone edited it; nothing was sent to it")
+        return str(row[0])
 
     def preview(
         self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
