@@ -32,6 +32,7 @@ from marque.errors import (
 )
 from marque.timefmt import iso_time, seconds
 from marque.token.claims import int_claim, nonempty_str, object_claim
+from marque.token.header import pin_header, trusted_signer
 from marque.token.jose import ALG, read_header, sign, verified_payload
 from marque.token.keys import TrustedKeys, import_private, kid_of
 from marque.token.marques import MARQUE_REGISTRY
@@ -164,16 +165,10 @@ def _read_short(
     if isinstance(token, str):
         token = token.strip()
     header = read_header(token, MARQUE_REGISTRY, what, MarqueInvalid)
-    if header.get("alg") != ALG:
-        raise MarqueInvalid(f"{what} alg must be {ALG}")
-    if header.get("typ") != typ:
-        raise MarqueInvalid(f"{what} typ must be {typ}, got {str(header.get('typ'))[:64]!r}")
-    kid = header.get("kid")
-    if not isinstance(kid, str):
-        raise MarqueInvalid(f"{what} header has no kid")
-    key = trusted.get(kid)
-    if key is None:
-        raise MarqueInvalid(f"{what}: unknown kid {kid[:64]!r}: no trusted issuer key has it")
+    pin_header(header, typ=typ, what=what, error=MarqueInvalid,
+               offered=lambda got: f", got {str(got)[:64]!r}")
+    _, key = trusted_signer(header, trusted, what=what, error=MarqueInvalid,
+                            unknown=f"{what}: unknown kid {{kid}}: no trusted issuer key has it")
     claims = verified_payload(token, key, MARQUE_REGISTRY, what, MarqueInvalid)
     missing = sorted(required - claims.keys())
     if missing:

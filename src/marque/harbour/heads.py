@@ -25,6 +25,7 @@ from typing import Any
 
 from marque.errors import InvalidInput
 from marque.harbour.chain import check_head
+from marque.token.header import pin_header, trusted_signer
 from marque.token.jose import ALG, Registry, read_header, sign, verified_payload
 from marque.token.keys import TrustedKeys, import_private, kid_of
 
@@ -94,16 +95,11 @@ def verify_head(token: str, trusted: TrustedKeys) -> dict[str, Any]:
     if isinstance(token, str):
         token = token.strip()
     header = read_header(token, _HEAD_REGISTRY, "logbook head", HeadInvalid)
-    if header.get("typ") != HEAD_TYP:
-        raise HeadWrongType(f"logbook head typ must be {HEAD_TYP}, not {header.get('typ')!r}")
-    if header.get("alg") != ALG:
-        raise HeadWrongType(f"logbook head alg must be {ALG}")
-    kid = header.get("kid")
-    if not isinstance(kid, str) or not kid:
-        raise HeadUnknownKey("logbook head header has no kid")
-    key = trusted.get(kid)
-    if key is None:
-        raise HeadUnknownKey(f"unknown kid {kid[:64]!r}: no trusted issuer key signed this head")
+    pin_header(header, typ=HEAD_TYP, what="logbook head", error=HeadWrongType, typ_first=True,
+               offered=lambda got: f", not {got!r}")
+    _, key = trusted_signer(header, trusted, what="logbook head", error=HeadUnknownKey,
+                            unknown="unknown kid {kid}: no trusted issuer key signed this head",
+                            empty_is_missing=True)
     claims = verified_payload(token, key, _HEAD_REGISTRY, "logbook head", HeadSignatureInvalid)
     if set(claims) != _HEAD_CLAIMS:
         raise HeadInvalid("a logbook head's claims must be exactly seq, hash and at")

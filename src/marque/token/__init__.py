@@ -30,6 +30,7 @@ One concept a module:
     jose.py     the one algorithm, its joserfc registry, strict reading of a compact JWS
     claims.py   the shapes claims must have before they are believed
     keys.py     Ed25519 JWKs, thumbprints, the trusted issuer keys
+    header.py   what a header must say: alg and typ pinned, the signer found by kid
     marques.py  issuing, reading and checking marques
     proofs.py   proofs of possession and the jti replay window
 

@@ -6,7 +6,7 @@ lives here: a joserfc registry that knows that one algorithm and nothing else,
 the strict reading of a header or payload segment (base64url, then I-JSON with
 duplicate members refused), and signing and verifying through joserfc. Which
 key to use, and what a header and the claims must say, is each token's own
-business (what a header must say, :mod:`marque.token.claims`).
+business (:mod:`marque.token.header`, :mod:`marque.token.claims`).
 
 Every refusal is the caller's :mod:`marque.errors` class; foreign exceptions
 never cross this boundary.

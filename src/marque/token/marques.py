@@ -5,7 +5,7 @@ database, so this module is where a forged, stale or misdirected one must be
 stopped. :func:`issue_marque` turns the approved work (:class:`Change`,
 :class:`Budget`, from :mod:`marque.change`) into a signed compact JWS;
 :func:`read_marque` turns a received token back into a :class:`Marque` only
-after its header, signature and claims have held,
+after its header (:mod:`marque.token.header`), signature and claims have held,
 and :func:`check_marque` then checks, on every use, the validity window, Pilot
 identity, ledger incarnation and target, each refusal with its own stable code.
 """
@@ -36,6 +36,7 @@ from marque.errors import (
 )
 from marque.timefmt import iso_time, seconds
 from marque.token.claims import int_claim, nonempty_str, object_claim
+from marque.token.header import pin_header, trusted_signer
 from marque.token.jose import ALG, Registry, b64url_decode, read_header, sign, verified_payload
 from marque.token.keys import TrustedKeys, import_private, import_public, kid_of
 
@@ -257,16 +258,9 @@ def read_marque(token: str, trusted: TrustedKeys) -> Marque:
     if isinstance(token, str):
         token = token.strip()
     header = read_header(token, MARQUE_REGISTRY, "marque", MarqueInvalid)
-    if header.get("alg") != ALG:
-        raise MarqueInvalid(f"marque alg must be {ALG}")
-    if header.get("typ") != MARQUE_TYP:
-        raise MarqueInvalid(f"marque typ must be {MARQUE_TYP}")
-    kid = header.get("kid")
-    if not isinstance(kid, str):
-        raise MarqueInvalid("marque header has no kid")
-    key = trusted.get(kid)
-    if key is None:
-        raise MarqueInvalid(f"unknown kid {kid[:64]!r}: no trusted issuer key has it")
+    pin_header(header, typ=MARQUE_TYP, what="marque", error=MarqueInvalid)
+    kid, key = trusted_signer(header, trusted, what="marque", error=MarqueInvalid,
+                              unknown="unknown kid {kid}: no trusted issuer key has it")
     claims = verified_payload(token, key, MARQUE_REGISTRY, "marque", MarqueInvalid)
 
     missing = sorted(_MARQUE_CLAIMS - claims.keys())

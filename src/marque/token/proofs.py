@@ -31,6 +31,7 @@ from marque.errors import (
     PopReplayed,
 )
 from marque.token.claims import int_claim, nonempty_str
+from marque.token.header import pin_header
 from marque.token.jose import ALG, Registry, compact_header, decode_header, sign, verified_payload
 from marque.token.keys import ed25519_public, import_private, import_public, thumbprint_of
 from marque.token.marques import Marque, ath_of
@@ -104,10 +105,7 @@ def _proof_holder(segment: str) -> tuple[OKPKey, str]:
     distinct header text; a header that fails a check raises, and is never cached.
     """
     header = decode_header(segment, "proof", PopInvalid)
-    if header.get("typ") != POP_TYP:
-        raise PopInvalid(f"proof typ must be {POP_TYP}")
-    if header.get("alg") != ALG:
-        raise PopInvalid(f"proof alg must be {ALG}")
+    pin_header(header, typ=POP_TYP, what="proof", error=PopInvalid, typ_first=True)
     jwk = header.get("jwk")
     if not isinstance(jwk, dict):
         raise PopInvalid("proof header carries no jwk")
