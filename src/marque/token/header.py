@@ -47,21 +47,13 @@ def pin_header(
     head's readers have always used, so a header wrong in both is refused with
     the same words as before they shared this function.
     """
-    if typ_first:
-        _pin_typ(header, typ, what, error, offered)
+    got = header.get("typ")
+    # One branch decides both orders: a wrong typ is refused first under typ_first, and
+    # otherwise only once alg has held. No inner call: read_marque runs this per token.
+    if got != typ and (typ_first or header.get("alg") == ALG):
+        raise error(f"{what} typ must be {typ}{'' if offered is None else offered(got)}")
     if header.get("alg") != ALG:
         raise error(f"{what} alg must be {ALG}")
-    if not typ_first:
-        _pin_typ(header, typ, what, error, offered)
-
-
-def _pin_typ(
-    header: dict[str, Any], typ: str, what: str, error: type[MarqueError],
-    offered: Callable[[Any], str] | None,
-) -> None:
-    got = header.get("typ")
-    if got != typ:
-        raise error(f"{what} typ must be {typ}{'' if offered is None else offered(got)}")
 
 
 def trusted_signer(
