@@ -18,17 +18,13 @@ from urllib.request import getproxies
 
 import httpx
 
-from marque.errors import MarqueError, PilotLost, PilotUnavailable, lookup
+from marque.errors import PROBLEM_MEMBERS, MarqueError, PilotLost, PilotUnavailable, lookup
 from marque.outcome import Outcome
 
 EventSink = Callable[[dict[str, Any]], None]
 #: How long a client keeps trying to get back to an execution after losing it.
 RECONNECT_SECONDS = 30.0
 _BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
-
-
-#: Problem members that are the error's class, message and SQLSTATE, not its detail.
-_PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "code", "sqlstate"})
 
 
 def error_from_problem(response: httpx.Response) -> MarqueError:
@@ -44,7 +40,7 @@ def error_from_problem(response: httpx.Response) -> MarqueError:
     message = body.get("detail") or response.text[:500]
     return _error_class(body.get("code"))(
         str(message), sqlstate=body.get("sqlstate"),
-        detail={k: v for k, v in body.items() if k not in _PROBLEM_MEMBERS} or None)
+        detail={k: v for k, v in body.items() if k not in PROBLEM_MEMBERS} or None)
 
 
 def _error_class(code: object) -> type[MarqueError]:

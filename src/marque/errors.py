@@ -125,6 +125,13 @@ class MarqueError(Exception):
         return safe
 
 
+#: The members of an RFC 9457 problem document that are the error itself — its class
+#: (``type``, ``title``, ``code``), HTTP ``status``, message (``detail``) and SQLSTATE —
+#: not its detail: a service never lets an extension member replace one, and a client
+#: does not read one back into the error's detail (DESIGN §10).
+PROBLEM_MEMBERS = frozenset({"type", "title", "status", "detail", "code", "sqlstate"})
+
+
 def lookup(code: str) -> type[MarqueError]:
     """The error class registered for ``code``; ``KeyError`` if there is none."""
     return MarqueError._registry[code]

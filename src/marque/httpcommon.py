@@ -19,14 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marque.errors import MarqueError, MethodNotAllowed, NotFound
+from marque.errors import PROBLEM_MEMBERS, MarqueError, MethodNotAllowed, NotFound
 
 __all__ = ["PROBLEM", "RequestIdMiddleware", "api_http_errors", "problem", "request_id_of"]
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-#: The members every problem document has; extras never replace them.
-_STANDARD = frozenset({"type", "title", "status", "detail", "code", "sqlstate"})
 
 
 def problem(exc: MarqueError, request_id: str | None = None, *,
@@ -51,7 +49,7 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     if exc.sqlstate:
         body["sqlstate"] = exc.sqlstate
     for key, value in {**exc.json_detail(), **(extra or {})}.items():
-        if key not in _STANDARD:
+        if key not in PROBLEM_MEMBERS:  # extras never replace the standard members
             body[key] = value
     response = JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
     if request_id is not None:

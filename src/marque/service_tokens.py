@@ -31,21 +31,12 @@ from marque.errors import (
     WrongPilot,
 )
 from marque.timefmt import iso_time, seconds
-from marque.token import (
-    _MARQUE_REGISTRY,
-    _MAX_POP_JTI_LENGTH,
-    _REPLAY_MARGIN_SECONDS,
-    ALG,
-    TrustedKeys,
-    _import_private,
-    _int_claim,
-    _kid_of,
-    _nonempty_str,
-    _object_claim,
-    _read_header,
-    _sign,
-    _verified_payload,
-)
+from marque.token.claims import int_claim, nonempty_str, object_claim
+from marque.token.header import pin_header, trusted_signer
+from marque.token.jose import ALG, read_header, sign, verified_payload
+from marque.token.keys import TrustedKeys, import_private, kid_of
+from marque.token.marques import MARQUE_REGISTRY
+from marque.token.proofs import MAX_POP_JTI_LENGTH, REPLAY_MARGIN_SECONDS
 
 __all__ = [
     "PREVIEW_TYP",
@@ -106,17 +97,17 @@ def _issue_short(
     issuer_key: dict[str, Any], typ: str, claims: dict[str, Any], ttl_seconds: int,
     now: float | None, jti: str | None,
 ) -> str:
-    key = _import_private(issuer_key, "issuer key")
-    kid = _kid_of(issuer_key, "issuer key")
+    key = import_private(issuer_key, "issuer key")
+    kid = kid_of(issuer_key, "issuer key")
     if not is_json_int(ttl_seconds) or not 0 < ttl_seconds <= MAX_SHORT_TOKEN_SECONDS:
         raise InvalidInput(f"ttl_seconds must be 1..{MAX_SHORT_TOKEN_SECONDS}")
     moment = math.floor(time.time() if now is None else now)
     token_jti = secrets.token_urlsafe(24) if jti is None else jti
-    _nonempty_str(token_jti, "jti", InvalidInput)
-    if len(token_jti) > _MAX_POP_JTI_LENGTH:
-        raise InvalidInput(f"jti is longer than {_MAX_POP_JTI_LENGTH} characters")
+    nonempty_str(token_jti, "jti", InvalidInput)
+    if len(token_jti) > MAX_POP_JTI_LENGTH:
+        raise InvalidInput(f"jti is longer than {MAX_POP_JTI_LENGTH} characters")
     full = {"jti": token_jti, "iat": moment, "exp": moment + ttl_seconds, **claims}
-    return _sign({"alg": ALG, "typ": typ, "kid": kid}, full, key, _MARQUE_REGISTRY)
+    return sign({"alg": ALG, "typ": typ, "kid": kid}, full, key, MARQUE_REGISTRY)
 
 
 def issue_preview_token(
@@ -137,7 +128,7 @@ def issue_preview_token(
     (statements, or an Effect Set's :class:`~marque.effects.request.EffectPreviewRequest`)."""
     for name, value in (("pilot_id", pilot_id), ("incarnation", incarnation),
                         ("target", target), ("issuer", issuer)):
-        _nonempty_str(value, name, InvalidInput)
+        nonempty_str(value, name, InvalidInput)
     if not isinstance(change, Change | EffectPreviewRequest):
         raise InvalidInput("change must be a Change or an EffectPreviewRequest")
     if not is_json_int(sample_rows) or not 0 <= sample_rows <= MAX_SAMPLE_ROWS:
@@ -162,7 +153,7 @@ def issue_query_token(
 ) -> str:
     """Sign a query token (``typ`` marque-query+jwt) for the evidence of one marque."""
     for name, value in (("pilot_id", pilot_id), ("marque_id", marque_id), ("issuer", issuer)):
-        _nonempty_str(value, name, InvalidInput)
+        nonempty_str(value, name, InvalidInput)
     claims = {"iss": issuer, "pilot": {"id": pilot_id}, "marque_id": marque_id}
     return _issue_short(issuer_key, QUERY_TYP, claims, ttl_seconds, now, jti)
 
@@ -173,27 +164,21 @@ def _read_short(
     """Header, trusted kid, signature and claim shape of a preview or query token."""
     if isinstance(token, str):
         token = token.strip()
-    header = _read_header(token, _MARQUE_REGISTRY, what, MarqueInvalid)
-    if header.get("alg") != ALG:
-        raise MarqueInvalid(f"{what} alg must be {ALG}")
-    if header.get("typ") != typ:
-        raise MarqueInvalid(f"{what} typ must be {typ}, got {str(header.get('typ'))[:64]!r}")
-    kid = header.get("kid")
-    if not isinstance(kid, str):
-        raise MarqueInvalid(f"{what} header has no kid")
-    key = trusted.get(kid)
-    if key is None:
-        raise MarqueInvalid(f"{what}: unknown kid {kid[:64]!r}: no trusted issuer key has it")
-    claims = _verified_payload(token, key, _MARQUE_REGISTRY, what, MarqueInvalid)
+    header = read_header(token, MARQUE_REGISTRY, what, MarqueInvalid)
+    pin_header(header, typ=typ, what=what, error=MarqueInvalid,
+               offered=lambda got: f", got {str(got)[:64]!r}")
+    _, key = trusted_signer(header, trusted, what=what, error=MarqueInvalid,
+                            unknown=f"{what}: unknown kid {{kid}}: no trusted issuer key has it")
+    claims = verified_payload(token, key, MARQUE_REGISTRY, what, MarqueInvalid)
     missing = sorted(required - claims.keys())
     if missing:
         raise MarqueInvalid(f"{what} lacks claim(s) {', '.join(missing)}")
-    _nonempty_str(claims["iss"], f"{what} claim iss", MarqueInvalid)
-    jti = _nonempty_str(claims["jti"], f"{what} claim jti", MarqueInvalid)
-    if len(jti) > _MAX_POP_JTI_LENGTH:
-        raise MarqueInvalid(f"{what} jti is longer than {_MAX_POP_JTI_LENGTH} characters")
-    iat = _int_claim(claims["iat"], f"{what} claim iat", MarqueInvalid)
-    exp = _int_claim(claims["exp"], f"{what} claim exp", MarqueInvalid)
+    nonempty_str(claims["iss"], f"{what} claim iss", MarqueInvalid)
+    jti = nonempty_str(claims["jti"], f"{what} claim jti", MarqueInvalid)
+    if len(jti) > MAX_POP_JTI_LENGTH:
+        raise MarqueInvalid(f"{what} jti is longer than {MAX_POP_JTI_LENGTH} characters")
+    iat = int_claim(claims["iat"], f"{what} claim iat", MarqueInvalid)
+    exp = int_claim(claims["exp"], f"{what} claim exp", MarqueInvalid)
     if not iat < exp <= iat + MAX_SHORT_TOKEN_SECONDS:
         raise MarqueInvalid(f"{what} exp must be after iat and at most "
                             f"{MAX_SHORT_TOKEN_SECONDS} s after it")
@@ -219,7 +204,7 @@ def _check_short(
             "issuer's and this host's clocks",
             detail={"issued_at": iat, "skew_seconds": skew_seconds, "now": moment})
     if remember_jti is not None and not remember_jti(
-        f"{what}:{jti}", exp + skew_seconds + _REPLAY_MARGIN_SECONDS
+        f"{what}:{jti}", exp + skew_seconds + REPLAY_MARGIN_SECONDS
     ):
         raise PopReplayed(f"this {what} (jti {jti[:64]}) has been used before; "
                           "ask the issuer for a new one")
@@ -245,8 +230,8 @@ def verify_preview_token(
     """
     what = "preview token"
     claims = _read_short(token, trusted, PREVIEW_TYP, what, _PREVIEW_CLAIMS)
-    pilot = _object_claim(claims["pilot"], "pilot", ("id", "incarnation"))
-    target = _nonempty_str(claims["target"], f"{what} claim target", MarqueInvalid)
+    pilot = object_claim(claims["pilot"], "pilot", ("id", "incarnation"))
+    target = nonempty_str(claims["target"], f"{what} claim target", MarqueInvalid)
     raw_change = claims["change"]
     change: Change | EffectPreviewRequest = (
         EffectPreviewRequest.from_claim(raw_change)
@@ -291,8 +276,8 @@ def verify_query_token(
     """Decide whether ``token`` lets its bearer read this Pilot's evidence of one marque."""
     what = "query token"
     claims = _read_short(token, trusted, QUERY_TYP, what, _QUERY_CLAIMS)
-    pilot = _object_claim(claims["pilot"], "pilot", ("id",))
-    marque_id = _nonempty_str(claims["marque_id"], f"{what} claim marque_id", MarqueInvalid)
+    pilot = object_claim(claims["pilot"], "pilot", ("id",))
+    marque_id = nonempty_str(claims["marque_id"], f"{what} claim marque_id", MarqueInvalid)
     read = QueryToken(jti=claims["jti"], issuer=claims["iss"], issued_at=claims["iat"],
                       expires_at=claims["exp"], pilot_id=pilot["id"], marque_id=marque_id)
     _check_short(what, read.jti, read.issued_at, read.expires_at, now=now,

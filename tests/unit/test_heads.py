@@ -20,7 +20,10 @@ from marque.harbour.heads import (
     sign_head,
     verify_head,
 )
-from marque.token import _MARQUE_REGISTRY, ALG, TrustedKeys, _import_private, _sign, new_key
+from marque.token import ALG, TrustedKeys, new_key
+from marque.token.jose import sign
+from marque.token.keys import import_private
+from marque.token.marques import MARQUE_REGISTRY
 
 HEAD = {"seq": 42, "hash": "ab" * 32, "at": 1900000000.25}
 
@@ -96,12 +99,12 @@ def test_a_head_signed_by_a_wrong_key_under_a_trusted_kid_is_refused(
 
 def test_another_token_type_is_not_a_head(issuer: dict[str, Any], trusted: TrustedKeys) -> None:
     """A JWS of another typ from the same trusted issuer (a marque, say) is refused by typ."""
-    key = _import_private(issuer, "issuer key")
-    other = _sign({"alg": ALG, "typ": "marque+jwt", "kid": issuer["kid"]}, HEAD, key,
-                  _MARQUE_REGISTRY)
+    key = import_private(issuer, "issuer key")
+    other = sign({"alg": ALG, "typ": "marque+jwt", "kid": issuer["kid"]}, HEAD, key,
+                 MARQUE_REGISTRY)
     with pytest.raises(HeadWrongType):
         verify_head(other, trusted)
-    untyped = _sign({"alg": ALG, "kid": issuer["kid"]}, HEAD, key, _MARQUE_REGISTRY)
+    untyped = sign({"alg": ALG, "kid": issuer["kid"]}, HEAD, key, MARQUE_REGISTRY)
     with pytest.raises(HeadWrongType):
         verify_head(untyped, trusted)
 
@@ -118,12 +121,12 @@ def test_signed_claims_that_are_not_a_head_are_refused(
     issuer: dict[str, Any], trusted: TrustedKeys
 ) -> None:
     """A validly signed head-typed JWS whose claims are not {seq, hash, at} is refused."""
-    key = _import_private(issuer, "issuer key")
+    key = import_private(issuer, "issuer key")
     header = {"alg": ALG, "typ": HEAD_TYP, "kid": issuer["kid"]}
     for claims in ({"seq": "42", "hash": HEAD["hash"], "at": 1}, {"seq": 42, "hash": "x", "at": 1},
                    {**HEAD, "extra": 1}, {"seq": 42, "hash": HEAD["hash"]}):
         with pytest.raises(HeadInvalid):
-            verify_head(_sign(header, claims, key, _HEAD_REGISTRY), trusted)
+            verify_head(sign(header, claims, key, _HEAD_REGISTRY), trusted)
 
 
 @pytest.mark.parametrize("token", ["", "a.b", "not a token", "a.b.c.d", 42, None])

@@ -24,13 +24,14 @@ from urllib.parse import quote
 
 import httpx
 
-from marque.errors import HarbourUnavailable, InvalidInput, MarqueError, lookup
+from marque.errors import PROBLEM_MEMBERS, HarbourUnavailable, InvalidInput, MarqueError, lookup
 from marque.harbour.identity import check_request_id, format_idempotency_key
 
 __all__ = ["HarbourClient", "error_from_problem"]
 
-#: Problem members that become the error's message and class, not its detail.
-_STANDARD = frozenset({"type", "title", "detail", "code", "sqlstate"})
+#: Problem members that become the error's message and class, not its detail: all but the
+#: HTTP ``status``, which this client keeps in the error's detail (see the module docstring).
+_STANDARD = PROBLEM_MEMBERS - {"status"}
 
 
 def error_from_problem(response: httpx.Response) -> MarqueError:

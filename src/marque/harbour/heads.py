@@ -25,16 +25,9 @@ from typing import Any
 
 from marque.errors import InvalidInput
 from marque.harbour.chain import check_head
-from marque.token import (
-    ALG,
-    TrustedKeys,
-    _import_private,
-    _kid_of,
-    _read_header,
-    _Registry,
-    _sign,
-    _verified_payload,
-)
+from marque.token.header import pin_header, trusted_signer
+from marque.token.jose import ALG, Registry, read_header, sign, verified_payload
+from marque.token.keys import TrustedKeys, import_private, kid_of
 
 __all__ = [
     "HEAD_TYP",
@@ -50,7 +43,7 @@ __all__ = [
 HEAD_TYP = "marque-logbook-head+jwt"
 
 _HEAD_CLAIMS = frozenset({"seq", "hash", "at"})
-_HEAD_REGISTRY = _Registry(algorithms=[ALG])
+_HEAD_REGISTRY = Registry(algorithms=[ALG])
 
 
 class HeadInvalid(InvalidInput):
@@ -84,9 +77,9 @@ def sign_head(head: dict[str, Any], issuer_key: dict[str, Any]) -> str:
     extra = sorted(set(head) - _HEAD_CLAIMS)
     if extra:
         raise InvalidInput(f"a logbook head holds only seq, hash and at, not {', '.join(extra)}")
-    key = _import_private(issuer_key, "issuer key")
-    kid = _kid_of(issuer_key, "issuer key")
-    return _sign({"alg": ALG, "typ": HEAD_TYP, "kid": kid}, checked, key, _HEAD_REGISTRY)
+    key = import_private(issuer_key, "issuer key")
+    kid = kid_of(issuer_key, "issuer key")
+    return sign({"alg": ALG, "typ": HEAD_TYP, "kid": kid}, checked, key, _HEAD_REGISTRY)
 
 
 def verify_head(token: str, trusted: TrustedKeys) -> dict[str, Any]:
@@ -101,18 +94,13 @@ def verify_head(token: str, trusted: TrustedKeys) -> dict[str, Any]:
     """
     if isinstance(token, str):
         token = token.strip()
-    header = _read_header(token, _HEAD_REGISTRY, "logbook head", HeadInvalid)
-    if header.get("typ") != HEAD_TYP:
-        raise HeadWrongType(f"logbook head typ must be {HEAD_TYP}, not {header.get('typ')!r}")
-    if header.get("alg") != ALG:
-        raise HeadWrongType(f"logbook head alg must be {ALG}")
-    kid = header.get("kid")
-    if not isinstance(kid, str) or not kid:
-        raise HeadUnknownKey("logbook head header has no kid")
-    key = trusted.get(kid)
-    if key is None:
-        raise HeadUnknownKey(f"unknown kid {kid[:64]!r}: no trusted issuer key signed this head")
-    claims = _verified_payload(token, key, _HEAD_REGISTRY, "logbook head", HeadSignatureInvalid)
+    header = read_header(token, _HEAD_REGISTRY, "logbook head", HeadInvalid)
+    pin_header(header, typ=HEAD_TYP, what="logbook head", error=HeadWrongType, typ_first=True,
+               offered=lambda got: f", not {got!r}")
+    _, key = trusted_signer(header, trusted, what="logbook head", error=HeadUnknownKey,
+                            unknown="unknown kid {kid}: no trusted issuer key signed this head",
+                            empty_is_missing=True)
+    claims = verified_payload(token, key, _HEAD_REGISTRY, "logbook head", HeadSignatureInvalid)
     if set(claims) != _HEAD_CLAIMS:
         raise HeadInvalid("a logbook head's claims must be exactly seq, hash and at")
     try:
