@@ -153,6 +153,10 @@ MIGRATIONS: list[list[str]] = [
     # 6: which database each target name stands for, and the attempts a rebinding left
     # bound to the one before (ledger/bindings.py). New tables only.
     BINDING_MIGRATION,
+    # 7: an engine's own storage of the same rows (SqlLedger._migration). On SQLite four
+    # text-keyed tables become WITHOUT ROWID (ledger/sqlite_schema.py); on PostgreSQL
+    # nothing changes.
+    [],
 ]
 
 #: Outbox entries acknowledged per statement (four parameters each).
@@ -281,11 +285,17 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             for index in range(version, len(MIGRATIONS)):
                 if index == 0:
                     continue  # version 1 is created whole by _initialise
-                for statement in MIGRATIONS[index]:
+                for statement in self._migration(index):
                     tx.execute(statement)
                 tx.execute(
                     "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(index + 1),)
                 )
+
+    def _migration(self, index: int) -> list[str]:
+        """The statements of migration ``index`` (see :data:`MIGRATIONS`) on this engine:
+        an engine may store the same rows its own way (a hook; the default is the shared
+        list)."""
+        return MIGRATIONS[index]
 
     def _load_identity(self) -> None:
         with self.transaction() as tx:
