@@ -1364,7 +1364,8 @@ def _build_v1(engine: LedgerEngine, location: str, now: float) -> None:
 
 
 def _schema_of(engine: LedgerEngine, location: str) -> dict[str, Any]:
-    """Tables with their columns, and index names, as the engine's catalogue lists them."""
+    """Tables with their columns, index names (and on SQLite which tables are WITHOUT
+    ROWID), as the engine's catalogue lists them."""
     if engine.name == "sqlite":
         import sqlite3
 
@@ -1377,9 +1378,13 @@ def _schema_of(engine: LedgerEngine, location: str) -> dict[str, Any]:
                        for t in tables}
             indexes = sorted(r[0] for r in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
+            # How each table is stored (migration 7 rebuilds some WITHOUT ROWID).
+            rowless = sorted(name for name, sql in conn.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'table'")
+                if sql.upper().rstrip().endswith("WITHOUT ROWID"))
         finally:
             conn.close()
-        return {"columns": columns, "indexes": indexes}
+        return {"columns": columns, "indexes": indexes, "rowless": rowless}
     import psycopg
 
     from marque.ledger.postgres import SCHEMA

@@ -31,7 +31,8 @@ from psycopg_pool import ConnectionPool
 from marque.dsn import describe
 from marque.errors import BudgetExhausted, LedgerUnavailable, PopReplayed
 from marque.ledger.base import Claim, ClaimTicket, Durability
-from marque.ledger.sql import _ATTEMPT_COLUMNS, _STARTED_COLUMNS, SqlLedger, Tx, _record
+from marque.ledger.sql import SqlLedger, Tx
+from marque.ledger.statements import ATTEMPT_COLUMNS, STARTED_COLUMNS, row_record
 from marque.outcome import Status
 from marque.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_pool, reason
 
@@ -61,7 +62,7 @@ SESSION_POLL_SECONDS = 0.02
 #: lost under it whose server session ended without committing it) takes the transaction
 #: of :meth:`SqlLedger._claim_steps_txn`.
 _CLAIM_ALONE = (
-    f"WITH prior AS (SELECT {_ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
+    f"WITH prior AS (SELECT {ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
     "ON a.marque_id = c.marque_id AND a.nonce = c.nonce AND a.attempt = c.attempt "
     "WHERE c.marque_id = %s AND c.nonce = %s), "
     "jti AS (INSERT INTO pop_jtis (jti, forget_after) SELECT %s, %s "
@@ -77,7 +78,7 @@ _CLAIM_ALONE = (
     "THEN -1 ELSE %s END, %s, %s, %s WHERE EXISTS (SELECT 1 FROM claimed) "
     "ON CONFLICT (marque_id) DO UPDATE SET executions_left = budgets.executions_left - 1 "
     "RETURNING 1), "
-    f"started AS (INSERT INTO attempts ({_STARTED_COLUMNS}) "
+    f"started AS (INSERT INTO attempts ({STARTED_COLUMNS}) "
     "SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s WHERE EXISTS (SELECT 1 FROM spent) "
     "RETURNING 1) "
     "SELECT (SELECT ok FROM unseen), EXISTS (SELECT 1 FROM started), "
@@ -336,7 +337,7 @@ class PostgresLedger(SqlLedger):
         unseen, fresh, seen, *prior = row
         if prior[0] is not None:
             # Claimed before; nothing was written.
-            latest = _record(tuple(prior))
+            latest = row_record(tuple(prior))
             if not (ticket.replay_behind and jti is not None
                     and latest.status is Status.APPLIED):
                 return None  # the transaction records the jti and reads it again

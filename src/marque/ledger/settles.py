@@ -19,6 +19,17 @@ from typing import TYPE_CHECKING
 
 from marque.errors import LedgerMissing
 from marque.ledger.base import AttemptRecord, Observed
+from marque.ledger.statements import (
+    ATTEMPT_COLUMNS,
+    ATTEMPT_COLUMNS_BARE,
+    COMPACT,
+    QUEUE_CONFLICT,
+    QUEUE_ONE,
+    QUEUE_REPORT,
+    QUEUE_ROW,
+    dumps,
+    row_record,
+)
 from marque.outcome import SETTLED_RANK, Status
 
 if TYPE_CHECKING:
@@ -37,13 +48,6 @@ _CAST_ROW = ("(CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS INTEGER), CAST(? AS T
 @functools.cache
 def _statements(size: int) -> tuple[str, str, str, str]:
     """The compare-and-set, observations, events and report statements for ``size`` items."""
-    from marque.ledger.sql import (
-        _ATTEMPT_COLUMNS_BARE,
-        _QUEUE_CONFLICT,
-        _QUEUE_REPORT,
-        _QUEUE_ROW,
-    )
-
     rows = ", ".join([_CAST_ROW] * size)
     advance = (
         "WITH seen (k_marque, k_nonce, k_attempt, new_status, new_rank, new_rows, new_error, "
@@ -54,7 +58,7 @@ def _statements(size: int) -> tuple[str, str, str, str]:
         "settled_at = seen.new_settled FROM seen "
         "WHERE attempts.marque_id = seen.k_marque AND attempts.nonce = seen.k_nonce "
         "AND attempts.attempt = seen.k_attempt AND attempts.status_rank < seen.new_rank "
-        f"AND attempts.status_rank < {SETTLED_RANK} RETURNING {_ATTEMPT_COLUMNS_BARE}"
+        f"AND attempts.status_rank < {SETTLED_RANK} RETURNING {ATTEMPT_COLUMNS_BARE}"
     )
     observations = (
         "INSERT INTO observations (id, marque_id, nonce, attempt, status, cause, detail, "
@@ -65,7 +69,7 @@ def _statements(size: int) -> tuple[str, str, str, str]:
         "INSERT INTO events (marque_id, nonce, seq, body) SELECT k_marque, k_nonce, "
         "(SELECT COALESCE(MAX(e.seq), 0) + 1 FROM events e "
         "WHERE e.marque_id = batch.k_marque AND e.nonce = batch.k_nonce), body FROM batch")
-    reports = _QUEUE_REPORT + ", ".join([_QUEUE_ROW] * size) + _QUEUE_CONFLICT
+    reports = QUEUE_REPORT + ", ".join([QUEUE_ROW] * size) + QUEUE_CONFLICT
     return advance, observations, events, reports
 
 
@@ -89,26 +93,24 @@ def observe_many_txn(ledger: SqlLedger, tx: Tx, items: list[Observed]) -> list[A
 
 
 def _observe_chunk(ledger: SqlLedger, tx: Tx, chunk: list[Observed]) -> list[AttemptRecord]:
-    from marque.ledger.sql import _ATTEMPT_COLUMNS, _COMPACT, _dumps, _record
-
     advance, observations, events, reports = _statements(len(chunk))
     changed = {
         (row[0], row[1], row[2]): row
         for row in tx.execute(advance, [
             value for item in chunk for value in (
                 item.marque_id, item.nonce, item.attempt, item.status.value,
-                item.status.rank, item.rows_affected, _dumps(item.error),
-                _dumps(item.result), item.now if item.status.settled else None)])
+                item.status.rank, item.rows_affected, dumps(item.error),
+                dumps(item.result), item.now if item.status.settled else None)])
     }
     tx.execute(observations, [
         value for item in chunk for value in (
             uuid.uuid4().hex, item.marque_id, item.nonce, item.attempt, item.status.value,
-            item.cause, _dumps({"error": item.error, "rows_affected": item.rows_affected}),
+            item.cause, dumps({"error": item.error, "rows_affected": item.rows_affected}),
             item.now)])
     if all(item.events for item in chunk):
         tx.execute(events, [
             value for item in chunk
-            for value in (item.marque_id, item.nonce, _COMPACT.encode(item.events))])
+            for value in (item.marque_id, item.nonce, COMPACT.encode(item.events))])
     else:
         for item in chunk:
             if item.events:
@@ -118,20 +120,18 @@ def _observe_chunk(ledger: SqlLedger, tx: Tx, chunk: list[Observed]) -> list[Att
     for item in chunk:
         key = (item.marque_id, item.nonce, item.attempt)
         row = changed.get(key) or tx.one(
-            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a "
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts a "
             "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?", key)
         if row is None:
             raise LedgerMissing(
                 f"no attempt {item.attempt} of nonce {item.nonce} in this ledger")
-        record = _record(row)
+        record = row_record(row)
         records.append(record)
         if key in changed and record.status is not Status.IN_PROGRESS:
             queued.append(ledger._report_row(item, record))
     if len(queued) == len(chunk):
         tx.execute(reports, [value for row in queued for value in row])
     else:
-        from marque.ledger.sql import _QUEUE_ONE
-
         for row in queued:
-            tx.execute(_QUEUE_ONE, row)
+            tx.execute(QUEUE_ONE, row)
     return records

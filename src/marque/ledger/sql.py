@@ -38,6 +38,16 @@ from marque.ledger.effects import EFFECT_MIGRATION, EFFECT_RUN_MIGRATION, Effect
 from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
 from marque.ledger.settles import observe_many_txn
+from marque.ledger.statements import (
+    ATTEMPT_COLUMNS,
+    ATTEMPT_COLUMNS_BARE,
+    COMPACT,
+    QUEUE_ONE,
+    STARTED_COLUMNS,
+    dumps,
+    loads,
+    row_record,
+)
 from marque.outcome import SETTLED_RANK, Status
 
 # Forward-only migrations: index i holds the statements that take the schema
@@ -143,27 +153,14 @@ MIGRATIONS: list[list[str]] = [
     # 6: which database each target name stands for, and the attempts a rebinding left
     # bound to the one before (ledger/bindings.py). New tables only.
     BINDING_MIGRATION,
+    # 7: an engine's own storage of the same rows (SqlLedger._migration). On SQLite four
+    # text-keyed tables become WITHOUT ROWID (ledger/sqlite_schema.py); on PostgreSQL
+    # nothing changes.
+    [],
 ]
 
-#: Queueing an outcome report (one row, or many rows joined by ", ").
-_QUEUE_REPORT = ("INSERT INTO outbox (marque_id, nonce, attempt, status, payload, queued_at) "
-                 "VALUES ")
-_QUEUE_ROW = "(?, ?, ?, ?, ?, ?)"
-_QUEUE_CONFLICT = (" ON CONFLICT (marque_id, nonce, attempt) DO UPDATE "
-                   "SET status = excluded.status, payload = excluded.payload, "
-                   "queued_at = excluded.queued_at, acked_at = NULL")
-_QUEUE_ONE = _QUEUE_REPORT + _QUEUE_ROW + _QUEUE_CONFLICT
 #: Outbox entries acknowledged per statement (four parameters each).
 ACK_CHUNK = 128
-
-_ATTEMPT_COLUMNS = (
-    "a.marque_id, a.nonce, a.attempt, a.status, a.rows_affected, a.error, a.result, "
-    "a.owner_incarnation, a.owner_process, a.lease_expires_at, a.started_at, a.settled_at"
-)
-_ATTEMPT_COLUMNS_BARE = _ATTEMPT_COLUMNS.replace("a.", "")
-#: The columns a new attempt is inserted with (the rest start NULL).
-_STARTED_COLUMNS = ("marque_id, nonce, attempt, status, status_rank, owner_incarnation, "
-                    "owner_process, lease_expires_at, started_at")
 
 
 class Tx(abc.ABC):
@@ -177,36 +174,6 @@ class Tx(abc.ABC):
         """The first row, or None."""
         rows = self.execute(sql, params)
         return rows[0] if rows else None
-
-
-# Built once: json.dumps with non-default options builds an encoder per call.
-_SORTED = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else _SORTED.encode(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _record(row: tuple[Any, ...]) -> AttemptRecord:
-    return AttemptRecord(
-        marque_id=row[0],
-        nonce=row[1],
-        attempt=row[2],
-        status=Status(row[3]),
-        rows_affected=row[4],
-        error=_loads(row[5]),
-        result=_loads(row[6]),
-        owner_incarnation=row[7],
-        owner_process=row[8],
-        lease_expires_at=row[9],
-        started_at=row[10],
-        settled_at=row[11],
-    )
 
 
 class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
@@ -318,11 +285,17 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             for index in range(version, len(MIGRATIONS)):
                 if index == 0:
                     continue  # version 1 is created whole by _initialise
-                for statement in MIGRATIONS[index]:
+                for statement in self._migration(index):
                     tx.execute(statement)
                 tx.execute(
                     "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(index + 1),)
                 )
+
+    def _migration(self, index: int) -> list[str]:
+        """The statements of migration ``index`` (see :data:`MIGRATIONS`) on this engine:
+        an engine may store the same rows its own way (a hook; the default is the shared
+        list)."""
+        return MIGRATIONS[index]
 
     def _load_identity(self) -> None:
         with self.transaction() as tx:
@@ -468,13 +441,13 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
 
     def _start_attempt_txn(self, tx: Tx, ticket: ClaimTicket, attempt: int) -> AttemptRecord:
         tx.execute(
-            f"INSERT INTO attempts ({_STARTED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO attempts ({STARTED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             self._started_values(ticket, attempt),
         )
         return self._attempt_record(ticket, attempt)
 
     def _started_values(self, ticket: ClaimTicket, attempt: int) -> tuple[Any, ...]:
-        """The values of :data:`_STARTED_COLUMNS` for a new attempt of ``ticket``."""
+        """The values of :data:`STARTED_COLUMNS` for a new attempt of ``ticket``."""
         return (ticket.marque_id, ticket.nonce, attempt, Status.IN_PROGRESS.value,
                 Status.IN_PROGRESS.rank, self.incarnation, ticket.owner_process,
                 ticket.now + ticket.lease_seconds, ticket.now)
@@ -498,12 +471,12 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
 
     def _latest_txn(self, tx: Tx, marque_id: str, nonce: str) -> AttemptRecord | None:
         row = tx.one(
-            f"SELECT {_ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
+            f"SELECT {ATTEMPT_COLUMNS} FROM claims c JOIN attempts a "
             "ON a.marque_id = c.marque_id AND a.nonce = c.nonce AND a.attempt = c.attempt "
             "WHERE c.marque_id = ? AND c.nonce = ?",
             (marque_id, nonce),
         )
-        return _record(row) if row else None
+        return row_record(row) if row else None
 
     def replay(
         self, marque_id: str, nonce: str, pop_jti: str, pop_forget_after: float
@@ -574,13 +547,13 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             "result = COALESCE(?, result), settled_at = ? "
             "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
             f"AND status_rank < {SETTLED_RANK} "
-            f"RETURNING {_ATTEMPT_COLUMNS_BARE}",
+            f"RETURNING {ATTEMPT_COLUMNS_BARE}",
             (
                 status.value,
                 status.rank,
                 rows_affected,
-                _dumps(error),
-                _dumps(result),
+                dumps(error),
+                dumps(result),
                 now if status.settled else None,
                 *key,
                 status.rank,
@@ -596,22 +569,22 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                 attempt,
                 status.value,
                 cause,
-                _dumps({"error": error, "rows_affected": rows_affected}),
+                dumps({"error": error, "rows_affected": rows_affected}),
                 now,
             ),
         )
         if events:
             self._append_events_txn(tx, marque_id, nonce, events)
         row = changed or tx.one(
-            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a "
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts a "
             "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?",
             key,
         )
         if row is None:
             raise LedgerMissing(f"no attempt {attempt} of nonce {nonce} in this ledger")
-        record = _record(row)
+        record = row_record(row)
         if changed is not None and record.status is not Status.IN_PROGRESS:
-            tx.execute(_QUEUE_ONE, self._report_row(item, record))
+            tx.execute(QUEUE_ONE, self._report_row(item, record))
         return record
 
     def _report_row(self, item: Observed, record: AttemptRecord) -> tuple[Any, ...]:
@@ -632,7 +605,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             # report, so the Harbourmaster keeps the receipt with the request.
             payload["effect_set"] = effect_set
         return (item.marque_id, item.nonce, item.attempt, record.status.value,
-                _dumps(payload), item.now)
+                dumps(payload), item.now)
 
     def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
         with self.reading() as tx:
@@ -641,11 +614,11 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
     def attempts(self, marque_id: str, nonce: str) -> list[AttemptRecord]:
         with self.reading() as tx:
             rows = tx.execute(
-                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a WHERE a.marque_id = ? AND a.nonce = ? "
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts a WHERE a.marque_id = ? AND a.nonce = ? "
                 "ORDER BY a.attempt",
                 (marque_id, nonce),
             )
-        return [_record(r) for r in rows]
+        return [row_record(r) for r in rows]
 
     def nonces(self, marque_id: str) -> list[str]:
         with self.reading() as tx:
@@ -663,7 +636,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
                 (marque_id, nonce),
             )
         return [
-            {"attempt": r[0], "status": r[1], "cause": r[2], "detail": _loads(r[3]), "at": r[4]}
+            {"attempt": r[0], "status": r[1], "cause": r[2], "detail": loads(r[3]), "at": r[4]}
             for r in rows
         ]
 
@@ -674,7 +647,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         tx.execute(
             "INSERT INTO events (marque_id, nonce, seq, body) SELECT ?, ?, "
             "COALESCE(MAX(seq), 0) + 1, ? FROM events WHERE marque_id = ? AND nonce = ?",
-            (marque_id, nonce, _COMPACT.encode(events), marque_id, nonce),
+            (marque_id, nonce, COMPACT.encode(events), marque_id, nonce),
         )
 
     def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
@@ -688,11 +661,11 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
     def unsettled(self, status: Status) -> list[AttemptRecord]:
         with self.reading() as tx:
             rows = tx.execute(
-                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts a WHERE a.status_rank = ? "
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts a WHERE a.status_rank = ? "
                 "ORDER BY a.started_at",
                 (status.rank,),
             )
-        return [_record(r) for r in rows]
+        return [row_record(r) for r in rows]
 
     def budget(self, marque_id: str) -> dict[str, Any] | None:
         with self.reading() as tx:

@@ -29,6 +29,7 @@ from typing import Any
 from marque.errors import InvalidInput, LedgerCorrupt, LedgerMissing, LedgerUnavailable
 from marque.ledger.base import Durability
 from marque.ledger.sql import SqlLedger, Tx
+from marque.ledger.sqlite_schema import WITHOUT_ROWID_MIGRATION
 
 BUSY_TIMEOUT_MS = 30_000
 #: ``PRAGMA synchronous`` levels, by the number SQLite reads back; FULL and EXTRA are durable.
@@ -245,6 +246,10 @@ class SqliteLedger(SqlLedger):
                             "power failure")
         return Durability("sqlite", {"journal_mode": mode, "synchronous": level},
                           tuple(problems))
+
+    def _migration(self, index: int) -> list[str]:
+        # Migration 7 is SQLite's own: the execution path's tables WITHOUT ROWID.
+        return WITHOUT_ROWID_MIGRATION if index == 6 else super()._migration(index)
 
     def _pragma(self, name: str) -> int:
         return int(self._conn.execute(f"PRAGMA {name}").fetchone()[0])
