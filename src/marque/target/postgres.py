@@ -42,13 +42,11 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool
 
 from marque.change import Change
 from marque.dsn import describe
@@ -62,7 +60,7 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
-from marque.pgpool import checkout, make_pool, reason
+from marque.pgpool import Pool, checkout, make_pool, reason
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_APPLIED,
@@ -84,6 +82,14 @@ _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_a
 # read_only_sql_transaction, active_sql_transaction (e.g. SET TRANSACTION READ WRITE)
 _READ_ONLY_REFUSALS = {"25006", "25001"}
 
+#: What a BEGIN with each isolation level sends, made once.
+_BEGIN = {name: f"BEGIN ISOLATION LEVEL {level}; " for name, level in _ISOLATION.items()}
+_SET_TIMEOUT = "SET LOCAL statement_timeout = %s; "
+# libpq's transaction states, read as plain ints: ``conn.info`` makes a new object and an
+# enum member on every read, and the flow reads them several times per attempt.
+_IDLE = int(psycopg.pq.TransactionStatus.IDLE)
+_INTRANS = int(psycopg.pq.TransactionStatus.INTRANS)
+
 _READ_ONLY_SAVEPOINT = "marque_read_only"
 #: Sent right behind the stamp insert, in the same message, for a read-only change.
 _READ_ONLY_ENTER = f"SAVEPOINT {_READ_ONLY_SAVEPOINT}; SET TRANSACTION READ ONLY"
@@ -97,23 +103,27 @@ _READ_ONLY_CHECK = (
 )
 
 
-@dataclass
 class _Open:
-    """A checked-out connection and the BEGIN that will travel with the stamp."""
+    """A checked-out connection, the cursor that carries the attempt's own messages, and
+    the BEGIN that will travel with the stamp."""
 
-    conn: psycopg.Connection[TupleRow]
-    begin: str
-    begin_params: tuple[Any, ...]
-    #: ``conn`` went back to the pool already (it broke, and no fresh one could be had).
-    returned: bool = False
-    #: The change runs read-only from right after its stamp.
-    read_only: bool = False
+    __slots__ = ("conn", "cur", "begin", "begin_params", "preamble", "returned", "read_only")
 
-    @property
-    def preamble(self) -> int:
-        """How many results ``begin`` produces before the stamp's (one per statement)."""
-        return self.begin.count(";")
-
+    def __init__(self, conn: psycopg.Connection[TupleRow], begin: str,
+                 begin_params: tuple[Any, ...], preamble: int, *, read_only: bool) -> None:
+        self.conn = conn
+        #: One client-side cursor for the stamp's message, COMMIT's and the session reset
+        #: on the way back to the pool (a cursor can run many queries; making one per
+        #: message cost as much as binding its parameters).
+        self.cur = psycopg.ClientCursor(conn)
+        self.begin = begin
+        self.begin_params = begin_params
+        #: How many results ``begin`` produces before the stamp's (one per statement).
+        self.preamble = preamble
+        #: ``conn`` went back to the pool already (it broke, and no fresh one could be had).
+        self.returned = False
+        #: The change runs read-only from right after its stamp.
+        self.read_only = read_only
 
 
 class PostgresTarget(SqlTarget):
@@ -140,7 +150,7 @@ class PostgresTarget(SqlTarget):
         self.lock_timeout_ms = lock_timeout_ms
         self.statement_timeout_ms = statement_timeout_ms
         self._pool_size = pool_size
-        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
+        self._pool: Pool | None = None
         self._pool_lock = threading.Lock()
         self._schema_ready = False
 
@@ -150,7 +160,7 @@ class PostgresTarget(SqlTarget):
 
     # -- connections ------------------------------------------------------------
 
-    def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+    def _connections(self) -> Pool:
         pool = self._pool
         if pool is not None:  # made once: no lock to read it (twice per attempt)
             return pool
@@ -191,7 +201,7 @@ class PostgresTarget(SqlTarget):
         except psycopg.Error as exc:
             raise self._unavailable(exc, "cannot be reached") from exc
         try:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            if conn.pgconn.transaction_status != _IDLE:
                 conn.execute("ROLLBACK")
             self._ensure_schema(conn)
         except psycopg.Error as exc:
@@ -215,20 +225,21 @@ class PostgresTarget(SqlTarget):
 
     def _begin(self, attempt: TargetAttempt) -> _Open:
         assert attempt.change is not None
-        begin = f"BEGIN ISOLATION LEVEL {_ISOLATION[attempt.change.isolation]}; "
+        begin = _BEGIN[attempt.change.isolation]
         params: tuple[Any, ...] = ()
         if attempt.statement_timeout_ms != self.statement_timeout_ms:
-            begin += "SET LOCAL statement_timeout = %s; "
+            begin += _SET_TIMEOUT
             params = (f"{attempt.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
-        return _Open(self._checkout(), begin, params, read_only=attempt.change.read_only)
+        return _Open(self._checkout(), begin, params, 1 + bool(params),
+                     read_only=attempt.change.read_only)
 
     def _send_first(
         self, conn: _Open, sql: str, params: tuple[Any, ...]
     ) -> psycopg.ClientCursor[Any]:
         """BEGIN and ``sql`` in one message; the cursor is on the stamp's result."""
         for retry in (True, False):
-            cur = psycopg.ClientCursor(conn.conn)
+            cur = conn.cur
             try:
                 cur.execute(conn.begin + sql, (*conn.begin_params, *params))
             except psycopg.Error:
@@ -239,6 +250,7 @@ class PostgresTarget(SqlTarget):
                 self._connections().putconn(conn.conn)
                 conn.returned = True
                 conn.conn = self._checkout()
+                conn.cur = psycopg.ClientCursor(conn.conn)
                 conn.returned = False
                 continue
             for _ in range(conn.preamble):
@@ -290,7 +302,7 @@ class PostgresTarget(SqlTarget):
             self._check_read_only(conn)
             sql = f"ROLLBACK TO SAVEPOINT {_READ_ONLY_SAVEPOINT}; {sql}"
         try:
-            psycopg.ClientCursor(conn.conn).execute(sql + "; COMMIT", params)
+            conn.cur.execute(sql + "; COMMIT", params)
         except psycopg.Error as exc:
             if exc.sqlstate is not None and not conn.conn.broken:
                 # The server answered with an error: the transaction rolled back.
@@ -314,18 +326,19 @@ class PostgresTarget(SqlTarget):
                         "transaction_ids": transaction_ids})
 
     def _abandon(self, conn: Any) -> None:
-        if isinstance(conn, _Open) and conn.returned:
-            return
-        raw = conn.conn if isinstance(conn, _Open) else conn
+        if isinstance(conn, _Open):
+            if conn.returned:
+                return
+            raw, cur = conn.conn, conn.cur
+        else:
+            raw, cur = conn, None
         try:
-            if not raw.broken and not raw.closed and (
-                raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-            ):
+            if not raw.broken and not raw.closed and raw.pgconn.transaction_status != _IDLE:
                 raw.execute("ROLLBACK")
         except psycopg.Error:
             pass  # the pool discards a broken connection
         finally:
-            self._connections().putconn(raw)
+            self._connections().putconn(raw, reset_with=cur)
 
     def _translate(self, exc: Exception) -> MarqueError:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -347,8 +360,7 @@ class PostgresTarget(SqlTarget):
         return StatementError(f"the target refused the transaction: {said}", sqlstate=sqlstate)
 
     def _in_transaction(self, conn: Any) -> bool:
-        status = conn.conn.info.transaction_status
-        return bool(status == psycopg.pq.TransactionStatus.INTRANS)
+        return bool(conn.conn.pgconn.transaction_status == _INTRANS)
 
     def _is_unique_violation(self, exc: Exception) -> bool:
         return isinstance(exc, pgerrors.UniqueViolation)
