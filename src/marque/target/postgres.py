@@ -40,6 +40,7 @@ Statements use psycopg's ``%s`` placeholders.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from typing import Any
@@ -103,19 +104,45 @@ _READ_ONLY_CHECK = (
 )
 
 
+@functools.lru_cache(maxsize=1024)
+def _message(*parts: str) -> str:
+    """The text of a message made of ``parts``, the same string object for the same parts:
+    psycopg keeps a cursor's parameter adapters while the cursor runs the very same
+    query object again, and rebuilds them for every other (see :class:`_Cursors`)."""
+    return "".join(parts)
+
+
+class _Cursors:
+    """One pooled connection's client-side cursors for the Pilot's own messages.
+
+    Each cursor sends one kind of message again and again — the stamp's (with BEGIN and,
+    often, the first statement), COMMIT's, the session reset — with texts from
+    :func:`_message`, so psycopg keeps its adapters between attempts instead of making a
+    cursor and its adapters for every message (measured: about as much client CPU as
+    binding the parameters themselves). Made with the connection's first attempt; dropped
+    once the connection is closed.
+    """
+
+    __slots__ = ("conn", "first", "commit", "reset")
+
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+        self.conn = conn
+        self.first = psycopg.ClientCursor(conn)
+        self.commit = psycopg.ClientCursor(conn)
+        self.reset = psycopg.ClientCursor(conn)
+
+
 class _Open:
-    """A checked-out connection, the cursor that carries the attempt's own messages, and
-    the BEGIN that will travel with the stamp."""
+    """A checked-out connection, its cursors, and the BEGIN that will travel with the
+    stamp."""
 
-    __slots__ = ("conn", "cur", "begin", "begin_params", "preamble", "returned", "read_only")
+    __slots__ = ("conn", "cursors", "begin", "begin_params", "preamble", "returned",
+                 "read_only")
 
-    def __init__(self, conn: psycopg.Connection[TupleRow], begin: str,
+    def __init__(self, conn: psycopg.Connection[TupleRow], cursors: _Cursors, begin: str,
                  begin_params: tuple[Any, ...], preamble: int, *, read_only: bool) -> None:
         self.conn = conn
-        #: One client-side cursor for the stamp's message, COMMIT's and the session reset
-        #: on the way back to the pool (a cursor can run many queries; making one per
-        #: message cost as much as binding its parameters).
-        self.cur = psycopg.ClientCursor(conn)
+        self.cursors = cursors
         self.begin = begin
         self.begin_params = begin_params
         #: How many results ``begin`` produces before the stamp's (one per statement).
@@ -153,6 +180,8 @@ class PostgresTarget(SqlTarget):
         self._pool: Pool | None = None
         self._pool_lock = threading.Lock()
         self._schema_ready = False
+        #: The cursors of each pooled connection, by ``id`` (see :class:`_Cursors`).
+        self._cursors: dict[int, _Cursors] = {}
 
     def location(self) -> str:
         """``host:port/dbname`` of the DSN (never its password)."""
@@ -212,6 +241,17 @@ class PostgresTarget(SqlTarget):
             raise
         return conn
 
+    def _cursors_of(self, conn: psycopg.Connection[TupleRow]) -> _Cursors:
+        cursors = self._cursors.get(id(conn))
+        if cursors is not None and cursors.conn is conn:
+            return cursors
+        with self._pool_lock:  # a new connection: forget the ones the pool has closed
+            for key, old in list(self._cursors.items()):
+                if old.conn.closed:
+                    del self._cursors[key]
+            cursors = self._cursors[id(conn)] = _Cursors(conn)
+        return cursors
+
     def _unavailable(self, exc: psycopg.Error, what: str) -> TargetUnavailable:
         server = describe(self.dsn)
         return TargetUnavailable(
@@ -231,7 +271,8 @@ class PostgresTarget(SqlTarget):
             begin += _SET_TIMEOUT
             params = (f"{attempt.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
-        return _Open(self._checkout(), begin, params, 1 + bool(params),
+        conn = self._checkout()
+        return _Open(conn, self._cursors_of(conn), begin, params, 1 + bool(params),
                      read_only=attempt.change.read_only)
 
     def _send_first(
@@ -239,9 +280,9 @@ class PostgresTarget(SqlTarget):
     ) -> psycopg.ClientCursor[Any]:
         """BEGIN and ``sql`` in one message; the cursor is on the stamp's result."""
         for retry in (True, False):
-            cur = conn.cur
+            cur = conn.cursors.first
             try:
-                cur.execute(conn.begin + sql, (*conn.begin_params, *params))
+                cur.execute(_message(conn.begin, sql), (*conn.begin_params, *params))
             except psycopg.Error:
                 if not (retry and conn.conn.broken):
                     raise
@@ -250,7 +291,7 @@ class PostgresTarget(SqlTarget):
                 self._connections().putconn(conn.conn)
                 conn.returned = True
                 conn.conn = self._checkout()
-                conn.cur = psycopg.ClientCursor(conn.conn)
+                conn.cursors = self._cursors_of(conn.conn)
                 conn.returned = False
                 continue
             for _ in range(conn.preamble):
@@ -261,7 +302,7 @@ class PostgresTarget(SqlTarget):
     def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
         if not conn.read_only:
             return list(self._send_first(conn, sql, params).fetchall())
-        cur = self._send_first(conn, f"{sql}; {_READ_ONLY_ENTER}", params)
+        cur = self._send_first(conn, _message(sql, "; ", _READ_ONLY_ENTER), params)
         rows = list(cur.fetchall())
         for _ in range(_READ_ONLY_ENTER_RESULTS):
             cur.nextset()
@@ -280,7 +321,7 @@ class PostgresTarget(SqlTarget):
         enter = f"{_READ_ONLY_ENTER}; " if conn.read_only else ""
         emit("statement_started", index=0, sql=statement.sql)
         try:
-            cur = self._send_first(conn, f"{self._stamp_insert}; {enter}{sql}",
+            cur = self._send_first(conn, _message(self._stamp_insert, "; ", enter, sql),
                                    (*self._stamp_row(attempt, STAMP_APPLIED), *statement.params))
         except pgerrors.UniqueViolation as exc:
             if exc.diag.schema_name == "marque" and exc.diag.table_name == "stamps":
@@ -300,9 +341,9 @@ class PostgresTarget(SqlTarget):
     def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
         if conn.read_only:
             self._check_read_only(conn)
-            sql = f"ROLLBACK TO SAVEPOINT {_READ_ONLY_SAVEPOINT}; {sql}"
+            sql = _message(f"ROLLBACK TO SAVEPOINT {_READ_ONLY_SAVEPOINT}; ", sql)
         try:
-            conn.cur.execute(sql + "; COMMIT", params)
+            conn.cursors.commit.execute(_message(sql, "; COMMIT"), params)
         except psycopg.Error as exc:
             if exc.sqlstate is not None and not conn.conn.broken:
                 # The server answered with an error: the transaction rolled back.
@@ -329,16 +370,20 @@ class PostgresTarget(SqlTarget):
         if isinstance(conn, _Open):
             if conn.returned:
                 return
-            raw, cur = conn.conn, conn.cur
+            raw, cursors = conn.conn, conn.cursors
+            if cursors.first.description is not None:
+                # The first statement returned rows, still held by the cursor: let them go
+                # with it rather than keep them while the connection idles.
+                cursors.first = psycopg.ClientCursor(raw)
         else:
-            raw, cur = conn, None
+            raw, cursors = conn, self._cursors_of(conn)
         try:
             if not raw.broken and not raw.closed and raw.pgconn.transaction_status != _IDLE:
                 raw.execute("ROLLBACK")
         except psycopg.Error:
             pass  # the pool discards a broken connection
         finally:
-            self._connections().putconn(raw, reset_with=cur)
+            self._connections().putconn(raw, reset_with=cursors.reset)
 
     def _translate(self, exc: Exception) -> MarqueError:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -494,6 +539,7 @@ class PostgresTarget(SqlTarget):
 
     def close(self) -> None:
         with self._pool_lock:
+            self._cursors.clear()
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
