@@ -104,11 +104,22 @@ _READ_ONLY_CHECK = (
 )
 
 
-@functools.lru_cache(maxsize=1024)
+#: Longer message texts are joined anew each time rather than kept (psycopg does not
+#: cache its parsing of such long queries either).
+_KEPT_MESSAGE_CHARS = 4096
+
+
 def _message(*parts: str) -> str:
     """The text of a message made of ``parts``, the same string object for the same parts:
     psycopg keeps a cursor's parameter adapters while the cursor runs the very same
     query object again, and rebuilds them for every other (see :class:`_Cursors`)."""
+    if sum(map(len, parts)) > _KEPT_MESSAGE_CHARS:
+        return "".join(parts)
+    return _kept_message(*parts)
+
+
+@functools.lru_cache(maxsize=512)
+def _kept_message(*parts: str) -> str:
     return "".join(parts)
 
 
