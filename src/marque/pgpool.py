@@ -40,10 +40,13 @@ CONNECT_TIMEOUT_SECONDS = 5
 Conn = psycopg.Connection[TupleRow]
 
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
+#: libpq's idle state as a plain int (``conn.info`` builds an object and an enum per read).
+_IDLE = int(psycopg.pq.TransactionStatus.IDLE)
 
 
-def _discard(conn: Conn) -> None:
-    """Give ``conn``'s session back as it began (``DISCARD ALL``), or close it.
+def _discard(conn: Conn, cursor: psycopg.Cursor[Any] | None = None) -> None:
+    """Give ``conn``'s session back as it began (``DISCARD ALL``, sent through ``cursor``
+    — one of ``conn``'s, which the caller is done with — if given), or close it.
 
     Approved SQL can leave state behind in its session that outlives its transaction —
     ``set_config(…, false)`` (a role, a search path, read-only as the default), a session
@@ -55,9 +58,9 @@ def _discard(conn: Conn) -> None:
     if conn.closed or conn.broken:
         return
     try:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if conn.pgconn.transaction_status != _IDLE:
             raise psycopg.InterfaceError("returned inside a transaction")
-        conn.execute("DISCARD ALL")
+        (cursor if cursor is not None else conn).execute("DISCARD ALL")
     except psycopg.Error:
         conn.close()
 
@@ -81,7 +84,7 @@ def make_pool(
     check_always: bool = False,
     session: dict[str, str] | None = None,
     discard_on_return: bool = False,
-) -> ConnectionPool[Conn]:
+) -> Pool:
     """An open pool whose connections are checked before use (idle ones, or all).
 
     ``session`` settings start every connection's session (as libpq options, so a
@@ -97,7 +100,7 @@ def make_pool(
     kwargs: dict[str, Any] = {"autocommit": autocommit, "connect_timeout": CONNECT_TIMEOUT_SECONDS}
     if session:
         kwargs["options"] = session_options(dsn, session)
-    pool = _Pool(
+    pool = Pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
@@ -112,7 +115,7 @@ def make_pool(
     return pool
 
 
-class _Pool(ConnectionPool[Conn]):
+class Pool(ConnectionPool[Conn]):
     """A pool that pings only connections idle longer than :data:`IDLE_CHECK_SECONDS`.
 
     The time a connection came back is noted in ``putconn`` itself: psycopg_pool's
@@ -129,9 +132,11 @@ class _Pool(ConnectionPool[Conn]):
         self._returned: dict[int, float] = {}
         super().__init__(*args, check=self._check_idle, **kwargs)
 
-    def putconn(self, conn: Conn) -> None:
+    def putconn(self, conn: Conn, reset_with: psycopg.Cursor[Any] | None = None) -> None:
+        """Take ``conn`` back, reset first if this pool resets sessions (``reset_with``: a
+        cursor of ``conn``'s, done with, to send the reset through instead of a new one)."""
         if self.discard_on_return:
-            _discard(conn)
+            _discard(conn, reset_with)
         self._returned[id(conn)] = time.monotonic()
         super().putconn(conn)
 

@@ -52,12 +52,17 @@ class WriteBehind:
 
     def wake(self) -> None:
         """Have the thread write soon, starting it the first time."""
-        with self._lock:
-            if self._thread is None and not self._stopping.is_set():
-                self._thread = threading.Thread(target=self._loop, name=self._name,
-                                                daemon=True)
-                self._thread.start()
-        self._wake.set()
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None and not self._stopping.is_set():
+                    self._thread = threading.Thread(target=self._loop, name=self._name,
+                                                    daemon=True)
+                    self._thread.start()
+        # Set already: the thread has not cleared it yet, so the write it makes after
+        # clearing sees whatever the caller held before calling (an Event.set notifies
+        # under a lock each time; the settler is woken once per execution).
+        if not self._wake.is_set():
+            self._wake.set()
 
     def stop(self) -> None:
         """Stop the thread (a write in progress finishes first); the owner then writes or

@@ -10,6 +10,7 @@ the Pilot's own timeouts still in force — and no lock outlives the change that
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import psycopg
 import pytest
 
 from marque.pgpool import session_options
+from marque.target.base import TargetAttempt
 from marque.target.postgres import PostgresTarget
 from marque.token import Change, Statement
 
@@ -122,3 +124,91 @@ def test_the_dsns_own_options_are_kept(tmp_path: Path, pg_dsn: str) -> None:
             assert seen["sample"]["rows"] == [["app", "5s", 0]], seen  # the Pilot's 5 s
     finally:
         target.close()
+
+
+def _attempt(change: Change, nonce: str) -> TargetAttempt:
+    return TargetAttempt("mq_session", nonce, 1, "pilot_session", "inc_session", change, 10,
+                         30_000, expires_at=time.time() + 600)
+
+
+@pytest.fixture
+def one_connection(pg_dsn: str) -> Iterator[PostgresTarget]:
+    """A target whose pool holds one connection, so every attempt shares its session."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
+        conn.execute("INSERT INTO accounts VALUES (1, 100), (2, 100)")
+    target = PostgresTarget("bank", pg_dsn, pool_size=1)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+def test_different_changes_alternate_on_one_connection(one_connection: PostgresTarget) -> None:
+    """The connection's cursors carry every kind of change in turn — a write with
+    parameters, a read returning rows, SQL with a literal '%' and no parameters, another
+    isolation level — each bound and answered as if it were the first."""
+    target = one_connection
+    write = Change((Statement("UPDATE accounts SET balance = balance - %s WHERE id = %s",
+                              (5, 1)),))
+    read = Change((Statement("SELECT id, balance FROM accounts ORDER BY id"),))
+    percent = Change((Statement("SELECT '50%' AS share, count(*) FROM accounts"),))
+    serial = Change((Statement("UPDATE accounts SET balance = balance + %s WHERE id = %s",
+                               (7, 2)),), isolation="serializable")
+    seen = []
+    for n in range(3):
+        seen.append(target.execute(_attempt(write, f"w{n}"), lambda *a, **k: None).rows_affected)
+        rows = target.execute(_attempt(read, f"r{n}"), lambda *a, **k: None).result
+        assert rows == {"columns": ["id", "balance"],
+                        "rows": [[1, 100 - 5 * (n + 1)], [2, 100 + 7 * n]]}, rows
+        share = target.execute(_attempt(percent, f"p{n}"), lambda *a, **k: None).result
+        assert share == {"columns": ["share", "count"], "rows": [["50%", 2]]}, share
+        seen.append(target.execute(_attempt(serial, f"s{n}"), lambda *a, **k: None).rows_affected)
+    assert seen == [1] * 6
+    stamps = target.stamps_of("mq_session")
+    assert len(stamps) == 12 and {s["kind"] for s in stamps} == {"applied"}
+
+
+def test_a_connection_makes_its_cursors_once(
+    one_connection: PostgresTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Pilot's own messages (the stamp's, COMMIT's, the session reset) go through
+    cursors made with the connection's first attempt, not one per message."""
+    made: list[object] = []
+    real = psycopg.ClientCursor
+
+    class Counted(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg, "ClientCursor", Counted)
+    write = Change((Statement("UPDATE accounts SET balance = balance + 1 WHERE id = %s",
+                              (1,)),))
+    for n in range(5):
+        target_execute = one_connection.execute(_attempt(write, f"n{n}"), lambda *a, **k: None)
+        assert target_execute.rows_affected == 1
+    assert len(made) == 3, made
+
+
+def test_a_connection_the_pool_dropped_takes_its_cursors_along(
+    one_connection: PostgresTarget, pg_dsn: str
+) -> None:
+    """A pooled connection that died is replaced and the attempt is sent again on the new
+    one; the dead connection's cursors are forgotten, not kept for ever."""
+    target = one_connection
+    write = Change((Statement("UPDATE accounts SET balance = balance + 1 WHERE id = %s",
+                              (2,)),))
+    assert target.execute(_attempt(write, "first"), lambda *a, **k: None).rows_affected == 1
+    pids = set()
+    for n in range(3):
+        with target._connections().connection() as conn:
+            pids.add(conn.info.backend_pid)
+            pid = conn.info.backend_pid
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.1)  # the backend is gone before the next attempt is sent
+        assert target.execute(_attempt(write, f"n{n}"), lambda *a, **k: None).rows_affected == 1
+    assert len(pids) == 3  # each attempt found the last one's connection dead
+    live = list(target._cursors.values())
+    assert len(live) == 1 and not live[0].conn.closed

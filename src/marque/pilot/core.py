@@ -9,7 +9,6 @@ never by a guess.
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
 import time
@@ -170,16 +169,13 @@ class Pilot:
                 if len(self._read_cache) >= READ_CACHE_SIZE:
                     self._read_cache.pop(next(iter(self._read_cache)))
                 self._read_cache[token] = marque
-        check = functools.partial(check_marque, marque, pilot_id=self.pilot_id,
-                                  targets=self.targets.keys(), now=now,
-                                  skew_seconds=self.options.skew_seconds)
-        check(incarnation=self.incarnation)
+        self._check(marque, now)
         if marque.target in self.continuity_unchecked:
             ensure_continuity(self, marque.target)
-            check(incarnation=self.incarnation)  # a rotation just now refuses it
+            self._check(marque, now)  # a rotation just now refuses it
         if self.targets_replaced and marque.target in self.targets_replaced:
             refuse_if_replaced(self, marque.target)
-            check(incarnation=self.incarnation)  # a rotation just now refuses it
+            self._check(marque, now)  # a rotation just now refuses it
         jti = verify_proof(
             proof,
             marque,
@@ -190,6 +186,11 @@ class Pilot:
             window_seconds=self.options.pop_window_seconds,
         )
         return marque, jti
+
+    def _check(self, marque: Marque, now: float) -> None:
+        check_marque(marque, pilot_id=self.pilot_id, incarnation=self.incarnation,
+                     targets=self.targets.keys(), now=now,
+                     skew_seconds=self.options.skew_seconds)
 
     def execute(
         self, token: str, proof: str | None, nonce: str, on_event: EventSink | None = None
@@ -277,8 +278,11 @@ class Pilot:
         if self.settler is not None and self.settler.takes(observation):
             # The stamp committed with the write is its durable record until the settle lands.
             attempt.emit("settle_behind", status=Status.APPLIED.value)
-            return self._outcome(self.settler.hold(observation, attempt.events, claim.record),
-                                 replayed=False, recorded=False)
+            self.settler.hold(observation, attempt.events, claim.record)
+            target_attempt = observation.target_attempt
+            return Outcome(target_attempt.marque_id, target_attempt.nonce, Status.APPLIED.value,
+                           target_attempt.number, observation.rows_affected, self.pilot_id,
+                           self.incarnation, False, None, None, False)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)
@@ -696,19 +700,11 @@ class Pilot:
 
     def _outcome(self, record: AttemptRecord, *, replayed: bool,
                  recorded: bool = True) -> Outcome:
-        return Outcome(
-            marque_id=record.marque_id,
-            nonce=record.nonce,
-            status=record.status.value,
-            attempt=record.attempt,
-            rows_affected=record.rows_affected,
-            pilot_id=self.pilot_id,
-            incarnation=self.incarnation,
-            replayed=replayed,
-            error=record.error,
-            result=record.result,
-            recorded=recorded,
-        )
+        # Positional, in Outcome's field order (marque_id, nonce, status, attempt,
+        # rows_affected, pilot_id, incarnation, replayed, error, result, recorded).
+        return Outcome(record.marque_id, record.nonce, record.status.value, record.attempt,
+                       record.rows_affected, self.pilot_id, self.incarnation, replayed,
+                       record.error, record.result, recorded)
 
     def attach(self, worker: Any) -> None:
         """Own a background worker (anything with ``stop()``): stopped first on close."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from marque.crash import crash_point
@@ -53,12 +53,25 @@ GATHER_SECONDS = 0.01
 CARRY_LIMIT = 64
 
 
-@dataclass(frozen=True)
 class _Held:
-    observation: Observation
-    events: list[dict[str, Any]]
-    #: What the caller was told, and what a replay is told until the settle lands.
-    record: AttemptRecord
+    """An applied write answered and not yet recorded."""
+
+    __slots__ = ("observation", "events", "claimed", "settled_at")
+
+    def __init__(self, observation: Observation, events: list[dict[str, Any]],
+                 claimed: AttemptRecord, settled_at: float) -> None:
+        self.observation = observation
+        self.events = events
+        self.claimed = claimed
+        self.settled_at = settled_at
+
+    @property
+    def record(self) -> AttemptRecord:
+        """What the caller was told, and what a replay is told until the settle lands
+        (made when asked: most outcomes are recorded before anyone asks)."""
+        return replace(self.claimed, status=Status.APPLIED,
+                       rows_affected=self.observation.rows_affected, error=None,
+                       settled_at=self.settled_at)
 
 
 class SettleBehind:
@@ -91,27 +104,28 @@ class SettleBehind:
                 and change is not None and not change.read_only)
 
     def hold(self, observation: Observation, events: list[dict[str, Any]],
-             claimed: AttemptRecord) -> AttemptRecord:
-        """Keep ``observation`` for the settler; returns the attempt as the caller is told it."""
-        record = replace(claimed, status=Status.APPLIED,
-                         rows_affected=observation.rows_affected, error=None,
-                         settled_at=self._pilot.clock())
+             claimed: AttemptRecord) -> None:
+        """Keep ``observation`` for the settler: from now on the attempt is ``applied`` to
+        whoever asks (:meth:`held`), until its settle lands in the ledger."""
+        held = _Held(observation, events, claimed, self._pilot.clock())
         with self._lock:
-            self._held[(record.marque_id, record.nonce)] = _Held(observation, events, record)
+            self._held[(claimed.marque_id, claimed.nonce)] = held
         self._writer.wake()
-        return record
+
+    def _find(self, marque_id: str, nonce: str) -> _Held | None:
+        key = (marque_id, nonce)
+        with self._lock:
+            return self._held.get(key) or self._carrying.get(key)
 
     def held(self, marque_id: str, nonce: str) -> AttemptRecord | None:
         """The answered outcome of a nonce whose settle has not landed yet, if any."""
-        key = (marque_id, nonce)
-        with self._lock:
-            held = self._held.get(key) or self._carrying.get(key)
+        held = self._find(marque_id, nonce)
         return None if held is None else held.record
 
     def holds(self, marque_id: str, nonce: str, attempt: int) -> bool:
         """Whether that very attempt is answered here and not yet recorded."""
-        record = self.held(marque_id, nonce)
-        return record is not None and record.attempt == attempt
+        held = self._find(marque_id, nonce)
+        return held is not None and held.claimed.attempt == attempt
 
     def carry(self) -> tuple[dict[tuple[str, str], _Held], tuple[Observed, ...]]:
         """Take what is held for a claim's transaction to record; hand the first value
@@ -135,7 +149,9 @@ class SettleBehind:
                     self._held.setdefault(key, held)
         if committed:
             crash_point("after_outcome_recorded")  # as on the path that records first
-            self._pilot.report_wanted.set()
+            wanted = self._pilot.report_wanted
+            if not wanted.is_set():  # set already: the reporter has yet to look (and will)
+                wanted.set()
         else:
             self._writer.wake()
 

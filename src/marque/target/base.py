@@ -278,6 +278,11 @@ class SqlTarget(RowTarget, Target):
             "RETURNING " + self.stamp_returning
         )
 
+    @functools.cached_property
+    def _stamp_rows_affected(self) -> str:
+        # Sent with COMMIT: the stamp records what the change did.
+        return self._sql("UPDATE {stamps} SET rows_affected = ? WHERE marque_id = ? AND nonce = ?")
+
     def _stamp_row(self, attempt: TargetAttempt, kind: str) -> tuple[Any, ...]:
         return (attempt.marque_id, attempt.nonce, attempt.number, kind, attempt.pilot_id,
                 attempt.incarnation, time.time(), attempt.expires_at)
@@ -369,9 +374,8 @@ class SqlTarget(RowTarget, Target):
             emit("asserted", rows_affected=total, max_rows=attempt.max_rows)
             crash_point("before_commit")
             committing = True
-            self._finish(conn, self._sql(
-                "UPDATE {stamps} SET rows_affected = ? WHERE marque_id = ? AND nonce = ?"),
-                (total, attempt.marque_id, attempt.nonce))
+            self._finish(conn, self._stamp_rows_affected,
+                         (total, attempt.marque_id, attempt.nonce))
         except (StampConflict, MarqueError) as exc:
             self._abandon(conn)
             if isinstance(exc, CommitUnknown) and txid is not None:

@@ -40,15 +40,14 @@ Statements use psycopg's ``%s`` placeholders.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool
 
 from marque.change import Change
 from marque.dsn import describe
@@ -62,7 +61,7 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
-from marque.pgpool import checkout, make_pool, reason
+from marque.pgpool import Pool, checkout, make_pool, reason
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_APPLIED,
@@ -85,6 +84,14 @@ _TIMEOUTS = {"57014", "55P03"}  # query_canceled (statement_timeout), lock_not_a
 # read_only_sql_transaction, active_sql_transaction (e.g. SET TRANSACTION READ WRITE)
 _READ_ONLY_REFUSALS = {"25006", "25001"}
 
+#: What a BEGIN with each isolation level sends, made once.
+_BEGIN = {name: f"BEGIN ISOLATION LEVEL {level}; " for name, level in _ISOLATION.items()}
+_SET_TIMEOUT = "SET LOCAL statement_timeout = %s; "
+# libpq's transaction states, read as plain ints: ``conn.info`` makes a new object and an
+# enum member on every read, and the flow reads them several times per attempt.
+_IDLE = int(psycopg.pq.TransactionStatus.IDLE)
+_INTRANS = int(psycopg.pq.TransactionStatus.INTRANS)
+
 _READ_ONLY_SAVEPOINT = "marque_read_only"
 #: Sent right behind the stamp insert, in the same message, for a read-only change.
 _READ_ONLY_ENTER = f"SAVEPOINT {_READ_ONLY_SAVEPOINT}; SET TRANSACTION READ ONLY"
@@ -98,23 +105,64 @@ _READ_ONLY_CHECK = (
 )
 
 
-@dataclass
+#: Longer message texts are joined anew each time rather than kept (psycopg does not
+#: cache its parsing of such long queries either).
+_KEPT_MESSAGE_CHARS = 4096
+
+
+def _message(*parts: str) -> str:
+    """The text of a message made of ``parts``, the same string object for the same parts:
+    psycopg keeps a cursor's parameter adapters while the cursor runs the very same
+    query object again, and rebuilds them for every other (see :class:`_Cursors`)."""
+    if sum(map(len, parts)) > _KEPT_MESSAGE_CHARS:
+        return "".join(parts)
+    return _kept_message(*parts)
+
+
+@functools.lru_cache(maxsize=512)
+def _kept_message(*parts: str) -> str:
+    return "".join(parts)
+
+
+class _Cursors:
+    """One pooled connection's client-side cursors for the Pilot's own messages.
+
+    Each cursor sends one kind of message again and again — the stamp's (with BEGIN and,
+    often, the first statement), COMMIT's, the session reset — with texts from
+    :func:`_message`, so psycopg keeps its adapters between attempts instead of making a
+    cursor and its adapters for every message (measured: about as much client CPU as
+    binding the parameters themselves). Made with the connection's first attempt; dropped
+    once the connection is closed.
+    """
+
+    __slots__ = ("conn", "first", "commit", "reset")
+
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+        self.conn = conn
+        self.first = psycopg.ClientCursor(conn)
+        self.commit = psycopg.ClientCursor(conn)
+        self.reset = psycopg.ClientCursor(conn)
+
+
 class _Open:
-    """A checked-out connection and the BEGIN that will travel with the stamp."""
+    """A checked-out connection, its cursors, and the BEGIN that will travel with the
+    stamp."""
 
-    conn: psycopg.Connection[TupleRow]
-    begin: str
-    begin_params: tuple[Any, ...]
-    #: ``conn`` went back to the pool already (it broke, and no fresh one could be had).
-    returned: bool = False
-    #: The change runs read-only from right after its stamp.
-    read_only: bool = False
+    __slots__ = ("conn", "cursors", "begin", "begin_params", "preamble", "returned",
+                 "read_only")
 
-    @property
-    def preamble(self) -> int:
-        """How many results ``begin`` produces before the stamp's (one per statement)."""
-        return self.begin.count(";")
-
+    def __init__(self, conn: psycopg.Connection[TupleRow], cursors: _Cursors, begin: str,
+                 begin_params: tuple[Any, ...], preamble: int, *, read_only: bool) -> None:
+        self.conn = conn
+        self.cursors = cursors
+        self.begin = begin
+        self.begin_params = begin_params
+        #: How many results ``begin`` produces before the stamp's (one per statement).
+        self.preamble = preamble
+        #: ``conn`` went back to the pool already (it broke, and no fresh one could be had).
+        self.returned = False
+        #: The change runs read-only from right after its stamp.
+        self.read_only = read_only
 
 
 class PostgresTarget(SqlTarget):
@@ -141,9 +189,11 @@ class PostgresTarget(SqlTarget):
         self.lock_timeout_ms = lock_timeout_ms
         self.statement_timeout_ms = statement_timeout_ms
         self._pool_size = pool_size
-        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
+        self._pool: Pool | None = None
         self._pool_lock = threading.Lock()
         self._schema_ready = False
+        #: The cursors of each pooled connection, by ``id`` (see :class:`_Cursors`).
+        self._cursors: dict[int, _Cursors] = {}
 
     def location(self) -> str:
         """``host:port/dbname`` of the DSN (never its password)."""
@@ -151,7 +201,7 @@ class PostgresTarget(SqlTarget):
 
     # -- connections ------------------------------------------------------------
 
-    def _connections(self) -> ConnectionPool[psycopg.Connection[TupleRow]]:
+    def _connections(self) -> Pool:
         pool = self._pool
         if pool is not None:  # made once: no lock to read it (twice per attempt)
             return pool
@@ -192,7 +242,7 @@ class PostgresTarget(SqlTarget):
         except psycopg.Error as exc:
             raise self._unavailable(exc, "cannot be reached") from exc
         try:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            if conn.pgconn.transaction_status != _IDLE:
                 conn.execute("ROLLBACK")
             self._ensure_schema(conn)
         except psycopg.Error as exc:
@@ -202,6 +252,17 @@ class PostgresTarget(SqlTarget):
             pool.putconn(conn)
             raise
         return conn
+
+    def _cursors_of(self, conn: psycopg.Connection[TupleRow]) -> _Cursors:
+        cursors = self._cursors.get(id(conn))
+        if cursors is not None and cursors.conn is conn:
+            return cursors
+        with self._pool_lock:  # a new connection: forget the ones the pool has closed
+            for key, old in list(self._cursors.items()):
+                if old.conn.closed:
+                    del self._cursors[key]
+            cursors = self._cursors[id(conn)] = _Cursors(conn)
+        return cursors
 
     def _unavailable(self, exc: psycopg.Error, what: str) -> TargetUnavailable:
         server = describe(self.dsn)
@@ -216,22 +277,24 @@ class PostgresTarget(SqlTarget):
 
     def _begin(self, attempt: TargetAttempt) -> _Open:
         assert attempt.change is not None
-        begin = f"BEGIN ISOLATION LEVEL {_ISOLATION[attempt.change.isolation]}; "
+        begin = _BEGIN[attempt.change.isolation]
         params: tuple[Any, ...] = ()
         if attempt.statement_timeout_ms != self.statement_timeout_ms:
-            begin += "SET LOCAL statement_timeout = %s; "
+            begin += _SET_TIMEOUT
             params = (f"{attempt.statement_timeout_ms}ms",)
         # Nothing is sent yet: BEGIN travels with the stamp insert.
-        return _Open(self._checkout(), begin, params, read_only=attempt.change.read_only)
+        conn = self._checkout()
+        return _Open(conn, self._cursors_of(conn), begin, params, 1 + bool(params),
+                     read_only=attempt.change.read_only)
 
     def _send_first(
         self, conn: _Open, sql: str, params: tuple[Any, ...]
     ) -> psycopg.ClientCursor[Any]:
         """BEGIN and ``sql`` in one message; the cursor is on the stamp's result."""
         for retry in (True, False):
-            cur = psycopg.ClientCursor(conn.conn)
+            cur = conn.cursors.first
             try:
-                cur.execute(conn.begin + sql, (*conn.begin_params, *params))
+                cur.execute(_message(conn.begin, sql), (*conn.begin_params, *params))
             except psycopg.Error:
                 if not (retry and conn.conn.broken):
                     raise
@@ -240,6 +303,7 @@ class PostgresTarget(SqlTarget):
                 self._connections().putconn(conn.conn)
                 conn.returned = True
                 conn.conn = self._checkout()
+                conn.cursors = self._cursors_of(conn.conn)
                 conn.returned = False
                 continue
             for _ in range(conn.preamble):
@@ -250,7 +314,7 @@ class PostgresTarget(SqlTarget):
     def _stamp(self, conn: Any, sql: str, params: tuple[Any, ...]) -> list[Any]:
         if not conn.read_only:
             return list(self._send_first(conn, sql, params).fetchall())
-        cur = self._send_first(conn, f"{sql}; {_READ_ONLY_ENTER}", params)
+        cur = self._send_first(conn, _message(sql, "; ", _READ_ONLY_ENTER), params)
         rows = list(cur.fetchall())
         for _ in range(_READ_ONLY_ENTER_RESULTS):
             cur.nextset()
@@ -269,7 +333,7 @@ class PostgresTarget(SqlTarget):
         enter = f"{_READ_ONLY_ENTER}; " if conn.read_only else ""
         emit("statement_started", index=0, sql=statement.sql)
         try:
-            cur = self._send_first(conn, f"{self._stamp_insert}; {enter}{sql}",
+            cur = self._send_first(conn, _message(self._stamp_insert, "; ", enter, sql),
                                    (*self._stamp_row(attempt, STAMP_APPLIED), *statement.params))
         except pgerrors.UniqueViolation as exc:
             if exc.diag.schema_name == "marque" and exc.diag.table_name == "stamps":
@@ -289,9 +353,9 @@ class PostgresTarget(SqlTarget):
     def _finish(self, conn: Any, sql: str, params: tuple[Any, ...]) -> None:
         if conn.read_only:
             self._check_read_only(conn)
-            sql = f"ROLLBACK TO SAVEPOINT {_READ_ONLY_SAVEPOINT}; {sql}"
+            sql = _message(f"ROLLBACK TO SAVEPOINT {_READ_ONLY_SAVEPOINT}; ", sql)
         try:
-            psycopg.ClientCursor(conn.conn).execute(sql + "; COMMIT", params)
+            conn.cursors.commit.execute(_message(sql, "; COMMIT"), params)
         except psycopg.Error as exc:
             if exc.sqlstate is not None and not conn.conn.broken:
                 # The server answered with an error: the transaction rolled back.
@@ -315,18 +379,23 @@ class PostgresTarget(SqlTarget):
                         "transaction_ids": transaction_ids})
 
     def _abandon(self, conn: Any) -> None:
-        if isinstance(conn, _Open) and conn.returned:
-            return
-        raw = conn.conn if isinstance(conn, _Open) else conn
+        if isinstance(conn, _Open):
+            if conn.returned:
+                return
+            raw, cursors = conn.conn, conn.cursors
+            if cursors.first.description is not None:
+                # The first statement returned rows, still held by the cursor: let them go
+                # with it rather than keep them while the connection idles.
+                cursors.first = psycopg.ClientCursor(raw)
+        else:
+            raw, cursors = conn, self._cursors_of(conn)
         try:
-            if not raw.broken and not raw.closed and (
-                raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-            ):
+            if not raw.broken and not raw.closed and raw.pgconn.transaction_status != _IDLE:
                 raw.execute("ROLLBACK")
         except psycopg.Error:
             pass  # the pool discards a broken connection
         finally:
-            self._connections().putconn(raw)
+            self._connections().putconn(raw, reset_with=cursors.reset)
 
     def _translate(self, exc: Exception) -> MarqueError:
         sqlstate = getattr(exc, "sqlstate", None)
@@ -348,8 +417,7 @@ class PostgresTarget(SqlTarget):
         return StatementError(f"the target refused the transaction: {said}", sqlstate=sqlstate)
 
     def _in_transaction(self, conn: Any) -> bool:
-        status = conn.conn.info.transaction_status
-        return bool(status == psycopg.pq.TransactionStatus.INTRANS)
+        return bool(conn.conn.pgconn.transaction_status == _INTRANS)
 
     def _is_unique_violation(self, exc: Exception) -> bool:
         return isinstance(exc, pgerrors.UniqueViolation)
@@ -491,6 +559,7 @@ class PostgresTarget(SqlTarget):
 
     def close(self) -> None:
         with self._pool_lock:
+            self._cursors.clear()
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
