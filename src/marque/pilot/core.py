@@ -280,9 +280,11 @@ class Pilot:
             attempt.emit("settle_behind", status=Status.APPLIED.value)
             self.settler.hold(observation, attempt.events, claim.record)
             target_attempt = observation.target_attempt
-            return Outcome(target_attempt.marque_id, target_attempt.nonce, Status.APPLIED.value,
-                           target_attempt.number, observation.rows_affected, self.pilot_id,
-                           self.incarnation, False, None, None, False)
+            return Outcome(marque_id=target_attempt.marque_id, nonce=target_attempt.nonce,
+                           status=Status.APPLIED.value, attempt=target_attempt.number,
+                           rows_affected=observation.rows_affected, pilot_id=self.pilot_id,
+                           incarnation=self.incarnation, replayed=False, error=None,
+                           result=None, recorded=False)
         recorded = self._record_observation(observation, attempt)
         if recorded is None:  # the ledger is away: say what is known, recorded: false
             return self._unrecorded_outcome(observation)
@@ -700,11 +702,11 @@ class Pilot:
 
     def _outcome(self, record: AttemptRecord, *, replayed: bool,
                  recorded: bool = True) -> Outcome:
-        # Positional, in Outcome's field order (marque_id, nonce, status, attempt,
-        # rows_affected, pilot_id, incarnation, replayed, error, result, recorded).
-        return Outcome(record.marque_id, record.nonce, record.status.value, record.attempt,
-                       record.rows_affected, self.pilot_id, self.incarnation, replayed,
-                       record.error, record.result, recorded)
+        return Outcome(marque_id=record.marque_id, nonce=record.nonce,
+                       status=record.status.value, attempt=record.attempt,
+                       rows_affected=record.rows_affected, pilot_id=self.pilot_id,
+                       incarnation=self.incarnation, replayed=replayed, error=record.error,
+                       result=record.result, recorded=recorded)
 
     def attach(self, worker: Any) -> None:
         """Own a background worker (anything with ``stop()``): stopped first on close."""
