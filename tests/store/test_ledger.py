@@ -1338,13 +1338,21 @@ def _v1_history(now: float) -> list[tuple[str, tuple[Any, ...]]]:
 
 def _build_v1(engine: LedgerEngine, location: str, now: float) -> None:
     """A version-1 ledger at ``location``, written with the engine's plain driver."""
-    statements = [(s, ()) for s in LEDGER_V1] + _v1_history(now)
+    write_plain(engine, location, [(s, ()) for s in LEDGER_V1] + _v1_history(now))
+
+
+def write_plain(engine: LedgerEngine, location: str,
+                statements: list[tuple[str, tuple[Any, ...]]],
+                sqlite_pragmas: tuple[str, ...] = ()) -> None:
+    """Run ``statements`` (``?`` placeholders) at ``location`` in one transaction, with the
+    engine's plain driver (no Marque code): how an older Marque's ledger is made."""
     if engine.name == "sqlite":
         import sqlite3
 
         conn = sqlite3.connect(location, isolation_level=None)
         try:
-            conn.execute("PRAGMA journal_mode = WAL")
+            for pragma in (*sqlite_pragmas, "PRAGMA journal_mode = WAL"):
+                conn.execute(pragma)
             conn.execute("BEGIN")
             for sql, params in statements:
                 conn.execute(sql, params)

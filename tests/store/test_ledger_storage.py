@@ -26,7 +26,7 @@ from marque.ledger.sqlite_schema import WITHOUT_ROWID_TABLES
 from marque.outcome import Status
 
 from .conftest import LedgerEngine, LedgerPool, make_ticket
-from .test_ledger import LEDGER_V1, _schema_of
+from .test_ledger import LEDGER_V1, _schema_of, write_plain
 
 #: Every table the execution path writes, and the identity table.
 TABLES = ("meta", "budgets", "claims", "attempts", "observations", "events", "outbox",
@@ -72,28 +72,8 @@ def _schema_6_statements(now: float) -> list[tuple[str, tuple[Any, ...]]]:
 
 def _build_schema_6(engine: LedgerEngine, location: str, now: float) -> None:
     """A version-6 ledger at ``location``, written with the engine's plain driver."""
-    statements = _schema_6_statements(now)
-    if engine.name == "sqlite":
-        conn = sqlite3.connect(location, isolation_level=None)
-        try:
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("BEGIN")
-            for sql, params in statements:
-                conn.execute(sql, params)
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        return
-    import psycopg
-
-    from marque.ledger.postgres import SCHEMA
-
-    with psycopg.connect(location) as pg:
-        pg.execute(f"CREATE SCHEMA {SCHEMA}")
-        pg.execute(f"SET search_path TO {SCHEMA}")
-        for sql, params in statements:
-            pg.execute(sql.replace("?", "%s"), params or None)
+    write_plain(engine, location, _schema_6_statements(now),
+                sqlite_pragmas=("PRAGMA auto_vacuum = INCREMENTAL",))
 
 
 def _rows(engine: LedgerEngine, location: str) -> dict[str, list[tuple[Any, ...]]]:
