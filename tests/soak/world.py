@@ -181,7 +181,9 @@ def post_execution(url: str, world: SoakWorld, op: Op, nonce: str, *,
                     code = r.json().get("code")
                 except ValueError:
                     code = None
-                # A refusal or an unavailable ledger: nothing was claimed.
+                # A refusal or an unavailable ledger: nothing was sent to a target. (A
+                # claim whose connection was lost may be recorded, `in_progress`, but it
+                # never runs: reconciliation ends it aborted_not_applied.)
                 return Answer("fail", status="refused", code=code)
             for line in r.iter_lines():
                 if not line.strip():
