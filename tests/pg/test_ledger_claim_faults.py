@@ -22,7 +22,6 @@ from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
-from pgcluster import create_database, drop_database
 from pgproxy import PgProxy
 
 from marque.errors import LedgerUnavailable
@@ -128,15 +127,6 @@ def _only_claim_of(ledger: PostgresLedger, nonce: str, claimer: _Claimer, *,
         assert ledger.remember_pop_jti(f"j-{nonce}", time.time() + 60) is False
 
 
-@pytest.fixture
-def ledger_database(pg_admin_dsn: str) -> Iterator[str]:
-    name, dsn = create_database(pg_admin_dsn)
-    try:
-        yield dsn
-    finally:
-        drop_database(pg_admin_dsn, name)
-
-
 @contextlib.contextmanager
 def _proxied_ledger(dsn: str) -> Iterator[tuple[PostgresLedger, PgProxy]]:
     """A ledger whose connections go through a proxy, its budget row for :data:`MQ` made
@@ -153,31 +143,31 @@ def _proxied_ledger(dsn: str) -> Iterator[tuple[PostgresLedger, PgProxy]]:
 
 @pytest.mark.parametrize("proof", [True, False], ids=["with_proof", "without_proof"])
 def test_a_claim_cut_while_the_server_runs_it_is_answered_fresh_once(
-        ledger_database: str, proof: bool) -> None:
+        pg_dsn: str, proof: bool) -> None:
     """Connection cut while the claim's statement waits on a row lock: the claim's server
     session is ended before the ledger is asked whether it landed, so the caller's claim is
     fresh and the only one — not pop_replayed by its own late commit, nor answered as a
     nonce claimed before."""
-    with _proxied_ledger(ledger_database) as (ledger, proxy):
-        claimer = _held_claim_cut(ledger, proxy, ledger_database, "n1", release_after=1,
+    with _proxied_ledger(pg_dsn) as (ledger, proxy):
+        claimer = _held_claim_cut(ledger, proxy, pg_dsn, "n1", release_after=1,
                                   proof=proof)
         _only_claim_of(ledger, "n1", claimer, proof=proof)
 
 
 @pytest.fixture
-def unprivileged_dsn(pg_admin_dsn: str, ledger_database: str) -> Iterator[str]:
+def unprivileged_dsn(pg_admin_dsn: str, pg_dsn: str) -> Iterator[str]:
     """The ledger database as a role that may neither see nor end its own sessions: it logs
     in as one role and works as another (``options=-c role=…``) that is not a member of the
     first, so ``pg_stat_activity`` hides its sessions' details and ``pg_terminate_backend``
     refuses them."""
     suffix = uuid.uuid4().hex[:8]
     login, worker = f"lc_login_{suffix}", f"lc_work_{suffix}"
-    database = ledger_database.rsplit("/", 1)[1].split("?", 1)[0]
+    database = pg_dsn.rsplit("/", 1)[1].split("?", 1)[0]
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(f"CREATE ROLE {worker} NOLOGIN")
         admin.execute(f"CREATE ROLE {login} LOGIN IN ROLE {worker}")
         admin.execute(f'GRANT CREATE ON DATABASE "{database}" TO {worker}')
-    base, _, query = ledger_database.partition("?")
+    base, _, query = pg_dsn.partition("?")
     dsn = (base.replace("//postgres@", f"//{login}@", 1) + "?" + query + "&"
            + urlencode({"options": f"-c role={worker}"}, quote_via=quote))
     try:
@@ -197,23 +187,23 @@ def _as_unprivileged(dsn: str) -> Any:
 
 
 def test_a_cut_claim_whose_session_cannot_be_ended_is_waited_for_and_its_late_commit_counts(
-        unprivileged_dsn: str, ledger_database: str) -> None:
+        unprivileged_dsn: str, pg_dsn: str) -> None:
     """A role that cannot end its own lost session waits until that session is gone: the
     claim committed late there, and the caller hears it as its fresh claim."""
     assert _as_unprivileged(unprivileged_dsn) == (True, True)
     with _proxied_ledger(unprivileged_dsn) as (ledger, proxy):
-        claimer = _held_claim_cut(ledger, proxy, ledger_database, "n1", release_after=1)
+        claimer = _held_claim_cut(ledger, proxy, pg_dsn, "n1", release_after=1)
         _only_claim_of(ledger, "n1", claimer)
 
 
 def test_a_cut_claim_whose_session_outlives_the_wait_is_ledger_unavailable_and_retryable(
-        unprivileged_dsn: str, ledger_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        unprivileged_dsn: str, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lost session still runs the claim when the wait ends: ledger_unavailable saying the
     nonce may be claimed (no guess); the claim then lands, and a retry with the same nonce
     and a new proof finds that very attempt — nothing claimed twice, budget spent once."""
     monkeypatch.setattr(postgres, "SESSION_END_SECONDS", 1.0)
     with _proxied_ledger(unprivileged_dsn) as (ledger, proxy):
-        claimer = _held_claim_cut(ledger, proxy, ledger_database, "n1", release_after=8)
+        claimer = _held_claim_cut(ledger, proxy, pg_dsn, "n1", release_after=8)
         assert isinstance(claimer.error, LedgerUnavailable), repr(claimer.error)
         assert "may" in claimer.error.message and "same nonce" in claimer.error.message
         # The held row was released as the claim answered: the late commit lands.
