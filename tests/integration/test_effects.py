@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from effects_world import EffectWorld, apply_killed_after_row_2, build_effect_world, member
 
-from marque.effects.preview import verify_preview
+from marque.effects.declare import read_key
+from marque.effects.preview import build_preview, verify_preview
 from marque.errors import EffectPreviewInvalid, PreviewFailed, StalePreview
 from marque.outcome import Status
 
@@ -88,6 +89,70 @@ def test_a_preview_whose_read_the_database_refuses_is_preview_failed(world: Effe
         assert refused.value.sqlstate == "42P01"  # undefined_table
     stats = world.pilot.ledger.stats(world.pilot.clock())
     assert (stats["claims"], stats["attempts"]) == (0, 0)
+
+
+NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, value TEXT NOT NULL)"
+NOKEY = {"effect_id": "fix", "kind": "update", "table": "notes", "key": ["nokey"],
+         "failure_policy": "halt", "max_items": 10}
+NOKEY_ROWS = [{"nokey": "nokey", "value": "changed"}]
+
+
+def notes(world: EffectWorld) -> list[tuple[Any, ...]]:
+    """``notes`` as the target holds it."""
+    return [tuple(r) for r in world.sql("SELECT id, value FROM notes ORDER BY id")]
+
+
+@pytest.mark.parametrize(("declared", "rows", "missing"), [
+    (NOKEY, NOKEY_ROWS, ["nokey"]),  # SQLite would read "nokey" as the string 'nokey'
+    ({**NOKEY, "key": ["id"]}, [{"id": 1, "colour": "red"}], ["colour"]),
+    ({**NOKEY, "kind": "delete"}, [{"nokey": "nokey"}], ["nokey"]),
+    ({**NOKEY, "kind": "create", "key": []}, [{"id": 2, "colour": "red"}], ["colour"]),
+])
+def test_a_declared_column_the_table_lacks_is_read_failed_at_preview(
+        world: EffectWorld, declared: dict[str, Any], rows: list[dict[str, Any]],
+        missing: list[str]) -> None:
+    """Every column a member names — its key, its input's columns — is checked against the
+    table's own before any statement: one it lacks is preview_failed (rule read_failed, the
+    columns named), on SQLite as on PostgreSQL, never a row the key does not identify."""
+    world.sql(NOTES_DDL)
+    world.sql("INSERT INTO notes (id, value) VALUES (1, 'original')")
+
+    with pytest.raises(PreviewFailed) as refused:
+        world.preview([declared], {"fix": rows})
+
+    assert refused.value.detail["rule"] == "read_failed"
+    assert refused.value.detail["columns"] == missing
+    assert refused.value.detail["effect_id"] == "fix"
+    if world.dsn.startswith("postgresql"):
+        assert refused.value.sqlstate == "42703"  # undefined_column
+    assert notes(world) == [(1, "original")]
+
+
+def test_a_stored_preview_naming_a_column_the_table_lacks_is_stale_at_apply(
+        world: EffectWorld) -> None:
+    """A preview stored before the column check (an older Pilot read ``"nokey"`` as a
+    string literal and saw the table's one row): apply admission checks the columns too —
+    stale_preview, rule read_failed — and no row is changed or stamped."""
+    world.sql(NOTES_DDL)
+    world.sql("INSERT INTO notes (id, value) VALUES (1, 'original')")
+    request = world.request([NOKEY], {"fix": NOKEY_ROWS})
+    what_sqlite_read = {"state": "present", "value": {"id": 1, "value": "original"}}
+    built = build_preview(request.bound(), {"fix": {read_key({"nokey": "nokey"}):
+                                                    what_sqlite_read}},
+                          pilot_id=world.pilot.pilot_id, target="shop",
+                          logical_request_scope=request.logical_request_scope,
+                          run_identity_cid=request.run_identity_cid)
+    world.pilot.ledger.store_effect_preview(built.effect_preview_cid, "shop", built.to_json(),
+                                            world.pilot.clock())
+
+    outcome = world.run(world.issue(built.effect_preview_cid), "n-1")
+
+    assert outcome.status == "aborted_not_applied"
+    assert outcome.error is not None and outcome.error["code"] == StalePreview.code
+    assert "nokey" in outcome.error["message"]
+    assert notes(world) == [(1, "original")]
+    assert world.row_stamps() == []
+    assert "row_dispatching" not in [e["event"] for e in world.events]
 
 
 def test_apply_creates_updates_upserts_and_deletes_with_a_stamp_per_row(

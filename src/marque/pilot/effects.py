@@ -78,6 +78,7 @@ from marque.errors import (
     MaxRowsExceeded,
     NotApplied,
     PreviewFailed,
+    StalePreview,
     StatementError,
     TargetUnavailable,
     UnknownTarget,
@@ -147,12 +148,14 @@ def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
     bound = request.bound()
     reads: dict[str, dict[str, Any]] = {}
     for member in bound.members:
+        if member.declaration.kind is Kind.COMMAND:
+            continue  # a command's table names its target, not a table to read
+        # A member that reads no row (a create without a key) still has its columns checked.
         items = [item for item in member.items if item.read_key is not None]
-        if not items:
-            continue
         try:
             states = rows.read_rows(member.declaration.table,
-                                    [_identity(member, i) for i in items])
+                                    [_identity(member, i) for i in items],
+                                    (*member.declaration.key, *member.input.columns))
         except StatementError as exc:
             # The database refused the read itself (no such table or column): a preview that
             # cannot be made, as a statement preview that fails is; asking again cannot help.
@@ -162,8 +165,9 @@ def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
                 sqlstate=exc.sqlstate,
                 detail={**exc.detail, "rule": "read_failed",
                         "effect_id": member.declaration.effect_id}) from exc
-        reads[member.declaration.effect_id] = {
-            str(item.read_key): state for item, state in zip(items, states, strict=True)}
+        if items:
+            reads[member.declaration.effect_id] = {
+                str(item.read_key): state for item, state in zip(items, states, strict=True)}
     built = build_preview(bound, reads, pilot_id=pilot.pilot_id, target=target,
                           logical_request_scope=request.logical_request_scope,
                           run_identity_cid=request.run_identity_cid, strength=request.strength,
@@ -282,7 +286,21 @@ def _current_versions(target: RowTarget, preview: EffectPreview) -> dict[str, st
                    if row.target_version["kind"] != "not_applicable"]
         if not guarded:
             continue
-        states = target.read_rows(member.table, [_identity(member, row) for row in guarded])
+        columns = {c for row in member.changes for c in row.intended_changes["values"]}
+        try:
+            states = target.read_rows(member.table,
+                                      [_identity(member, row) for row in guarded],
+                                      (*member.key, *columns))
+        except StatementError as exc:
+            # The table no longer has what the preview names (or never had: a preview an
+            # older Pilot made): the guards cannot be read, and missing evidence is a
+            # mismatch, never a waiver. Nothing is reserved or sent.
+            raise StalePreview(
+                f"{member.effect_id}: reading {member.table} for apply admission failed: "
+                f"{exc.message}; the preview no longer describes the target, nothing was "
+                "sent", sqlstate=exc.sqlstate,
+                detail={**exc.detail, "rule": "read_failed",
+                        "effect_id": member.effect_id}) from exc
         for row, state in zip(guarded, states, strict=True):
             versions[row.row_preview_cid] = row_version_cid(state)
     return versions

@@ -174,6 +174,8 @@ class PostgresTarget(SqlTarget):
     row_stamp_table = "marque.row_stamps"
     identity_query = stamp_schema.POSTGRES_IDENTITY
     row_lock_clause = " FOR UPDATE"
+    undefined_table_sqlstate = "42P01"
+    undefined_column_sqlstate = "42703"
 
     def __init__(
         self,
@@ -583,6 +585,19 @@ class PostgresTarget(SqlTarget):
 
     def _row_stamp_version(self, conn: Any) -> int:
         return stamp_schema.postgres_version(conn)
+
+    def _table_columns(self, conn: Any, table: str) -> frozenset[str] | None:
+        from marque.target.rows import quote
+
+        # to_regclass resolves the name as a statement would (search_path, quoting) and is
+        # NULL for no such relation; a PostgreSQL table may have no column at all.
+        rows = self._row_exec(conn, (
+            "SELECT r.oid IS NULL, a.attname FROM (SELECT to_regclass(%s) AS oid) r "
+            "LEFT JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped"), (quote(table),)).fetchall()
+        if rows and rows[0][0]:
+            return None
+        return frozenset(r[1] for r in rows if r[1] is not None)
 
     def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         cur = conn.cursor()

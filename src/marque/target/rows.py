@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from marque.effects import cids
-from marque.errors import CommitUnknown, MarqueError, NotApplied
+from marque.errors import CommitUnknown, MarqueError, NotApplied, StatementError
 from marque.outcome import Status
 from marque.target.identity import refuses_tombstone
 
@@ -125,6 +126,10 @@ class RowTarget(abc.ABC):
     identity_query: str
     #: Appended to the row read inside a row transaction, to lock it (PostgreSQL).
     row_lock_clause = ""
+    #: The SQLSTATEs the engine gives a missing table and a missing column (None: it has
+    #: none), kept on the refusal :meth:`_check_columns` answers with.
+    undefined_table_sqlstate: str | None = None
+    undefined_column_sqlstate: str | None = None
 
     # -- engine hooks ---------------------------------------------------------------
 
@@ -147,6 +152,15 @@ class RowTarget(abc.ABC):
     @abc.abstractmethod
     def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         """Run one statement; a cursor (``rowcount``, ``description``, ``fetch*``)."""
+
+    @abc.abstractmethod
+    def _table_columns(self, conn: Any, table: str) -> frozenset[str] | None:
+        """The columns of ``table`` (hidden and generated ones too), each as
+        :meth:`_column_name` spells it, or None when the table does not exist."""
+
+    def _column_name(self, column: str) -> str:
+        """A column name as the engine compares a quoted identifier (exactly, by default)."""
+        return column
 
     @abc.abstractmethod
     def _row_commit(self, conn: Any) -> None:
@@ -202,11 +216,31 @@ class RowTarget(abc.ABC):
         return {"state": "present",
                 "value": {c: _jsonable(v) for c, v in zip(columns, rows[0], strict=True)}}
 
-    def read_rows(self, table: str, identities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _check_columns(self, conn: Any, table: str, columns: set[str]) -> None:
+        """Refuse, before any statement names them, a table that does not exist and
+        ``columns`` it does not have (:class:`~marque.errors.StatementError`, detail
+        ``table`` and ``columns``). Every engine checks, so both answer alike; on SQLite it
+        is what keeps a double-quoted name that is no column from being read as a string
+        literal (``WHERE "nokey" = 'nokey'`` is true for every row)."""
+        have = self._table_columns(conn, table)
+        if have is None:
+            raise StatementError(f"no such table: {table}",
+                                 sqlstate=self.undefined_table_sqlstate,
+                                 detail={"table": table, "columns": []})
+        missing = sorted(c for c in columns if self._column_name(c) not in have)
+        if missing:
+            raise StatementError(f"table {table} has no column(s) {', '.join(missing)}",
+                                 sqlstate=self.undefined_column_sqlstate,
+                                 detail={"table": table, "columns": missing})
+
+    def read_rows(self, table: str, identities: list[dict[str, Any]],
+                  columns: Iterable[str] = ()) -> list[dict[str, Any]]:
         """The current state of each row (``present`` with its whole row, or ``absent``), in
-        one read-only transaction: what a preview and apply admission see."""
+        one read-only transaction: what a preview and apply admission see. Every column the
+        identities and ``columns`` name must be the table's (:meth:`_check_columns`)."""
         conn = self._row_read_open()
         try:
+            self._check_columns(conn, table, {c for i in identities for c in i} | set(columns))
             return [self._read_one(conn, table, identity) for identity in identities]
         except MarqueError:
             raise
@@ -241,6 +275,8 @@ class RowTarget(abc.ABC):
         conn = self._row_open(write.statement_timeout_ms)
         committing = False
         try:
+            self._check_columns(conn, write.table,
+                                {*write.key, *write.identity, *write.values})
             try:
                 self._row_exec(conn, self._stamp_sql(upsert=False),
                                self._row_stamp(write, "applied"))

@@ -430,6 +430,19 @@ class SqliteTarget(SqlTarget):
     def _row_exec(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Any:
         return conn.execute(sql, params)
 
+    def _table_columns(self, conn: Any, table: str) -> frozenset[str] | None:
+        # ``pragma_table_xinfo`` names hidden and generated columns too; a table has at
+        # least one column, so none means no such table.
+        schema, _, name = table.rpartition(".")
+        rows = conn.execute("SELECT name FROM pragma_table_xinfo(?, ?)", (name, schema)
+                            ).fetchall() if schema else conn.execute(
+            "SELECT name FROM pragma_table_xinfo(?)", (name,)).fetchall()
+        return frozenset(self._column_name(r[0]) for r in rows) or None
+
+    def _column_name(self, column: str) -> str:
+        # SQLite compares identifiers ASCII case-insensitively; declared names are ASCII.
+        return column.lower()
+
     def _row_commit(self, conn: Any) -> None:
         conn.set_progress_handler(None, 0)
         try:
