@@ -110,3 +110,57 @@ def test_a_pilot_killed_between_rows_is_reconciled_by_the_cli(tmp_path: Path) ->
     again = marque(tmp_path, *APPLY)
     assert json.loads(again.stdout)["outcome"]["replayed"] is True
     assert _qty(tmp_path) == {1: 10, 2: 2, 3: 3}
+
+
+def test_a_failed_resume_revalidation_exits_3_by_its_own_attempt_not_an_earlier_receipt(
+        tmp_path: Path) -> None:
+    """Attempt 1 was refused by the target before row 1 was sent (the Run waits at its
+    continuation Checkpoint); `shop` is then pointed at a copy of its database and the nonce
+    run again: attempt 2 fails resume revalidation and seals no receipt. `effects apply` and
+    `effects receipt` exit 3 — that attempt's refusal — not by attempt 1's set receipt, and
+    their JSON says which attempt the receipt shown is of."""
+    from effects_world import build_effect_world, member
+
+    world = build_effect_world(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}")
+    preview = world.preview([member("bump", "update")], {"bump": [{"id": 1, "qty": 50}]})
+    token = world.issue(preview.effect_preview_cid, attempts=4)
+    shop, away = tmp_path / "shop.db", tmp_path / "shop.away"
+
+    def target_gone(event: dict[str, Any]) -> None:
+        if event["event"] == "effect_admitted":
+            shop.rename(away)
+
+    from marque.token import make_proof
+
+    proof = make_proof(world.holder, token, nonce="n-1", pilot_id=world.pilot.pilot_id)
+    first = world.pilot.execute(token, proof, "n-1", on_event=target_gone)
+    away.rename(shop)
+    world.close()
+    assert (first.status, first.error and first.error["code"]) == ("aborted_not_applied",
+                                                                   "target_unavailable")
+    (tmp_path / "fx.marque").write_text(token)
+    (tmp_path / "holder.jwk").write_text(json.dumps(world.holder))
+    (tmp_path / "other.db").write_bytes(shop.read_bytes())
+    repointed = marque(tmp_path, "pilot", "target", "add", "--home", "home", "shop",
+                       f"sqlite:///{tmp_path / 'other.db'}")
+    assert repointed.returncode == 0, repointed.stderr
+
+    done = marque(tmp_path, *APPLY)
+
+    assert done.returncode == 3, done.stdout + done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["outcome"]["attempt"] == 2
+    assert printed["outcome"]["error"]["code"] == "resume_revalidation_failed"
+    assert printed["outcome"]["result"] is None
+    assert printed["set_receipt_attempt"] == 1  # the only receipt sealed: attempt 1's
+    assert printed["run"]["terminal_error"]["code"] == "ACTQL_E_RESUME_REVALIDATION_FAILED"
+    shown = marque(tmp_path, "effects", "receipt", "--home", "home",
+                   printed["outcome"]["marque_id"], "n-1", "--json")
+    assert shown.returncode == 3, shown.stdout + shown.stderr
+    assert json.loads(shown.stdout)["outcome"]["attempt"] == 2
+    human = marque(tmp_path, "effects", "receipt", "--home", "home",
+                   printed["outcome"]["marque_id"], "n-1")
+    assert human.returncode == 3
+    assert "of attempt 1 (attempt 2 sealed none)" in human.stdout
+    assert "resume_revalidation_failed" in human.stdout
+    assert _qty(tmp_path) == {1: 5, 2: 7, 3: 9}

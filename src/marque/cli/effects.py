@@ -7,8 +7,11 @@ issue --effects-preview`` then names); ``show`` prints a stored preview;
 receipt; ``receipt`` prints every receipt of one execution; ``reconcile``
 settles one execution's unknown rows from their row stamps.
 
-Exit statuses follow DESIGN §9 from the set receipt: 0 applied (or accepted),
-4 failed, partial_failure or not applied, 5 unknown; refusals as any command.
+Exit statuses follow DESIGN §9 from the latest attempt's set receipt: 0 applied
+(or accepted), 4 failed, partial_failure or not applied, 5 unknown; an attempt that
+sealed no receipt (refused before any row was sent) exits by its error's class — a
+failed resume revalidation 3, a stale preview 4 —, never by an earlier attempt's
+receipt; refusals before the claim as any command.
 """
 
 from __future__ import annotations
@@ -176,21 +179,44 @@ def show(home: Path, effect_preview_cid: str, as_json: bool) -> None:
         _print_preview(body)
 
 
-def _finish(receipts: dict[str, Any], outcome: dict[str, Any] | None, as_json: bool) -> None:
-    """Print ``{outcome, set_receipt, …}`` and exit by the set receipt's status."""
-    sealed = receipts.get("set_receipt")
-    summary = ((outcome or {}).get("result") or {}).get("effect_set") or {}
-    status = summary.get("status") or (sealed or {}).get("status")
-    if outcome is not None and outcome["status"] == "indeterminate":
-        code = 5
-    elif status is None:
-        code = 4 if outcome is None or outcome["status"] != "in_progress" else 6
-    elif summary.get("run_outcome") in RUN_EXIT:
+def _exit_status(outcome: dict[str, Any] | None, summary: dict[str, Any],
+                 sealed: dict[str, Any] | None) -> int:
+    """The exit status of the latest attempt (``outcome``), from its own result: its set
+    receipt (``summary``), or — when it sealed none, refused before any row was sent — its
+    error's class (a refusal such as ``resume_revalidation_failed`` is 3). An earlier
+    attempt's receipt never speaks for it; ``sealed`` is used only when no attempt is
+    recorded at all."""
+    from marque.errors import NotApplied, lookup
+    from marque.outcome import EXIT_STATUS
+
+    if outcome is not None:
+        if outcome["status"] in ("indeterminate", "in_progress"):
+            return EXIT_STATUS[outcome["status"]]
+        if not summary:
+            code = (outcome.get("error") or {}).get("code")
+            try:
+                cls = lookup(code) if isinstance(code, str) else None
+            except KeyError:
+                cls = None
+            if cls is not None and issubclass(cls, (Refusal, NotApplied)):
+                return cls.exit_status
+            return EXIT_STATUS.get(outcome["status"], 4)
+    status = summary.get("status") or (None if outcome is not None else
+                                       (sealed or {}).get("status"))
+    if status is None:
+        return 4
+    if summary.get("run_outcome") in RUN_EXIT:
         # After reconciliation the sealed receipt still says what apply saw; the Run's
         # outcome from every row's latest validated state is what holds now.
-        code = RUN_EXIT[summary["run_outcome"]]
-    else:
-        code = SET_EXIT[status]
+        return RUN_EXIT[summary["run_outcome"]]
+    return SET_EXIT[status]
+
+
+def _finish(receipts: dict[str, Any], outcome: dict[str, Any] | None, as_json: bool) -> None:
+    """Print ``{outcome, set_receipt, …}`` and exit by the latest attempt's outcome."""
+    sealed = receipts.get("set_receipt")
+    summary = ((outcome or {}).get("result") or {}).get("effect_set") or {}
+    code = _exit_status(outcome, summary, sealed)
     if as_json:
         emit_json({"outcome": outcome, **receipts})
     else:
@@ -203,7 +229,12 @@ def _finish(receipts: dict[str, Any], outcome: dict[str, Any] | None, as_json: b
                 out.say(f"  error {one_line(outcome['error']['code'])}: "
                         f"{literal(outcome['error']['message'])}")
         if sealed is not None:
-            out.say(f"set receipt {one_line(sealed['receipt_cid'])}: [bold]{sealed['status']}[/]"
+            of = receipts.get("set_receipt_attempt")
+            earlier = outcome is not None and of is not None and of != outcome["attempt"]
+            out.say(f"set receipt {one_line(sealed['receipt_cid'])}"
+                    + (f" of attempt {of} (attempt {outcome['attempt']} sealed none)"
+                       if earlier and outcome is not None else "")
+                    + f": [bold]{sealed['status']}[/]"
                     + (f" (now {summary['run_outcome']})" if summary.get("run_outcome") else ""))
             for entry in sealed["members"]:
                 out.say(f"  {one_line(entry['effect_id'])}: {entry['state']}")
@@ -272,7 +303,8 @@ def _receipts(pilot: Any, marque_id: str, nonce: str) -> dict[str, Any]:
         found: dict[str, Any] = pilot.effect_receipts(marque_id, nonce)
     except NotFound:
         return {"marque_id": marque_id, "nonce": nonce, "set_receipt": None,
-                "member_receipts": [], "reconciliation_receipts": [], "rows": []}
+                "set_receipt_attempt": None, "member_receipts": [],
+                "reconciliation_receipts": [], "rows": []}
     return found
 
 

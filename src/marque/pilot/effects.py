@@ -686,6 +686,9 @@ def execution_receipts(pilot: Pilot, marque_id: str, nonce: str) -> dict[str, An
         "authorization": run["authorization"],
         "run": effect_run.projection(pilot, marque_id, nonce),
         "set_receipt": sets[-1]["body"] if sets else None,
+        # Receipts are sealed per attempt; a later attempt refused before dispatch (a failed
+        # resume revalidation) seals none, so the latest receipt may be an earlier one's.
+        "set_receipt_attempt": int(sets[-1]["subject"]) if sets else None,
         "member_receipts": [r["body"] for r in receipts if r["kind"] == "member"],
         "reconciliation_receipts": [r["body"] for r in receipts
                                     if r["kind"] == "reconciliation"],
