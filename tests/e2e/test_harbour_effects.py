@@ -179,6 +179,62 @@ def test_a_row_changed_between_preview_and_apply_ends_stale_preview_with_nothing
     assert shown["receipt"] is None  # nothing was dispatched, so no receipt was sealed
 
 
+def test_a_stale_preview_ends_the_request_and_its_caller_id_keeps_answering(
+        stack: Stack) -> None:
+    """Through the CLI: a row written after approval makes `exec --request <caller id>` end
+    stale_preview (exit 4), saying to re-request — not that the nonce may run again. The
+    Pilot's report ends the request failed (stale_preview, with that next step); the caller
+    id still resolves to it (`requests show`, `GET /v1/requests/{id}`), and `exec --request`
+    now refuses truthfully (the request is failed) instead of not_found. Submitting again
+    under the same id is a new request with a new preview of the rows as they are now."""
+    set_balances(stack, {1: 100, 2: 100, 3: 100})
+    rid = stack.fresh("stale-cli")
+    request = stack.call("POST", "/v1/requests", stack.alice,
+                         json=effect_body(ROWS, request_id=rid)).json()
+    assert request["state"] == "awaiting_approval", request
+    approved = stack.call("POST", f"/v1/requests/{request['id']}/approve", stack.bob, json={})
+    assert approved.status_code == 200, approved.text
+    set_balances(stack, {2: 101})  # someone else writes row 2
+
+    ran = stack.cli(stack.alice, "exec", "--request", rid, "--key", stack.bank.holder_key,
+                    "--nonce", "n-1")
+
+    assert ran.returncode == 4, ran
+    assert "stale_preview" in ran.stdout and "Re-request" in ran.stdout, ran
+    assert "may run again" not in ran.stdout, ran
+    final = wait_for(stack, request["id"], lambda r: r["state"] != "prepared"
+                     and r["state"] != "executing")
+    assert final["state"] == "failed", final
+    assert final["failure"]["code"] == "stale_preview"
+    assert "Re-request" in final["failure"]["message"]
+    assert "new preview" in final["failure"]["message"]
+    shown = stack.cli(stack.alice, "requests", "show", rid, "--json")
+    assert shown.returncode == 0, shown
+    assert (shown.json["id"], shown.json["state"]) == (request["id"], "failed")
+    human = stack.cli(stack.alice, "requests", "show", rid)
+    assert human.returncode == 0 and "stale_preview" in human.stdout, human
+    over_http = stack.call("GET", f"/v1/requests/{rid}", stack.alice)
+    assert over_http.status_code == 200 and over_http.json()["id"] == request["id"]
+    refused = stack.cli(stack.alice, "exec", "--request", rid, "--key", stack.bank.holder_key,
+                        "--nonce", "n-2", "--json")
+    assert refused.returncode == 2, refused
+    assert refused.json["error"]["code"] == "conflict", refused
+    assert "failed" in refused.json["error"]["message"]
+    assert "stale_preview" in refused.json["error"]["message"]
+    assert stack.bank.balances() == {1: 100, 2: 101, 3: 100}
+
+    again = stack.call("POST", "/v1/requests", stack.alice,
+                       json=effect_body(ROWS, request_id=rid))
+    assert again.status_code == 201, again.text
+    fresh = again.json()
+    assert fresh["id"] != request["id"] and fresh["state"] == "awaiting_approval"
+    befores = [c["before"]["value"]["balance"]
+               for c in fresh["preview"]["members"][0]["changes"]]
+    assert befores == [100, 101, 100]  # the rows as they are now
+    latest = stack.cli(stack.alice, "requests", "show", rid, "--json")
+    assert latest.returncode == 0 and latest.json["id"] == fresh["id"], latest
+
+
 def test_routing_evaluates_every_member_and_one_denied_table_denies_the_set(
         stack: Stack) -> None:
     """Under a config that denies writes to main.ledger_notes, a set with one member on it is

@@ -135,3 +135,32 @@ def test_sealing_a_checkpoint_stores_routing_and_preview_under_its_kind(
     with pytest.raises(InvalidInput):
         store.seal_checkpoint(moved.id, moved.version, checkpoint_cid="sha256:" + "e" * 64,
                               body={}, expires_at=T0, actor="a", state="x")
+
+
+def _stale(nonce: str, marque_id: str) -> dict[str, Any]:
+    return {**_report("aborted_not_applied", nonce, marque_id=marque_id),
+            "error": {"code": "stale_preview", "message": "row 2 changed", "sqlstate": None}}
+
+
+def test_a_stale_effect_preview_ends_its_request_failed_with_the_next_step(
+        store: HarbourStore) -> None:
+    """An Effect Set attempt refused as stale_preview, with a nonce still unused: no attempt
+    of the marque can apply that preview, so the request is failed (stale_preview, saying to
+    re-request) — unless something applied or is unknown, which keep their states."""
+    rid = _prepared(store, "req-st", executions=2)
+    _, request = store.ingest_report(_stale("n-1", "mq_req-st"), actor="pilot-1", now=T0 + 1)
+    assert request is not None and request.state.value == "failed"
+    assert request.failure is not None and request.failure["code"] == "stale_preview"
+    assert "Re-request" in request.failure["message"]
+    assert store.get_request(rid).state.value == "failed"
+
+    _prepared(store, "req-sa", executions=2)
+    store.ingest_report(_report("applied", marque_id="mq_req-sa"), actor="pilot-1", now=T0 + 1)
+    _, request = store.ingest_report(_stale("n-2", "mq_req-sa"), actor="pilot-1", now=T0 + 2)
+    assert request is not None and request.state.value == "verified"
+
+    _prepared(store, "req-su", executions=2)
+    store.ingest_report(_report("indeterminate", marque_id="mq_req-su"), actor="pilot-1",
+                        now=T0 + 1)
+    _, request = store.ingest_report(_stale("n-2", "mq_req-su"), actor="pilot-1", now=T0 + 2)
+    assert request is not None and request.state.value == "reconciliation"

@@ -54,6 +54,12 @@ _STATUS_MEANING = {
                      "reconcile` (never retry with a new nonce)",
     "in_progress": "claimed and running; retry the same nonce to follow it",
 }
+#: Where an outcome's error code changes what its status means for the next step.
+_ERROR_MEANING = {
+    "stale_preview": "provably not applied, and no attempt of this marque can ever apply it: "
+                     "the approved Effect preview is stale. Re-request: make a new request so "
+                     "a new preview is taken and approved (retrying this nonce cannot help)",
+}
 
 
 #: Event fields that hold an epoch time without ending in ``_at``.
@@ -129,7 +135,8 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
                 f"{literal(stalled.message)}. Run `marque reconcile` (or retry the same "
                 "nonce) to settle it by evidence")
     elif outcome.status in _STATUS_MEANING:
-        out.say(f"  {_STATUS_MEANING[outcome.status]}")
+        code = str((outcome.error or {}).get("code"))
+        out.say(f"  {_ERROR_MEANING.get(code, _STATUS_MEANING[outcome.status])}")
     if outcome.error:
         out.say(f"  error {one_line(outcome.error['code'])}: {literal(outcome.error['message'])}")
     summary = (outcome.result or {}).get("effect_set")

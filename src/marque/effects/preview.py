@@ -446,6 +446,8 @@ def check_fresh(
         raise StalePreview(
             f"the preview {preview.effect_preview_cid} is stale: {len(mismatched)} row(s) "
             f"changed, {len(missing)} without evidence, {len(unexpected)} unexpected, "
-            f"binding(s) changed: {', '.join(changed) or 'none'}; nothing was applied",
+            f"binding(s) changed: {', '.join(changed) or 'none'}; nothing was applied, and "
+            "no attempt can apply this preview: re-request, so a new preview is taken and "
+            "approved",
             detail={"mismatched": mismatched, "missing": missing, "unexpected": unexpected,
                     "bindings": changed})

@@ -12,6 +12,13 @@ indeterminate → ``reconciliation``; else any applied → ``verified``; else ev
 nonce provably not applied and the marque unable to run again (every nonce of
 its budget used with every attempt spent, or past its ``exp``) → ``failed``;
 else ``executing``.
+
+An Effect Set attempt refused as ``stale_preview`` (a guarded row no longer
+matches the approved preview) makes the marque unable to run under this
+request for good: the marque names that one preview, and no attempt of any
+nonce can apply a preview whose guards fail — the next step is a new request,
+with a new preview and a new approval. So, with nothing applied and nothing
+unknown, a stale preview is ``failed`` (:func:`can_run_again`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,17 @@ from marque.harbour.lifecycle import RequestState
 from marque.outcome import Status
 
 S = RequestState
+#: The error an Effect Set attempt is refused with when its preview's guards no longer hold
+#: (``marque.errors.StalePreview``): terminal for the request, see the module docstring.
+STALE_PREVIEW = "stale_preview"
+#: What a request ended by a stale preview says to do next (its ``failure.message``).
+STALE_PREVIEW_NEXT_STEP = (
+    "the approved Effect preview is stale (a row it guards changed since it was previewed, "
+    "or can no longer be read), so no attempt of this marque can ever apply it; nothing was "
+    "applied. Re-request: submit the change again (the same request id will do, this "
+    "request no longer blocks it) so a new preview is taken from the rows as they are now "
+    "and approved")
+
 #: Statuses a report may carry (a Pilot reports an attempt only once it has a word on it).
 REPORTED_STATUSES = frozenset({
     Status.APPLIED.value, Status.ABORTED_NOT_APPLIED.value, Status.INDETERMINATE.value,
@@ -50,8 +68,11 @@ def latest_attempts(reports: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
 
 def can_run_again(attempts: list[dict[str, Any]], budget: Mapping[str, Any],
                   marque_expires_at: float | None, now: float) -> bool:
-    """Whether the marque may still execute: unexpired, with a nonce or an attempt left."""
+    """Whether the marque may still execute: unexpired, with a nonce or an attempt left,
+    and no attempt refused for a stale Effect preview (which no attempt can get past)."""
     if marque_expires_at is not None and now >= marque_expires_at:
+        return False
+    if any((row.get("error") or {}).get("code") == STALE_PREVIEW for row in attempts):
         return False
     nonces: dict[str, int] = {}
     for row in attempts:

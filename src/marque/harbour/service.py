@@ -59,7 +59,7 @@ from marque.harbour.home import HarbourHome, open_home_store
 from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.intake import read_registration, read_reports, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
-from marque.harbour.lifecycle import IntentConflict, RequestState, StaleVersion
+from marque.harbour.lifecycle import TERMINAL, IntentConflict, RequestState, StaleVersion
 from marque.harbour.principals import Principal, Role
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
@@ -150,8 +150,11 @@ class Harbourmaster:
     def _find(self, principal: Principal, id_or_request_id: str) -> Request:
         """A request the caller may see, by ``rq_`` id or by the caller's own request id.
 
-        Another requester's request is ``NotFound``, exactly like a missing one, so
-        request ids never leak.
+        A caller's request id resolves in the caller's scope to its active request if
+        there is one, else to the most recent one in its history (failed, expired, …): an
+        id keeps answering with its latest request whatever its state. Another
+        requester's request is ``NotFound``, exactly like a missing one, so request ids
+        never leak.
         """
         if not isinstance(id_or_request_id, str) or not id_or_request_id:
             raise NotFound("no such request")
@@ -167,7 +170,9 @@ class Harbourmaster:
                     id_or_request_id)
             except MarqueError:
                 scope = None
-            request = None if scope is None else self.store.find_active(scope)
+            request = None if scope is None else (
+                self.store.find_active(scope) or next(
+                    reversed(self.store.find_history(scope)), None))
         if request is None or not self._visible(principal, request):
             raise NotFound(f"no request {id_or_request_id[:64]!r} that you may see",
                            detail={"id": id_or_request_id[:64]})
@@ -183,7 +188,8 @@ class Harbourmaster:
         return [self._object(r) for r in self.store.list_requests(state, principal=only)]
 
     def get_request(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:
-        """One request object: by ``rq_`` id, or the caller's own request id (its active one)."""
+        """One request object: by ``rq_`` id, or the caller's own request id (its active
+        request, else its most recent one)."""
         _require(principal, Role.REQUESTER, *_READERS)
         return self._object(self._find(principal, id_or_request_id))
 
@@ -198,6 +204,15 @@ class Harbourmaster:
         if request.marque is None:
             raise Conflict(f"request {request.id} is {request.state}: no marque has been issued "
                            "for it", detail={"id": request.id, "state": request.state.value})
+        if request.state in TERMINAL:
+            # A terminal request's marque is never handed out again: an execution of it could
+            # change the target under a request whose state can no longer say so.
+            failure = request.failure or {}
+            raise Conflict(
+                f"request {request.id} is {request.state}: its marque is not handed out again"
+                + (f" ({failure.get('code')}: {failure.get('message')})" if failure else ""),
+                detail={"id": request.id, "state": request.state.value,
+                        "failure": request.failure})
         pilot = self.store.get_pilot(request.pilot_id)
         claims = unverified_claims(request.marque) or {}
         incarnation = (claims.get("pilot") or {}).get("incarnation")

@@ -297,8 +297,9 @@ def _current_versions(target: RowTarget, preview: EffectPreview) -> dict[str, st
             # mismatch, never a waiver. Nothing is reserved or sent.
             raise StalePreview(
                 f"{member.effect_id}: reading {member.table} for apply admission failed: "
-                f"{exc.message}; the preview no longer describes the target, nothing was "
-                "sent", sqlstate=exc.sqlstate,
+                f"{exc.message}; the preview no longer describes the target and nothing was "
+                "sent: re-request, so a new preview is taken and approved",
+                sqlstate=exc.sqlstate,
                 detail={**exc.detail, "rule": "read_failed",
                         "effect_id": member.effect_id}) from exc
         for row, state in zip(guarded, states, strict=True):

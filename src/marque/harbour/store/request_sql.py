@@ -21,7 +21,12 @@ import uuid
 from typing import Any
 
 from marque.errors import Conflict, InvalidInput, NotFound
-from marque.harbour.executions import latest_attempts, next_state
+from marque.harbour.executions import (
+    STALE_PREVIEW,
+    STALE_PREVIEW_NEXT_STEP,
+    latest_attempts,
+    next_state,
+)
 from marque.harbour.lifecycle import (
     PRIMITIVE_ONLY,
     ExpiryRefused,
@@ -538,6 +543,9 @@ def _failure_of(to: RequestState, attempts: list[dict[str, Any]]) -> dict[str, A
     if to is not S.FAILED:
         return {}
     errors = [row["error"] for row in attempts if isinstance(row.get("error"), dict)]
+    stale = [e for e in errors if e.get("code") == STALE_PREVIEW]
+    if stale:
+        return {"failure": {"code": STALE_PREVIEW, "message": STALE_PREVIEW_NEXT_STEP}}
     last = errors[-1] if errors else {}
     return {"failure": {
         "code": last.get("code") or "aborted_not_applied",
