@@ -113,14 +113,15 @@ class World:
         found: dict[str, Any] = answer.json()
         return found
 
-    def exec_cli(self, id: str, who: str, nonce: str) -> dict[str, Any]:
-        """The requester runs ``marque exec --request ID`` from the CLI; its outcome."""
+    def exec_cli(self, id: str, who: str, nonce: str, *, expect: int = 0) -> dict[str, Any]:
+        """The requester runs ``marque exec --request ID`` from the CLI (exiting ``expect``);
+        its outcome."""
         proc = subprocess.run(
             [str(MARQUE), "exec", "--request", id, "--key", str(self.bank.holder_key),
              "--nonce", nonce, "--harbour", self.url, "--token", self.token(who), "--json"],
             capture_output=True, text=True, timeout=TIMEOUT, env=cli_env(),
             stdin=subprocess.DEVNULL)
-        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert proc.returncode == expect, (proc.stdout, proc.stderr)
         lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
         outcome: dict[str, Any] = lines[-1]
         return outcome

@@ -6,6 +6,7 @@ write, a joined Pilot serving the SQLite bank (accounts 1 and 2 at 100).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -74,3 +75,30 @@ def test_the_request_page_shows_rows_before_and_after_and_then_the_receipt(
     assert world.request(made["id"])["receipt"]["set_receipt_cid"] in receipt.inner_text()
     assert _cells(carol, 1)[-1] == "✓ applied" and _cells(carol, 2)[-1] == "✓ applied"
     assert page.get_by_test_id("row-state").locator(".tone-bad").count() == 0
+
+
+def test_a_stale_preview_shows_the_request_failed_with_its_next_step(
+        world: World, consoles: Consoles) -> None:
+    """A row written after the approvals: the execution is stale_preview, and the request
+    page shows the request failed — stale_preview, saying to re-request for a new preview —
+    not an execution that may run again."""
+    before = world.bank.balances()
+    made = _submit(world, [{"id": 1, "balance": 111}], "one row")
+    world.approve(made["id"], "carol")
+    world.approve(made["id"], "dave")
+    conn = sqlite3.connect(world.bank.bank)
+    with conn:
+        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+    conn.close()
+    outcome = world.exec_cli(made["id"], "alice", "n1", expect=4)
+    assert outcome["error"]["code"] == "stale_preview", outcome
+    wait_for("the request to fail", lambda: world.request(made["id"])["state"] == "failed")
+
+    carol = consoles("carol")
+    carol.page.goto(f"/requests/{made['id']}")
+    status = carol.page.get_by_test_id("status")
+    assert status.get_attribute("data-state") == "failed"
+    text = " ".join(status.inner_text().split())
+    assert "stale_preview" in text and "Re-request" in text and "new preview" in text
+    assert "may run again" not in text
+    assert world.bank.balances() == {**before, 1: before[1] + 1}
