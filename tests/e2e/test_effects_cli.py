@@ -164,3 +164,36 @@ def test_a_failed_resume_revalidation_exits_3_by_its_own_attempt_not_an_earlier_
     assert "of attempt 1 (attempt 2 sealed none)" in human.stdout
     assert "resume_revalidation_failed" in human.stdout
     assert _qty(tmp_path) == {1: 5, 2: 7, 3: 9}
+
+
+def test_a_key_column_the_table_lacks_is_read_failed_and_changes_nothing(
+        tmp_path: Path) -> None:
+    """SQLite reads a double-quoted name that is no column as a string literal: with key
+    ["nokey"] and a row {"nokey": "nokey", ...}, `WHERE "nokey" = 'nokey'` would match the
+    table's one row. `effects preview` checks the declared columns first: exit 4,
+    preview_failed with rule read_failed naming the column; nothing is stored or changed."""
+    _setup(tmp_path, [{"id": 1, "qty": 10}])
+    db = sqlite3.connect(tmp_path / "shop.db")
+    with db:
+        db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute("INSERT INTO notes VALUES (1, 'original')")
+    db.close()
+    (tmp_path / "nokey.json").write_text(json.dumps({"version": "marque-effect-set/0.1",
+                                                     "members": [
+        {"effect_id": "fix", "kind": "update", "table": "notes", "key": ["nokey"],
+         "failure_policy": "halt", "max_items": 10, "input": "nokey.rows.json"}]}))
+    (tmp_path / "nokey.rows.json").write_text(json.dumps([{"nokey": "nokey",
+                                                           "value": "changed"}]))
+
+    done = marque(tmp_path, "effects", "preview", "--home", "home", "--declaration",
+                  "nokey.json", "--target", "shop", "--json")
+
+    assert done.returncode == 4, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "preview_failed"
+    assert (error["detail"]["rule"], error["detail"]["columns"]) == ("read_failed", ["nokey"])
+    db = sqlite3.connect(tmp_path / "shop.db")
+    try:
+        assert db.execute("SELECT id, value FROM notes").fetchall() == [(1, "original")]
+    finally:
+        db.close()

@@ -87,7 +87,13 @@ from marque.outcome import Status
 from marque.pilot import effect_run
 from marque.pilot.stream import Observation
 from marque.target import TargetAttempt
-from marque.target.rows import RowEvidence, RowStampConflict, RowTarget, RowWrite
+from marque.target.rows import (
+    ColumnsMissing,
+    RowEvidence,
+    RowStampConflict,
+    RowTarget,
+    RowWrite,
+)
 from marque.timefmt import iso_time
 
 if TYPE_CHECKING:
@@ -291,7 +297,7 @@ def _current_versions(target: RowTarget, preview: EffectPreview) -> dict[str, st
             states = target.read_rows(member.table,
                                       [_identity(member, row) for row in guarded],
                                       (*member.key, *columns))
-        except StatementError as exc:
+        except ColumnsMissing as exc:
             # The table no longer has what the preview names (or never had: a preview an
             # older Pilot made): the guards cannot be read, and missing evidence is a
             # mismatch, never a waiver. Nothing is reserved or sent.

@@ -111,6 +111,13 @@ class RowConditionFailed(NotApplied):
     code = "conflict"
 
 
+class ColumnsMissing(StatementError):
+    """The table does not exist, or lacks a column a member names (found before any
+    statement was sent, :meth:`RowTarget._check_columns`). Code ``statement_error``, as the
+    database's own refusal would be; its own class so that apply admission can tell it from
+    a read that failed for another reason."""
+
+
 def quote(identifier: str) -> str:
     """A quoted SQL identifier, ``schema.name`` quoted part by part."""
     return ".".join('"' + part.replace('"', '""') + '"' for part in identifier.split("."))
@@ -218,18 +225,18 @@ class RowTarget(abc.ABC):
 
     def _check_columns(self, conn: Any, table: str, columns: set[str]) -> None:
         """Refuse, before any statement names them, a table that does not exist and
-        ``columns`` it does not have (:class:`~marque.errors.StatementError`, detail
+        ``columns`` it does not have (:class:`ColumnsMissing`, detail
         ``table`` and ``columns``). Every engine checks, so both answer alike; on SQLite it
         is what keeps a double-quoted name that is no column from being read as a string
         literal (``WHERE "nokey" = 'nokey'`` is true for every row)."""
         have = self._table_columns(conn, table)
         if have is None:
-            raise StatementError(f"no such table: {table}",
+            raise ColumnsMissing(f"no such table: {table}",
                                  sqlstate=self.undefined_table_sqlstate,
                                  detail={"table": table, "columns": []})
         missing = sorted(c for c in columns if self._column_name(c) not in have)
         if missing:
-            raise StatementError(f"table {table} has no column(s) {', '.join(missing)}",
+            raise ColumnsMissing(f"table {table} has no column(s) {', '.join(missing)}",
                                  sqlstate=self.undefined_column_sqlstate,
                                  detail={"table": table, "columns": missing})
 
