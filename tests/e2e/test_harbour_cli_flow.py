@@ -323,6 +323,27 @@ def test_ids_and_credentials_are_checked_before_anything_is_sent(tmp_path: Path)
     assert down.returncode == 7 and down.json["error"]["code"] == "harbour_unavailable", down
 
 
+def test_a_request_to_a_harbourmaster_that_refuses_the_connection_is_final_at_once(
+        tmp_path: Path) -> None:
+    """Connection refused before anything was sent: no request exists, so `marque request`
+    says so once (harbour_unavailable, exit 7) instead of retrying what never left."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    down = cli(*request_args(), token="t", harbour=nowhere)
+    assert down.returncode == 7, down
+    assert down.json["error"]["code"] == "harbour_unavailable", down
+    assert down.json["error"]["detail"] == {"sent": False}
+    assert [e["event"] for e in down.events] == ["request_id"]  # no "retrying" event
+    assert down.json["request_id"] == down.events[0]["request_id"]
+
+    human = cli(*request_args()[:-1], token="t", harbour=nowhere)
+    assert human.returncode == 7, human
+    assert human.stdout == ""
+    assert human.stderr.count("nothing was sent") == 1, human.stderr
+    assert "retrying" not in human.stderr and "gave up" not in human.stderr, human.stderr
+    [said] = [line for line in human.stderr.splitlines() if "harbour_unavailable" in line]
+    assert said.startswith("unavailable: harbour_unavailable"), said
+
+
 # -- a saved signed head catches a truncated tail ------------------------------------------
 
 
