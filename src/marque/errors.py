@@ -11,6 +11,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── LedgerMissing        ledger_missing
     │   ├── HomeMismatch         home_mismatch         ledger opened from another home
     │   ├── LedgerNotDurable     ledger_not_durable    its engine would not keep commits
+    │   ├── PostgresSupportMissing postgres_support_missing  a postgresql:// DSN, no driver
     │   ├── RequestIdInvalid     request_id_invalid
     │   ├── EffectDeclarationInvalid effect_declaration_invalid  an Effect Set declaration
     │   ├── EffectInputInvalid   effect_input_invalid  an Effect Set member's input relation
@@ -171,6 +172,12 @@ class LedgerNotDurable(UsageError, code="ledger_not_durable"):
     """The ledger's engine is set up so that a commit may not survive a crash (SQLite not in
     WAL with ``synchronous=FULL``, PostgreSQL without ``fsync`` or ``synchronous_commit``):
     the Pilot refuses to start on it unless ``pilot.json`` says ``"durability": "warn"``."""
+
+
+class PostgresSupportMissing(UsageError, code="postgres_support_missing"):
+    """A ``postgresql://`` DSN was given to an installation without PostgreSQL support
+    (its driver, installed by the ``postgres`` extra, cannot be imported): nothing was
+    connected to, created or changed."""
 
 
 class RequestIdInvalid(UsageError, code="request_id_invalid"):
