@@ -183,6 +183,42 @@ def test_the_whole_story_through_the_cli(stack: Stack) -> None:
         assert kinds.count(kind) == 1, kinds
 
 
+def _doc_heredoc(page: str, name: str) -> str:
+    """The file a docs page writes with ``cat > NAME <<'EOF'`` in one of its examples."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text(encoding="utf-8")
+    opening = f"cat > {name} <<'EOF'\n"
+    start = text.index(opening) + len(opening)
+    return text[start:text.index("\nEOF\n", start) + 1]
+
+
+def test_the_routing_example_for_the_tours_bank_routes_as_docs_harbour_says(
+        stack: Stack) -> None:
+    """docs/harbour.md's routing config for the README tour's SQLite bank, adopted on a
+    real Harbourmaster: the tour's debit waits on a preview for two approvers, a read of
+    `accounts` gets its marque at once; the PostgreSQL example's config, adopted on the
+    same bank, matches nothing there (`public.accounts` is not SQLite's `main.accounts`)."""
+    adopted = stack.harbour.set_routing(_doc_heredoc("harbour.md", "bank-routing.toml"))
+    assert adopted["config_cid"].startswith("sha256:"), adopted
+    debit = stack.as_(stack.alice, *request_args("--param", "[1]",
+                                                 sql=DEBIT.replace("= 1", "= ?")))
+    assert debit.returncode == 0, debit
+    routed = debit.json
+    assert routed["state"] == "awaiting_approval", routed
+    assert routed["routing"]["outcome"] == "delegate"
+    assert routed["routing"]["approvals"] == 2
+    assert routed["routing"]["config_cid"] == adopted["config_cid"]
+    assert routed["preview"]["total_rows"] == 1
+    read = stack.as_(stack.alice, *request_args(sql="SELECT balance FROM accounts WHERE id = 1"))
+    assert read.returncode == 0, read
+    assert read.json["state"] == "prepared" and read.json["marque"] is not None, read.json
+
+    stack.harbour.set_routing(_doc_heredoc("harbour.md", "routing.toml"))
+    elsewhere = stack.as_(stack.alice, *request_args("--request-id", "pg-shaped"))
+    assert elsewhere.returncode == 3, elsewhere
+    assert elsewhere.json["error"]["code"] == "account_no_match", elsewhere
+    assert stack.bank.balances() == {1: 100, 2: 100}
+
+
 # -- a lost answer is retried under the same id --------------------------------------------
 
 
