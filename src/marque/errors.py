@@ -62,7 +62,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── OwnerGone            owner_gone            the owning process died, no outcome
     │   ├── PilotLost            pilot_lost            a service lost mid-execution, not regained
     │   └── CommitUnknown        commit_unknown
-    ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 1)
+    ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 8)
     └── Unavailable           could not be reached before anything ran (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
@@ -434,7 +434,9 @@ class LogbookBroken(MarqueError, code="logbook_broken"):
     the chain no longer reaches a saved head. ``detail`` names the first bad ``seq``."""
 
     kind = "broken"
-    exit_status = 1
+    # Its own status: exit 1 is left to what nobody planned for (a bug), so a script
+    # watching `logbook verify` never mistakes a crash for tampering, or the reverse.
+    exit_status = 8
 
 
 # -- could not be reached; nothing ran ---------------------------------------------

@@ -418,7 +418,7 @@ def test_logbook_verify_over_http_with_a_saved_head_detects_a_truncated_tail(
         unaided = as_audra("logbook", "verify", "--json")
         assert unaided.returncode == 0 and unaided.json["entries"] == last - 1, unaided
         caught = as_audra("logbook", "verify", "--head", head_file, "--json")
-        assert caught.returncode == 1, caught
+        assert caught.returncode == 8, caught
         assert caught.json["intact"] is False
         assert caught.json["error"]["code"] == "logbook_broken"
         assert caught.json["break"]["seq"] == last
