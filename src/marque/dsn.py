@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from marque.errors import InvalidInput
+from marque.errors import InvalidInput, PostgresSupportMissing
 
 SQLITE_PREFIX = "sqlite:///"
 _PASSWORD_IN_URL = re.compile(r"://([^:/@]*):[^@/]*@")
@@ -28,6 +28,26 @@ def is_sqlite(dsn: str) -> bool:
 def is_postgres(dsn: str) -> bool:
     """Whether ``dsn`` names a PostgreSQL database."""
     return dsn.startswith(("postgresql://", "postgres://"))
+
+
+def require_postgres_support(dsn: str) -> None:
+    """Refuse a PostgreSQL ``dsn`` at once when its driver cannot be imported.
+
+    The driver comes with the ``postgres`` extra; a plain ``pip install marque``
+    has none, and a bare ``ImportError`` deep inside a command would tell its user
+    nothing they can act on (and break ``--json``'s one object).
+    """
+    if not is_postgres(dsn):
+        return
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        missing = exc.name or "psycopg"
+        raise PostgresSupportMissing(
+            f"PostgreSQL support needs `pip install 'marque[postgres]'` (no module named "
+            f"{missing!r} in this Python environment)", detail={"missing_module": missing},
+        ) from exc
 
 
 def sqlite_path(dsn: str) -> str:

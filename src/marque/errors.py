@@ -11,6 +11,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── LedgerMissing        ledger_missing
     │   ├── HomeMismatch         home_mismatch         ledger opened from another home
     │   ├── LedgerNotDurable     ledger_not_durable    its engine would not keep commits
+    │   ├── PostgresSupportMissing postgres_support_missing  a postgresql:// DSN, no driver
     │   ├── RequestIdInvalid     request_id_invalid
     │   ├── EffectDeclarationInvalid effect_declaration_invalid  an Effect Set declaration
     │   ├── EffectInputInvalid   effect_input_invalid  an Effect Set member's input relation
@@ -61,7 +62,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── OwnerGone            owner_gone            the owning process died, no outcome
     │   ├── PilotLost            pilot_lost            a service lost mid-execution, not regained
     │   └── CommitUnknown        commit_unknown
-    ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 1)
+    ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 8)
     └── Unavailable           could not be reached before anything ran (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
@@ -171,6 +172,12 @@ class LedgerNotDurable(UsageError, code="ledger_not_durable"):
     """The ledger's engine is set up so that a commit may not survive a crash (SQLite not in
     WAL with ``synchronous=FULL``, PostgreSQL without ``fsync`` or ``synchronous_commit``):
     the Pilot refuses to start on it unless ``pilot.json`` says ``"durability": "warn"``."""
+
+
+class PostgresSupportMissing(UsageError, code="postgres_support_missing"):
+    """A ``postgresql://`` DSN was given to an installation without PostgreSQL support
+    (its driver, installed by the ``postgres`` extra, cannot be imported): nothing was
+    connected to, created or changed."""
 
 
 class RequestIdInvalid(UsageError, code="request_id_invalid"):
@@ -427,7 +434,9 @@ class LogbookBroken(MarqueError, code="logbook_broken"):
     the chain no longer reaches a saved head. ``detail`` names the first bad ``seq``."""
 
     kind = "broken"
-    exit_status = 1
+    # Its own status: exit 1 is left to what nobody planned for (a bug), so a script
+    # watching `logbook verify` never mistakes a crash for tampering, or the reverse.
+    exit_status = 8
 
 
 # -- could not be reached; nothing ran ---------------------------------------------

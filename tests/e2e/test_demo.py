@@ -17,6 +17,9 @@ def test_demo_narrates_every_step() -> None:
                  "execution.applied", "intact", "balances before", "balances after",
                  "every step behaved"):
         assert word in text, f"demo narration lacks {word!r}"
+    # The change takes 10 from account 1 (balances after: 90, 100): a debit, never a refund.
+    assert "a debit of 10 from account 1" in text
+    assert "refund" not in text
 
 
 def test_demo_json_reports_each_step_and_the_bank_changed_once() -> None:
@@ -32,4 +35,5 @@ def test_demo_json_reports_each_step_and_the_bank_changed_once() -> None:
     assert all(step["ok"] for step in body["steps"]), body["steps"]
     assert body["before"] == {"1": 100, "2": 100} and body["after"] == {"1": 90, "2": 100}
     assert body["request"]["state"] == "verified"
+    assert "refund" not in json.dumps(body["request"])  # a debit, told as one
     assert [e["status"] for e in body["request"]["executions"]] == ["applied"]

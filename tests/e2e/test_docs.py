@@ -243,6 +243,71 @@ def test_the_tour_changed_the_bank_exactly_as_it_says(
     assert stamps == [("pay-1", "applied", 1, 1), ("refund-1", "applied", 1, 1)]
 
 
+def test_the_readme_service_example_runs_against_a_served_pilot(
+    doc_runs: dict[str, tuple[list[Block], DocRun]], tmp_path: Path
+) -> None:
+    """"The Pilot as a service": after the tour, its commands run as written against a
+    real `pilot serve` over the tour's home (on a free port, not 8750), and the marque
+    they execute is a fresh one — never the tour's spent one."""
+    from harbour_support import PilotServe
+
+    _, tour = doc_runs["README.md"]
+    assert tour.returncode == 0
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## The Pilot as a service"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert "marque pilot serve --home ./pilot --listen 127.0.0.1:8750" in blocks[0]
+    service = PilotServe(tour.directory / "pilot", cwd=tour.directory, log=tmp_path / "log")
+    service.start()
+    try:
+        commands = "\n".join(blocks[1:]).replace("http://127.0.0.1:8750", service.url)
+        shell = ("set -euo pipefail\n"
+                 "field() { python3 -c 'import json, sys; print(json.load(sys.stdin)"
+                 "[sys.argv[1]])' \"$1\"; }\n"
+                 "INCARNATION=$(marque pilot show --home ./pilot --json | field incarnation)\n"
+                 + commands)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MARQUE_")}
+        env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+        done = subprocess.run(["bash", "-c", shell], cwd=tour.directory, env=env,
+                              capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        service.stop()
+    assert done.returncode == 0, done
+    assert re.search(r"^applied marque mq_\S+ nonce \S+ attempt 1, rows_affected=1$",
+                     done.stdout, re.M), done
+    assert '"pilot_id": "pilot-1"' in done.stdout or '"pilot_id":"pilot-1"' in done.stdout
+    assert "budget_exhausted" not in done.stdout + done.stderr
+
+
+_ISSUE_TALK = re.compile(r"\b[Ii]ssues? \d+|\b[Tt]he issue\b(?!r)|\bissue's\b|\bthis issue\b")
+
+
+def test_no_page_speaks_of_the_projects_issues() -> None:
+    """Users have the docs, not the project's issue tracker: a page states what it means
+    (a target, a choice) in its own words, never as "issue 15's targets"."""
+    pages = [*doc_files(), ROOT / "bench" / "README.md"]
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in pages
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if _ISSUE_TALK.search(line)]
+    assert not found, found
+
+
+def test_the_cli_exit_table_names_every_exit_status() -> None:
+    """docs/cli.md's exit status table has a row for each status an outcome or an error
+    class gives (0 and 6 from outcomes; the rest from the error classes), so no error
+    shares exit 1 with a bug."""
+    text = (DOCS / "cli.md").read_text(encoding="utf-8")
+    table = text[text.index("| exit | meaning |"):]
+    table = table[:table.index("\n\n")]
+    documented = {int(row.split("|")[1]) for row in table.splitlines()[2:]}
+    given = {0, 6} | {cls.exit_status for cls in errors.MarqueError._registry.values()}
+    assert documented == given
+    assert 1 not in given  # exit 1 is left to what nobody planned for
+
+
 def test_docs_need_nothing_outside_the_repository() -> None:
     """A user has the repository only: no page points at ../shared or DESIGN.md."""
     for path in doc_files():

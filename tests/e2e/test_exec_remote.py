@@ -281,3 +281,20 @@ def test_a_post_lost_before_the_service_saw_it_is_posted_again_once(
     assert (res.json["status"], res.json["attempt"], res.json["replayed"]) == ("applied", 1, False)
     assert world.balances()[1] == 90
     assert world.ledger_count("attempts") == 1
+
+
+def test_an_applied_exec_settled_behind_its_answer_says_nothing_alarming(
+        world: World, service: Service) -> None:
+    """The service answers an applied write before its ledger records it (settling behind
+    the answer, its default): that is the normal path, so the human output asks nothing
+    of the operator — no "not yet recorded", no warning about nonces."""
+    marque = world.issue([DEBIT])
+    res = world.run("exec", "--pilot", service.url, "--marque", marque, "--key",
+                    world.holder_key, "--nonce", "n1")
+    assert res.returncode == EXIT["applied"], res
+    assert "settle_behind" in res.stderr  # it was answered ahead of its record
+    assert res.stdout.startswith("applied marque "), res
+    assert res.stdout.startswith("applied marque ") and res.stdout.count("\n") == 1, res
+    for said in (res.stdout, res.stderr):
+        assert "not yet recorded" not in said and "Do not retry" not in said, said
+    assert world.balances()[1] == 90

@@ -142,7 +142,7 @@ def test_logbook_verify_names_the_first_edited_entry(home: Path) -> None:
         conn.execute("UPDATE logbook SET body = replace(body, '\"a\"', '\"z\"') WHERE seq = ?",
                      (entries - 2,))
     broken = run_cli("logbook", "verify", "--home", home, "--json")
-    assert broken.returncode == 1, broken
+    assert broken.returncode == 8, broken
     body = broken.json
     assert body["intact"] is False and body["error"]["code"] == "logbook_broken"
     assert body["break"]["seq"] == entries - 2
@@ -160,9 +160,9 @@ def test_a_saved_signed_head_catches_a_truncated_tail(home: Path, tmp_path: Path
         conn.execute("DELETE FROM logbook WHERE seq = ?", (last,))
     # The store's own head row already names the cut; a saved head names it too.
     bare = run_cli("logbook", "verify", "--home", home, "--json")
-    assert bare.returncode == 1 and bare.json["break"]["seq"] == last
+    assert bare.returncode == 8 and bare.json["break"]["seq"] == last
     cut = run_cli("logbook", "verify", "--home", home, "--head", head, "--json")
-    assert cut.returncode == 1 and cut.json["break"]["seq"] == last
+    assert cut.returncode == 8 and cut.json["break"]["seq"] == last
 
     # Cutting the head row back too defeats the store's own check; the saved head does not.
     with sqlite3.connect(home / "harbour.sqlite3") as conn:
@@ -170,7 +170,7 @@ def test_a_saved_signed_head_catches_a_truncated_tail(home: Path, tmp_path: Path
         conn.execute("UPDATE logbook_head SET seq = ?, hash = ?", (last - 1, prev))
     assert run_cli("logbook", "verify", "--home", home).returncode == 0
     cut = run_cli("logbook", "verify", "--home", home, "--head", head, "--json")
-    assert cut.returncode == 1 and cut.json["break"]["seq"] == last
+    assert cut.returncode == 8 and cut.json["break"]["seq"] == last
 
     forged = json.loads(head.read_text())
     forged["signed"] = forged["signed"][:-4] + ("AAAA" if forged["signed"][-4:] != "AAAA"

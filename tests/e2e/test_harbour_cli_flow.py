@@ -183,6 +183,42 @@ def test_the_whole_story_through_the_cli(stack: Stack) -> None:
         assert kinds.count(kind) == 1, kinds
 
 
+def _doc_heredoc(page: str, name: str) -> str:
+    """The file a docs page writes with ``cat > NAME <<'EOF'`` in one of its examples."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text(encoding="utf-8")
+    opening = f"cat > {name} <<'EOF'\n"
+    start = text.index(opening) + len(opening)
+    return text[start:text.index("\nEOF\n", start) + 1]
+
+
+def test_the_routing_example_for_the_tours_bank_routes_as_docs_harbour_says(
+        stack: Stack) -> None:
+    """docs/harbour.md's routing config for the README tour's SQLite bank, adopted on a
+    real Harbourmaster: the tour's debit waits on a preview for two approvers, a read of
+    `accounts` gets its marque at once; the PostgreSQL example's config, adopted on the
+    same bank, matches nothing there (`public.accounts` is not SQLite's `main.accounts`)."""
+    adopted = stack.harbour.set_routing(_doc_heredoc("harbour.md", "bank-routing.toml"))
+    assert adopted["config_cid"].startswith("sha256:"), adopted
+    debit = stack.as_(stack.alice, *request_args("--param", "[1]",
+                                                 sql=DEBIT.replace("= 1", "= ?")))
+    assert debit.returncode == 0, debit
+    routed = debit.json
+    assert routed["state"] == "awaiting_approval", routed
+    assert routed["routing"]["outcome"] == "delegate"
+    assert routed["routing"]["approvals"] == 2
+    assert routed["routing"]["config_cid"] == adopted["config_cid"]
+    assert routed["preview"]["total_rows"] == 1
+    read = stack.as_(stack.alice, *request_args(sql="SELECT balance FROM accounts WHERE id = 1"))
+    assert read.returncode == 0, read
+    assert read.json["state"] == "prepared" and read.json["marque"] is not None, read.json
+
+    stack.harbour.set_routing(_doc_heredoc("harbour.md", "routing.toml"))
+    elsewhere = stack.as_(stack.alice, *request_args("--request-id", "pg-shaped"))
+    assert elsewhere.returncode == 3, elsewhere
+    assert elsewhere.json["error"]["code"] == "account_no_match", elsewhere
+    assert stack.bank.balances() == {1: 100, 2: 100}
+
+
 # -- a lost answer is retried under the same id --------------------------------------------
 
 
@@ -323,6 +359,27 @@ def test_ids_and_credentials_are_checked_before_anything_is_sent(tmp_path: Path)
     assert down.returncode == 7 and down.json["error"]["code"] == "harbour_unavailable", down
 
 
+def test_a_request_to_a_harbourmaster_that_refuses_the_connection_is_final_at_once(
+        tmp_path: Path) -> None:
+    """Connection refused before anything was sent: no request exists, so `marque request`
+    says so once (harbour_unavailable, exit 7) instead of retrying what never left."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    down = cli(*request_args(), token="t", harbour=nowhere)
+    assert down.returncode == 7, down
+    assert down.json["error"]["code"] == "harbour_unavailable", down
+    assert down.json["error"]["detail"] == {"sent": False}
+    assert [e["event"] for e in down.events] == ["request_id"]  # no "retrying" event
+    assert down.json["request_id"] == down.events[0]["request_id"]
+
+    human = cli(*request_args()[:-1], token="t", harbour=nowhere)
+    assert human.returncode == 7, human
+    assert human.stdout == ""
+    assert human.stderr.count("nothing was sent") == 1, human.stderr
+    assert "retrying" not in human.stderr and "gave up" not in human.stderr, human.stderr
+    [said] = [line for line in human.stderr.splitlines() if "harbour_unavailable" in line]
+    assert said.startswith("unavailable: harbour_unavailable"), said
+
+
 # -- a saved signed head catches a truncated tail ------------------------------------------
 
 
@@ -361,7 +418,7 @@ def test_logbook_verify_over_http_with_a_saved_head_detects_a_truncated_tail(
         unaided = as_audra("logbook", "verify", "--json")
         assert unaided.returncode == 0 and unaided.json["entries"] == last - 1, unaided
         caught = as_audra("logbook", "verify", "--head", head_file, "--json")
-        assert caught.returncode == 1, caught
+        assert caught.returncode == 8, caught
         assert caught.json["intact"] is False
         assert caught.json["error"]["code"] == "logbook_broken"
         assert caught.json["break"]["seq"] == last

@@ -146,6 +146,11 @@ def test_a_rebinding_with_pins_serves_the_new_database_and_keeps_the_old_attempt
     retried = world.exec(marque, "n-1")
     assert retried.json["status"] == "indeterminate", retried
     assert "target_replaced" in str(world.logbook("execution.reconciliation")[-1]["body"])
+    # Unlike an applied answer, an unknown one asks something of its reader, and says so.
+    told = world.run(*[a for a in world.exec_args(marque, "n-1") if a != "--json"])
+    assert told.returncode == EXIT["indeterminate"], told
+    assert told.stdout.startswith("indeterminate marque "), told
+    assert "run `marque reconcile` (never retry with a new nonce)" in told.stdout, told
     fresh = world.exec(marque, "n-2")
     assert fresh.returncode == EXIT["applied"], fresh
     assert _rows(other, "SELECT balance FROM accounts WHERE id = 1") == [(90,)]

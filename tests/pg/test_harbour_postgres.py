@@ -40,7 +40,7 @@ def test_a_harbourmaster_on_a_postgres_store(tmp_path: Path, pg_dsn: str) -> Non
     with psycopg.connect(pg_dsn) as conn:
         conn.execute("UPDATE marque_harbour.logbook SET actor = 'someone-else' WHERE seq = 2")
     broken = run_cli("logbook", "verify", "--home", home, "--json")
-    assert broken.returncode == 1
+    assert broken.returncode == 8
     assert one_json(broken.stdout)["break"]["seq"] == 2
 
     again = run_cli("harbour", "init", "--home", tmp_path / "other", "--store", pg_dsn,

@@ -24,8 +24,9 @@ DESIGN_CODES = {
 OWN_CODES = {
     "input_invalid": 2, "config_invalid": 2, "ledger_exists": 2, "ledger_missing": 2,
     "home_mismatch": 2, "ledger_not_durable": 2, "nonce_reaped": 2, "ledger_corrupt": 7,
+    "postgres_support_missing": 2,
     "owner_gone": 5, "pilot_lost": 5,
-    "logbook_broken": 1,
+    "logbook_broken": 8,
     # Effect Sets (docs/effects.md)
     "effect_declaration_invalid": 2, "effect_input_invalid": 2, "effect_duplicate_identity": 2,
     "effect_max_items_exceeded": 2, "effect_preview_invalid": 2, "effect_receipt_invalid": 2,

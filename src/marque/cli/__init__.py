@@ -3,7 +3,7 @@
 Every command takes ``--json`` and then prints exactly one JSON object on
 stdout; streamed events go to stderr as JSON lines. Exit statuses come from
 the outcome (0 applied, 4 aborted_not_applied, 5 indeterminate, 6 in_progress)
-or from the error class (2 usage, 3 refused, 7 unavailable) — never from a
+or from the error class (2 usage, 3 refused, 7 unavailable, 8 logbook broken) — never from a
 table kept here. The plumbing is in :mod:`marque.cli.common`; command modules
 import what a command needs inside the command, so ``marque exec`` pays only
 for what it runs.

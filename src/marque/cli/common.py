@@ -37,7 +37,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _CONTROL_ALL = re.compile("[\x00-\x1f\x7f-\x9f]")
-_MARKUP = re.compile(r"\[/?[a-z ]*\]")
+#: A style tag of ``say``'s markup; a bracket escaped by :func:`literal` is text, kept.
+_MARKUP = re.compile(r"(?<!\\)\[/?[a-z ]*\]")
 
 
 class CommandExit(Exception):

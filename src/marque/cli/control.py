@@ -247,16 +247,21 @@ def submit_with_retry(client: HarbourClient, body: dict[str, Any], request_id: s
                       ) -> tuple[dict[str, Any], bool]:
     """``POST /v1/requests``, retried under the SAME request id while no answer arrives.
 
-    Only :class:`HarbourUnavailable` is retried (nothing answered, or the
-    answer was lost): a second POST with the same id and intent is answered
-    with the request the first created, if it did, so no retry can make a
-    second request. Everything the Harbourmaster *answered* is final.
+    Only a lost answer is retried (:class:`HarbourUnavailable` after the POST may
+    have left): a second POST with the same id and intent is answered with the
+    request the first created, if it did, so no retry can make a second request.
+    Everything the Harbourmaster *answered* is final, and so is a connection
+    refused before anything was ever sent (``detail["sent"]`` false on every try so
+    far): then no request exists, and waiting would only hide that the
+    Harbourmaster is down.
     """
+    maybe_sent = False
     for delay in (*delays, None):
         try:
             return client.submit(body, request_id)
         except HarbourUnavailable as exc:
-            if delay is None:
+            maybe_sent = maybe_sent or exc.detail.get("sent") is not False
+            if delay is None or not maybe_sent:
                 raise
             on_retry(exc, delay)
             time.sleep(delay)
@@ -346,7 +351,11 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
             err.say(f"request id {one_line(rid)} (generated: to retry this request, pass "
                     f"--request-id {one_line(rid)})")
 
+    retried = False
+
     def on_retry(exc: HarbourUnavailable, delay: float) -> None:
+        nonlocal retried
+        retried = True
         if as_json:
             emit_event_json({"event": "retrying", "request_id": rid, "after": exc.message,
                              "delay_seconds": delay})
@@ -360,7 +369,8 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
         extra = {"request_id": rid}
         if isinstance(exc.detail.get("id"), str):
             extra["id"] = exc.detail["id"]
-        if not as_json and isinstance(exc, HarbourUnavailable):
+        if not as_json and isinstance(exc, HarbourUnavailable) and (
+                exc.detail.get("sent") is not False or retried):
             err.say(f"gave up; the request may or may not exist: retry with --request-id "
                     f"{one_line(rid)} (never without it)")
         fail(exc, as_json, extra)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,11 +108,15 @@ def _skew_note(event: dict[str, Any]) -> str | None:
     return None
 
 
-def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None = None) -> None:
+def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None = None,
+                  events: frozenset[str] = frozenset()) -> None:
     """The outcome object: JSON with --json, else what an operator needs to act on it.
 
     ``stalled`` is why an ``in_progress`` nonce's owner can no longer finish it
     (its process died, or its lease ran out): then "running" would be untrue.
+    ``events`` are the kinds of the events streamed before this outcome: they tell
+    an applied write settled behind its answer (nothing to do) from one the ledger
+    could not record.
     """
     if as_json:
         emit_json(outcome.to_dict())
@@ -125,11 +130,7 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
         line += " [dim](recorded outcome: nothing ran now)[/]"
     out.say(line)
     if not outcome.recorded:
-        out.say("  [bold magenta]not yet recorded in the ledger[/]: the target's stamp is the "
-                "durable record that it applied. The Pilot records it just behind this answer "
-                "(settle_write_behind), or, if it could not write it down, `marque reconcile` "
-                "(or a retry of the same nonce) settles it from the stamp once the ledger is "
-                "back. Do not retry with a new nonce")
+        _say_unrecorded(outcome, events)
     if stalled is not None:
         out.say(f"  claimed, but nothing is running it ({stalled.code}): "
                 f"{literal(stalled.message)}. Run `marque reconcile` (or retry the same "
@@ -148,6 +149,27 @@ def print_outcome(outcome: Outcome, as_json: bool, stalled: MarqueError | None =
         out.say("  " + " | ".join(one_line(c) for c in outcome.result["columns"]))
         for row in outcome.result["rows"]:
             out.say("  " + " | ".join(one_line(v) for v in row))
+
+
+def _say_unrecorded(outcome: Outcome, events: frozenset[str]) -> None:
+    """What an answer the ledger does not hold yet asks of its reader, if anything.
+
+    An applied write settled behind its answer is the normal path of a long-running
+    Pilot: its stamp in the target is the durable record and the Pilot records it
+    moments later, so nothing is said. Anything else the ledger missed needs evidence
+    to settle it, and the reader must not reach for a new nonce meanwhile.
+    """
+    if outcome.status == "applied":
+        if "outcome_not_recorded" in events:
+            out.say("  [dim]the ledger could not record it yet; the target's stamp is its "
+                    "durable record, and reconciliation (the running Pilot, `marque "
+                    "reconcile`, or a retry of the same nonce) records it once the ledger "
+                    "is back[/]")
+        return
+    out.say("  [bold magenta]not yet recorded in the ledger[/]: the ledger could not be "
+            "written after the target answered. `marque reconcile` (or a retry of the same "
+            "nonce) settles it by evidence once the ledger is back. Do not retry with a new "
+            "nonce")
 
 
 @click.command("exec")
@@ -181,6 +203,12 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
 
     pilot_info: dict[str, Any] = {"id": None, "incarnation": None}
     marque = ""
+    seen: set[str] = set()
+
+    def on_event(event: dict[str, Any]) -> None:
+        seen.add(event["event"])
+        print_event(event, as_json)
+
     try:
         if sum(x is not None for x in (home, pilot_url, request_id)) != 1:
             raise InvalidInput("give exactly one of --home (the embedded Pilot), --pilot URL "
@@ -200,7 +228,8 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
         if not as_json and isinstance(marque_id, str):
             err.say(f"[dim]exec marque {one_line(marque_id)} nonce {one_line(nonce)}[/]")
         if pilot_url is not None:
-            outcome = _exec_remote(pilot_url, marque, holder, nonce, as_json, pilot_info)
+            outcome = _exec_remote(pilot_url, marque, holder, nonce, as_json, pilot_info,
+                                       on_event)
         else:
             assert home is not None
             from marque.pilot import open_pilot
@@ -210,7 +239,7 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
             try:
                 proof = make_proof(holder, marque, nonce=nonce, pilot_id=pilot.pilot_id)
                 outcome = pilot.execute(marque, proof, nonce,
-                                        on_event=lambda e: print_event(e, as_json))
+                                        on_event=on_event)
             finally:
                 pilot.close()
     except Refusal as exc:
@@ -221,7 +250,7 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
                                           pilot_info, exc.to_dict()))
     except MarqueError as exc:
         fail(exc, as_json)
-    print_outcome(outcome, as_json)
+    print_outcome(outcome, as_json, events=frozenset(seen))
     raise CommandExit(outcome.exit_status)
 
 
@@ -248,7 +277,8 @@ def _marque_of_request(request_id: str, harbour_url: str | None, token: str | No
 
 
 def _exec_remote(url: str, token: str, holder: dict[str, Any], nonce: str, as_json: bool,
-                 pilot_info: dict[str, Any]) -> Outcome:
+                 pilot_info: dict[str, Any],
+                 on_event: Callable[[dict[str, Any]], None]) -> Outcome:
     """Execute through a Pilot service; ``pilot_info`` is filled from its health."""
     from marque.client import PilotClient
     from marque.token import make_proof
@@ -272,7 +302,7 @@ def _exec_remote(url: str, token: str, holder: dict[str, Any], nonce: str, as_js
                     err.say(f"[bold yellow]reconnected[/] to the same execution (the "
                             f"connection was lost: {lost}); following it")
                 return
-            print_event(event, as_json)
+            on_event(event)
 
         return client.execute(token, nonce, prove, show)
     finally:

@@ -126,15 +126,16 @@ def _walk(homes: _Homes, harbour_url: str, story: Story) -> dict[str, Any]:
     bob = HarbourClient(harbour_url, homes.tokens["bob"])
     audra = HarbourClient(harbour_url, homes.tokens["audra"])
     try:
-        story.step("2. Alice asks for a change", "a refund of 10 from account 1")
+        story.step("2. Alice asks for a change",
+                   "a debit of 10 from account 1, paying invoice #42")
         story.command("marque request --pilot demo-pilot --target bank --sql '" + DEBIT
-                      + "' --param '[1]' --executions 1 --max-rows 1 --reason 'refund #42' "
-                      "--request-id refund-42")
+                      + "' --param '[1]' --executions 1 --max-rows 1 --reason 'invoice #42' "
+                      "--request-id invoice-42")
         body = {"pilot_id": homes.pilot_id, "target": "bank",
                 "change": {"statements": [{"sql": DEBIT, "params": [1]}]},
                 "budget": {"executions": 1, "max_rows": 1}, "ttl_seconds": 900,
-                "reason": "refund #42"}
-        request, created = alice.submit(body, request_id="refund-42")
+                "reason": "invoice #42"}
+        request, created = alice.submit(body, request_id="invoice-42")
         rq = request["id"]
         routing = request.get("routing") or {}
         story.say(f"    request {rq} ({request['request_id']}), routing: "
@@ -149,7 +150,7 @@ def _walk(homes: _Homes, harbour_url: str, story: Story) -> dict[str, Any]:
                     and preview.get("within_max_rows") is True
                     and _balances(homes.bank) == {1: 100, 2: 100},
                     "the Pilot previewed it exactly (1 row) and rolled it back: nothing changed")
-        again, created_again = alice.submit(body, request_id="refund-42")
+        again, created_again = alice.submit(body, request_id="invoice-42")
         story.check("same_request", not created_again and again["id"] == rq,
                     "asking again with the same request id is the same request, not a second")
 

@@ -14,7 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from marque.dsn import check_shape, is_sqlite, relative_to, resolve_sqlite, sqlite_path
+from marque.dsn import (
+    check_shape,
+    is_sqlite,
+    relative_to,
+    require_postgres_support,
+    resolve_sqlite,
+    sqlite_path,
+)
 from marque.errors import InvalidInput
 from marque.harbour.home import (
     DEFAULT_STORE_DSN,
@@ -23,6 +30,7 @@ from marque.harbour.home import (
     open_home_store,
     write_config,
 )
+from marque.madedirs import MadeDirectories
 
 
 def operator() -> str:
@@ -53,19 +61,30 @@ def init_harbour(home: str | os.PathLike[str], *, store_dsn: str | None = None,
         raise InvalidInput(f"{home} already holds a Harbourmaster (harbour.json)")
     if harbour_home.path.exists() and not harbour_home.path.is_dir():
         raise InvalidInput(f"{home} exists and is not a directory")
-    harbour_home.path.mkdir(parents=True, exist_ok=True)
-    here = harbour_home.path.resolve()
-    if store_dsn is None:
-        stored = DEFAULT_STORE_DSN
-    else:
+    if store_dsn is not None:
         check_shape(store_dsn, "the store DSN")
-        stored = relative_to(resolve_sqlite(store_dsn, Path.cwd()), here)
-    dsn = resolve_sqlite(stored, here)
-    store = create_store(dsn)
-    created_file = sqlite_path(dsn) if is_sqlite(dsn) else None
+        require_postgres_support(store_dsn)  # before anything is made
+    made = MadeDirectories(harbour_home.path)
     try:
+        made.make()
+    except OSError as exc:
+        raise InvalidInput(f"cannot create {harbour_home.path}: {exc.strerror or exc}; choose "
+                           "a --home the Harbourmaster can write") from exc
+    here = harbour_home.path.resolve()
+    created_file: str | None = None
+    key_written = False
+    store = None
+    try:
+        if store_dsn is None:
+            stored = DEFAULT_STORE_DSN
+        else:
+            stored = relative_to(resolve_sqlite(store_dsn, Path.cwd()), here)
+        dsn = resolve_sqlite(stored, here)
+        store = create_store(dsn)
+        created_file = sqlite_path(dsn) if is_sqlite(dsn) else None
         key = new_key()
         fd = os.open(harbour_home.issuer_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        key_written = True  # from here on the file is this init's to remove
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(key, handle, indent=2, sort_keys=True)
             handle.write("\n")
@@ -74,11 +93,14 @@ def init_harbour(home: str | os.PathLike[str], *, store_dsn: str | None = None,
         written = HarbourConfig(store.harbour_id, stored, f"marque-harbour:{store.harbour_id}")
         write_config(harbour_home, written)
     except BaseException:
-        store.close()
-        harbour_home.issuer_key_path.unlink(missing_ok=True)
+        if store is not None:
+            store.close()
+        if key_written:
+            harbour_home.issuer_key_path.unlink(missing_ok=True)
         if created_file is not None:
             for suffix in ("", "-wal", "-shm"):
                 Path(created_file + suffix).unlink(missing_ok=True)
+        made.undo()  # the home, if this init made it and nothing else is in it
         raise
     store.close()
     return {

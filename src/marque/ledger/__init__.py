@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marque.dsn import is_postgres, is_sqlite, sqlite_path
+from marque.dsn import is_postgres, is_sqlite, require_postgres_support, sqlite_path
 from marque.errors import InvalidInput
 from marque.ledger.base import (
     AttemptRecord,
@@ -32,6 +32,7 @@ def create_ledger(dsn: str, pilot_id: str) -> Ledger:
 
         return SqliteLedger.create(sqlite_path(dsn), pilot_id)
     if is_postgres(dsn):
+        require_postgres_support(dsn)
         from marque.ledger.postgres import PostgresLedger
 
         return PostgresLedger.create(dsn, pilot_id)
@@ -45,6 +46,7 @@ def open_ledger(dsn: str) -> Ledger:
 
         return SqliteLedger.open(sqlite_path(dsn))
     if is_postgres(dsn):
+        require_postgres_support(dsn)
         from marque.ledger.postgres import PostgresLedger
 
         return PostgresLedger.open(dsn)

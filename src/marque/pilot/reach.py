@@ -12,7 +12,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from marque.dsn import describe, is_postgres, is_sqlite, sqlite_path
+from marque.dsn import describe, is_postgres, is_sqlite, require_postgres_support, sqlite_path
 from marque.errors import TargetUnavailable
 
 #: Seconds a PostgreSQL probe waits for a connection (libpq's minimum is 2).
@@ -59,6 +59,7 @@ def _check_sqlite(name: str, path: Path) -> None:
 
 
 def _check_postgres(name: str, dsn: str) -> None:
+    require_postgres_support(dsn)
     import psycopg  # only a PostgreSQL target pays for the driver
 
     try:

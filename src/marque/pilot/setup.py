@@ -17,10 +17,12 @@ from marque.dsn import (
     check_shape,
     redact,
     relative_to,
+    require_postgres_support,
     resolve_sqlite,
 )
 from marque.errors import HomeMismatch, InvalidInput, LedgerExists, NotFound
 from marque.ledger import Ledger, create_ledger, open_ledger
+from marque.madedirs import MadeDirectories
 from marque.pilot.config import (
     DEFAULT_LEDGER_DSN,
     PilotConfig,
@@ -73,6 +75,7 @@ def init_home(
     check_name(pilot_id, "pilot id")
     if ledger_dsn is not None:
         check_shape(ledger_dsn, "the ledger DSN")
+        require_postgres_support(ledger_dsn)  # before anything is made
         ledger_dsn = resolve_sqlite(ledger_dsn, Path.cwd())
     pilot_home = PilotHome(home)
     config = pilot_home.load() if pilot_home.exists() else None
@@ -171,18 +174,13 @@ class _Made:
         self._ledger_file = ledger_file
         self._ledger_existed = ledger_file is not None and any(
             Path(f"{ledger_file}{suffix}").exists() for suffix in _SQLITE_SIDE_FILES)
-        self._top_dir: Path | None = None
+        self._dirs = MadeDirectories(pilot_home.path)
 
     def home_dir(self) -> None:
         """Create the home directory (and missing parents), remembering the topmost one."""
-        path = self._home.path.absolute()
-        top = None
-        for candidate in (path, *path.parents):
-            if candidate.exists():
-                break
-            top = candidate
+        top = self._dirs.note()
         if self._home.make_dir():
-            self._top_dir = top
+            self._dirs.created(top)
 
     def undo(self) -> None:
         """Remove the ledger file and directories this init created, nothing else."""
@@ -191,17 +189,8 @@ class _Made:
                 # Cleaning up must never hide why init failed.
                 with contextlib.suppress(OSError):
                     Path(f"{self._ledger_file}{suffix}").unlink(missing_ok=True)
-        if self._top_dir is None:
-            return
         # Only directories made by this init, and only if nothing else landed in them.
-        path = self._home.path.absolute()
-        for directory in (path, *path.parents):
-            try:
-                directory.rmdir()
-            except OSError:
-                return
-            if directory == self._top_dir:
-                return
+        self._dirs.undo()
 
 
 def trust_issuer(home: str | os.PathLike[str], jwk: dict[str, Any]) -> str:
@@ -248,6 +237,7 @@ def add_target(
     """
     check_name(name, "a target name")
     check_shape(dsn, f"target {name}'s DSN")
+    require_postgres_support(dsn)  # even unchecked: no Pilot here could ever reach it
     stored = resolve_sqlite(dsn, Path.cwd())
     pilot_home = PilotHome(home)
     config = pilot_home.load()

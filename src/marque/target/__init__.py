@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marque.dsn import is_postgres, is_sqlite, sqlite_path
+from marque.dsn import is_postgres, is_sqlite, require_postgres_support, sqlite_path
 from marque.errors import InvalidInput
 from marque.target.base import Committed, Evidence, StampConflict, Target, TargetAttempt
 
@@ -33,6 +33,7 @@ def open_target(
     """The target ``name`` behind ``dsn``; connects lazily, per transaction."""
     check_dsn(dsn)
     if is_postgres(dsn):
+        require_postgres_support(dsn)
         from marque.target.postgres import PostgresTarget
 
         return PostgresTarget(name, dsn, lock_timeout_ms=lock_timeout_ms,

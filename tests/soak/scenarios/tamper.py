@@ -386,12 +386,13 @@ def _verify(result: ScenarioResult, book: RawLogbook, tamper: Tamper,
     if cli:
         status, seq = cli_break(book, None)
         found["cli"] = seq
-        if (status, seq) != ((1, tamper.home) if tamper.home is not None else (0, None)):
+        broken = LogbookBroken.exit_status
+        if (status, seq) != ((broken, tamper.home) if tamper.home is not None else (0, None)):
             result.violations.append(f"{book.name} {tamper.detail}: `logbook verify` exited "
                                      f"{status} naming {seq}, expected {tamper.home}")
         status, seq = cli_break(book, head[1])
         found["cli_head"] = seq
-        if (status, seq) != (1, tamper.with_head):
+        if (status, seq) != (broken, tamper.with_head):
             result.violations.append(f"{book.name} {tamper.detail}: `logbook verify --head` "
                                      f"exited {status} naming {seq}, expected "
                                      f"{tamper.with_head}")

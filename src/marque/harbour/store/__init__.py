@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marque.dsn import is_postgres, is_sqlite, sqlite_path
+from marque.dsn import is_postgres, is_sqlite, require_postgres_support, sqlite_path
 from marque.errors import InvalidInput
 from marque.harbour.store.base import (
     AdoptedConfig,
@@ -40,6 +40,7 @@ def create_store(dsn: str) -> HarbourStore:
 
         return SqliteHarbourStore.create(sqlite_path(dsn))
     if is_postgres(dsn):
+        require_postgres_support(dsn)
         from marque.harbour.store.postgres import PostgresHarbourStore
 
         return PostgresHarbourStore.create(dsn)
@@ -53,6 +54,7 @@ def open_store(dsn: str) -> HarbourStore:
 
         return SqliteHarbourStore.open(sqlite_path(dsn))
     if is_postgres(dsn):
+        require_postgres_support(dsn)
         from marque.harbour.store.postgres import PostgresHarbourStore
 
         return PostgresHarbourStore.open(dsn)
