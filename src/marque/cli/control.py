@@ -117,6 +117,9 @@ def print_request(request: dict[str, Any]) -> None:
                 f"{request.get('ttl_seconds')} s")
     if request.get("reason"):
         out.say(f"  reason: {literal(request['reason'])}")
+    if request.get("rolls_back"):
+        out.say(f"  compensates {one_line(request['rolls_back'])}: approving it rolls that "
+                "request back")
     routing = request.get("routing")
     if routing:
         out.say(f"  routing: {one_line(routing.get('outcome'))}"

@@ -32,6 +32,8 @@ from marque.errors import (
     AccountConfigInvalid,
     AccountDenied,
     AccountNoMatch,
+    AlreadyApproved,
+    AlreadyRejected,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -219,6 +221,8 @@ class Harbourmaster:
         """
         _require(principal, Role.REQUESTER)
         sub = read_submission(body, idempotency_key)
+        if sub.rolls_back is not None:
+            self._compensated(principal, sub.rolls_back)
         identity = sub.change.identity(self.store.harbour_id, principal.name, sub.request_id,
                                        sub.budget, sub.ttl_seconds, sub.pilot_id, sub.target)
         active = self.store.find_active(identity.logical_request_scope)
@@ -251,6 +255,22 @@ class Harbourmaster:
         if not created:  # another submission of the same intent won the insert
             return self._repeat(request, identity.intent_fingerprint, sub.request_id), False
         return self._object(self._prepare(request, decision)), True
+
+    def _compensated(self, principal: Principal, id: str) -> Request:
+        """The request a compensation names (``rolls_back``), if its requester may see it.
+
+        One they may not see is answered exactly like one that does not exist, so
+        ``rolls_back`` can neither reach into another requester's requests nor
+        probe for their ids. Whether it can be compensated (its state) is the
+        store's check, made with the insert.
+        """
+        try:
+            if not id.startswith("rq_"):
+                raise NotFound("not an rq_ id")
+            return self._find(principal, id)
+        except NotFound:
+            raise NotFound(f"rolls_back names no request {id[:64]!r} that you may see",
+                           detail={"rolls_back": id[:64]}) from None
 
     def _repeat(self, active: Request, fingerprint: str, request_id: str) -> dict[str, Any]:
         if active.intent_fingerprint != fingerprint:
@@ -434,16 +454,16 @@ class Harbourmaster:
         if request.checkpoint_cid is None:
             raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                            detail={"id": request.id, "state": request.state.value})
+        if reason is not None and not reason.strip():
+            reason = None
         checkpoint, existing = self._sealed(request)
         mine = [r for r in existing if r.approver == principal.name]
         if mine:
-            return self._already(principal, request, mine[0], decision)
+            return self._already(principal, request, mine[0], decision, reason)
         if request.state is not S.AWAITING_APPROVAL:
             raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                            detail={"id": request.id, "state": request.state.value})
         now = self._now()
-        if reason is not None and not reason.strip():
-            reason = None
         resolution = seal_resolution(checkpoint, decision=decision, approver=principal.name,
                                      reason=reason, at=now)
         try:
@@ -460,20 +480,48 @@ class Harbourmaster:
             ended = self._end(request, S.EXPIRED, "request_expired", exc.message,
                               actor=principal.name)
             raise RequestExpired(exc.message, detail={"id": ended.id}) from None
-        stored, _ = self.store.add_resolution(
+        stored, created = self.store.add_resolution(
             checkpoint.cid, resolution_cid=resolution.cid, approver=principal.name,
             decision=decision, body=resolution.body, now=now)
-        if stored.decision != decision:  # a concurrent submission of theirs won
-            raise _already_decided(principal, request, stored.decision)
-        return self._object(self._settle(self.store.get_request(request.id), principal.name))
+        if not created:  # a concurrent submission of theirs won
+            return self._already(principal, request,
+                                 Resolution.from_body(stored.body, stored.resolution_cid),
+                                 decision, reason)
+        return self._decided(self._settle(self.store.get_request(request.id), principal.name))
 
     def _already(self, principal: Principal, request: Request, mine: Resolution,
-                 decision: str) -> dict[str, Any]:
-        """A repeated resolution: the same decision is answered (and completes the
-        Checkpoint if a crash interrupted that); a different one is refused."""
-        if mine.decision.value != decision:
-            raise _already_decided(principal, request, mine.decision.value)
-        return self._object(self._settle(request, principal.name))
+                 decision: str, reason: str | None) -> dict[str, Any]:
+        """A repeated resolution. The same decision with the same reason is a retry: it is
+        answered (completing the Checkpoint if a crash interrupted that). Anything else —
+        another reason, or the other decision — would be dropped, so it is refused with
+        the stored Resolution (``already_approved`` / ``already_rejected``)."""
+        if mine.decision.value != decision or mine.reason != reason:
+            # ``at`` as the request object shows it (the stored instant), beside the CID.
+            at = next((r.at for r in self.store.resolutions(mine.checkpoint_cid)
+                       if r.resolution_cid == mine.cid), None)
+            raise _already_decided(principal, request, mine, at)
+        return self._decided(self._settle(request, principal.name))
+
+    def _decided(self, request: Request) -> dict[str, Any]:
+        """The request a Resolution left, or the refusal it ended in.
+
+        An approval whose revalidation failed (or whose Checkpoint expired) issued
+        no marque: that is a refusal (``revalidation_failed`` / ``request_expired``,
+        exit 3, HTTP 403) whose body carries the request's new state, never a
+        success.
+        """
+        failure = request.failure or {}
+        refusal: type[MarqueError] | None = None
+        if request.state is S.FAILED and failure.get("code") == RevalidationFailed.code:
+            refusal = RevalidationFailed
+        elif request.state is S.EXPIRED and failure.get("code") == RequestExpired.code:
+            refusal = RequestExpired
+        if refusal is None:
+            return self._object(request)
+        raise refusal(f"request {request.id} is now {request.state}: "
+                      f"{failure.get('message')}",
+                      detail={"id": request.id, "state": request.state.value,
+                              "failure": request.failure})
 
     @staticmethod
     def _self_approval(request: Request) -> bool:
@@ -685,8 +733,16 @@ class Harbourmaster:
         return {"harbour_id": self.store.harbour_id, "store": "ok"}
 
 
-def _already_decided(principal: Principal, request: Request, decided: str) -> Conflict:
-    return Conflict(f"{principal.name} already decided {decided} on request {request.id}'s "
-                    "Checkpoint; a Resolution cannot be changed",
-                    detail={"id": request.id, "decision": decided})
+def _already_decided(principal: Principal, request: Request, mine: Resolution,
+                     at: float | None) -> Conflict:
+    """``already_approved`` / ``already_rejected``: the stored Resolution, which stands."""
+    kind = AlreadyApproved if mine.decision.value == "approve" else AlreadyRejected
+    said = f" ({mine.reason!r})" if mine.reason else ""
+    done = "approved" if kind is AlreadyApproved else "rejected"
+    return kind(f"{principal.name} already {done} request {request.id}'s "
+                f"Checkpoint at {mine.at}{said}; a Resolution cannot be changed or replaced, "
+                "so this one was not recorded",
+                detail={"id": request.id, "state": request.state.value,
+                        "resolution": {"decision": mine.decision.value, "reason": mine.reason,
+                                       "at": at, "resolution_cid": mine.cid}})
 

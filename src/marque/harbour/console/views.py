@@ -330,6 +330,19 @@ def _executions(hm: Harbourmaster, request: dict[str, Any], *, timelines: bool
     return shown
 
 
+def _compensates(hm: Harbourmaster, principal: Principal, original: str | None
+                 ) -> dict[str, Any] | None:
+    """The request a compensation rolls back, as this viewer may see it: ``{id, state,
+    principal}`` (state and requester None if they may not see it)."""
+    if not original:
+        return None
+    try:
+        found = hm.get_request(principal, original)
+    except NotFound:
+        return {"id": original, "state": None, "principal": None}
+    return {"id": found["id"], "state": found["state"], "principal": found["principal"]}
+
+
 def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
                  timelines: bool = True) -> dict[str, Any]:
     """Everything the request page shows, for this viewer (``NotFound`` if they may not see it)."""
@@ -339,6 +352,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
     approved, needed = _approvals(request)
     entries = console_logbook.request_entries(hm, principal, request["id"])
     return {
+        "compensates": _compensates(hm, principal, request.get("rolls_back")),
         "request": request, "tone": tone_of(request["state"]),
         "statements": _statements(request.get("change") or {}),
         "change_extra": {k: v for k, v in (request.get("change") or {}).items()
