@@ -39,6 +39,7 @@ from marque.errors import (
     InvalidInput,
     MarqueError,
     NotFound,
+    PilotUnavailable,
     RequestExpired,
     RevalidationFailed,
     Unauthenticated,
@@ -62,6 +63,7 @@ from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.intake import read_registration, read_reports, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
 from marque.harbour.lifecycle import IntentConflict, RequestState, StaleVersion
+from marque.harbour.preparation import DEFAULT_RETRY, RetrySchedule, defer, retry_due
 from marque.harbour.principals import Principal, Role
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
@@ -104,7 +106,8 @@ class Harbourmaster:
                  clock: Callable[[], float] = time.time,
                  pilot_client_factory: Callable[[str], PilotClient] | None = None,
                  checkpoint_ttl_seconds: int = CHECKPOINT_TTL_SECONDS,
-                 skew_seconds: float = SKEW_SECONDS) -> None:
+                 skew_seconds: float = SKEW_SECONDS,
+                 retry_schedule: RetrySchedule = DEFAULT_RETRY) -> None:
         self.store = store
         self.issuer = issuer
         self.clock = clock
@@ -113,15 +116,18 @@ class Harbourmaster:
             raise InvalidInput("checkpoint_ttl_seconds must be positive")
         self.checkpoint_ttl_seconds = checkpoint_ttl_seconds
         self.skew_seconds = skew_seconds
+        #: When a preparation that could not reach its Pilot is tried again (preparation.py).
+        self.retry_schedule = retry_schedule
 
     @classmethod
-    def open(cls, home: HarbourHome) -> Harbourmaster:
+    def open(cls, home: HarbourHome, *,
+             retry_schedule: RetrySchedule = DEFAULT_RETRY) -> Harbourmaster:
         """The Harbourmaster of a home: its store (opened, migrated) and its issuer key."""
         config = home.load()
         key = home.issuer_key()
         store = open_home_store(home, config)
         try:
-            return cls(store, Issuer(key, config.issuer))
+            return cls(store, Issuer(key, config.issuer), retry_schedule=retry_schedule)
         except BaseException:
             store.close()
             raise
@@ -254,7 +260,10 @@ class Harbourmaster:
                                                      now=self._now())
         if not created:  # another submission of the same intent won the insert
             return self._repeat(request, identity.intent_fingerprint, sub.request_id), False
-        return self._object(self._prepare(request, decision)), True
+        try:
+            return self._object(self._prepare(request, decision)), True
+        except PilotUnavailable as exc:  # tried again by itself, then failed: say when
+            raise defer(self, request, exc) from None
 
     def _compensated(self, principal: Principal, id: str) -> Request:
         """The request a compensation names (``rolls_back``), if its requester may see it.
@@ -279,8 +288,16 @@ class Harbourmaster:
                 "different change; choose a new request id, or repeat that request's exact "
                 "change", detail={"id": active.id, "request": active.id})
         if active.state is S.PREPARING:
-            active = self._prepare(active, None)
+            try:
+                active = self._prepare(active, None)
+            except PilotUnavailable as exc:
+                raise defer(self, active, exc) from None
         return self._object(active)
+
+    def retry_preparations(self) -> int:
+        """Make every due attempt at a request left ``preparing`` (its Pilot could not be
+        reached), each claimed by compare-and-set; how many were made (preparation.py)."""
+        return retry_due(self)
 
     def _pilot(self, pilot_id: str) -> PilotRecord:
         try:
@@ -376,7 +393,8 @@ class Harbourmaster:
                 request.id, request.version, checkpoint_cid=checkpoint.cid,
                 body=checkpoint.body, expires_at=float(checkpoint.expires_at_epoch),
                 actor=request.principal, now=now, kind="checkpoint.sealed",
-                routing=decision.to_dict(), preview=preview)
+                routing=decision.to_dict(), preview=preview,
+                **({"failure": None} if request.failure else {}))
         except StaleVersion:
             return self.store.get_request(request.id)
 
@@ -423,7 +441,10 @@ class Harbourmaster:
                 kind="marque.issued",
                 body={"marque_id": claims["jti"], "expires_at": expires_at,
                       "approval": approval},
-                marque_id=claims["jti"], marque=token, marque_expires_at=expires_at, **extra)
+                marque_id=claims["jti"], marque=token, marque_expires_at=expires_at, **extra,
+                # A preparation that once could not reach its Pilot kept why; now it moved on.
+                **({"failure": None} if request.failure and request.state is S.PREPARING
+                   else {}))
         except StaleVersion:
             return self.store.get_request(request.id)
 
