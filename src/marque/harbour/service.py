@@ -561,18 +561,7 @@ class Harbourmaster:
             return self._end(request, S.REJECTED, "delegation_rejected",
                              f"rejected by {counted.rejected_by}: {counted.reject_reason}",
                              actor=actor)
-        now = self._now()
-        adopted = self.store.current_routing_config()
-        try:
-            pilot: PilotRecord | None = self.store.get_pilot(request.pilot_id)
-        except NotFound:
-            pilot = None
-        check: dict[str, Any] = {
-                 "adopted_config_cid": None if adopted is None else adopted.config_cid,
-                 "pilot_id": request.pilot_id,
-                 "pilot_incarnation": None if pilot is None else pilot.incarnation,
-                 "target": request.target, "now": now,
-                 "pilot_targets": None if pilot is None else pilot.targets}
+        check = self._revalidation_check(request)
         failed = revalidate(checkpoint, **check)
         if failed == [CHECKPOINT_EXPIRED]:
             return self._end(request, S.EXPIRED, "request_expired",
@@ -587,6 +576,29 @@ class Harbourmaster:
         return self._issue(request, marque_change(request.change, request.preview),
                            approval=approval_for_checkpoint(checkpoint, counted),
                            checkpoint=checkpoint, max_ttl=max_ttl, actor=actor)
+
+    def _revalidation_check(self, request: Request) -> dict[str, Any]:
+        """What a Checkpoint is revalidated against now (``checkpoint.revalidate``'s inputs)."""
+        adopted = self.store.current_routing_config()
+        try:
+            pilot: PilotRecord | None = self.store.get_pilot(request.pilot_id)
+        except NotFound:
+            pilot = None
+        return {"adopted_config_cid": None if adopted is None else adopted.config_cid,
+                "pilot_id": request.pilot_id,
+                "pilot_incarnation": None if pilot is None else pilot.incarnation,
+                "target": request.target, "now": self._now(),
+                "pilot_targets": None if pilot is None else pilot.targets}
+
+    def no_longer_holds(self, id: str) -> list[str]:
+        """What of an ``awaiting_approval`` request's Checkpoint no longer holds now
+        (``checkpoint.revalidate``'s names; [] when an approval could still issue its
+        marque). A request in any other state cannot be approved: ``["not_awaiting"]``."""
+        request = self.store.get_request(id)
+        if request.state is not S.AWAITING_APPROVAL or request.checkpoint_cid is None:
+            return ["not_awaiting"]
+        checkpoint, _ = self._sealed(request)
+        return revalidate(checkpoint, **self._revalidation_check(request))
 
     # -- expiry and settlement ------------------------------------------------------------------
 

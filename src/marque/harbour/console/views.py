@@ -148,9 +148,11 @@ def queue_view(hm: Harbourmaster, principal: Principal, state: str | None) -> di
     everything = hm.list_requests(principal)
     shown = hm.list_requests(principal, state) if state else everything
     counts = Counter(r["state"] for r in everything)
+    # Only what an approval could still turn into a marque: a Checkpoint that expired, or
+    # whose config, Pilot or target changed, waits for nobody (an approval would fail it).
     waiting = [_row(r) for r in everything
                if r["state"] == RequestState.AWAITING_APPROVAL.value
-               and can_decide(hm, principal, r)[0]]
+               and can_decide(hm, principal, r)[0] and not hm.no_longer_holds(r["id"])]
     ready = [_row(r) for r in everything
              if r["state"] == RequestState.PREPARED.value and r["principal"] == principal.name]
     needs_human = [_row(r) for r in everything
@@ -366,6 +368,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
         "checkpoint": request.get("checkpoint"), "resolutions": request.get("resolutions"),
         "approved": approved, "needed": needed,
         "can_decide": decide, "why_not": why_not, "marque": _marque(hm, request),
+        "no_longer_holds": hm.no_longer_holds(request["id"]) if decide else [],
         "executions": _executions(hm, request, timelines=timelines),
         "entries": entries, "live": request["state"] in LIVE_STATES,
     }
