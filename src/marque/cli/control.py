@@ -155,7 +155,10 @@ def print_request(request: dict[str, Any]) -> None:
                 for s in states))
     failure = request.get("failure")
     if failure:
-        out.say(f"  [red]{one_line(failure.get('code'))}[/]: {literal(failure.get('message'))}")
+        # While preparing it is why the request has not moved yet, not how it ended.
+        colour = "yellow" if request.get("state") == "preparing" else "red"
+        out.say(f"  [{colour}]{one_line(failure.get('code'))}[/]: "
+                f"{literal(failure.get('message'))}")
     _print_next_step(request)
 
 
@@ -194,8 +197,9 @@ def _print_next_step(request: dict[str, Any]) -> None:
     elif state == "prepared":
         out.say(f"  ready: `marque exec --request {rid} --key YOUR_KEY --nonce N`")
     elif state == "preparing":
-        out.say("  still preparing (the Pilot's preview did not complete): send the same "
-                "request again with the same --request-id to resume it")
+        out.say("  still preparing (the Pilot's preview did not complete): the Harbourmaster "
+                "tries again by itself; sending the same request again with the same "
+                "--request-id tries at once")
 
 
 # -- marque request ----------------------------------------------------------------------
