@@ -57,7 +57,7 @@ class RetrySchedule:
         """A schedule of ``delays``; the lease defaults to the longer of 60 s and the
         longest delay."""
         delays = tuple(float(d) for d in delays)
-        return cls(delays, max(60.0, *delays) if lease is None else float(lease))
+        return cls(delays, max((60.0, *delays)) if lease is None else float(lease))
 
     @property
     def attempts(self) -> int:
