@@ -7,21 +7,33 @@ the schedule ``--preview-retry`` gives (short here, by configuration), and
 after the last attempt the request is ``failed`` with ``pilot_unavailable`` and
 a message saying what to do. Two processes share one store (SQLite and
 PostgreSQL) and each attempt is made once; a request a killed process left
-``preparing`` is finished by the next one; a Pilot that comes back in time
+``preparing`` — between attempts, or in the middle of one — is finished by the
+next one; a Pilot that comes back in time
 gets the request previewed and waiting for approval.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from e2e_support import Result, run_cli
-from harbour_support import DEBIT, Harbour, HarbourServer, PilotBank, cli_env, free_port
+from harbour_support import (
+    DEBIT,
+    Harbour,
+    HarbourServer,
+    PilotBank,
+    cli_env,
+    free_port,
+    request_body,
+)
 
 #: Three tries after the first, a second apart.
 FAST = ("--preview-retry", "1s,1s,1s")
@@ -139,6 +151,54 @@ def test_a_request_left_preparing_by_a_killed_process_is_finished_by_the_next(
     again = down.serve("--preview-retry", "2s,1s")
     _assert_failed_unavailable(down.wait_until_not(again, rq, "preparing"))
     assert [e["body"]["attempt"] for e in down.deferrals(again, rq)] == [1, 2]
+
+
+@pytest.fixture
+def down_sqlite(tmp_path: Path) -> Iterator[Down]:
+    world = Down(tmp_path, None)
+    try:
+        yield world
+    finally:
+        world.stop()
+
+
+def test_an_attempt_whose_process_died_mid_preview_is_made_again_after_its_lease(
+        down_sqlite: Down) -> None:
+    """The Pilot's port accepts and never answers, and the process dies while waiting on
+    it: nothing was recorded of that attempt, so the next process takes the request over
+    once it has been untouched for the lease (60 s), and carries it to the end."""
+    down = down_sqlite
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", down.port))
+    silent.listen(8)  # connections complete in the backlog; nothing ever answers
+    try:
+        dying = down.serve("--preview-retry", "1s,1s")
+        body = request_body(DEBIT, request_id="stuck-1")
+        hung = threading.Thread(target=lambda: _ignore_errors(
+            lambda: dying.call("POST", "/v1/requests", down.alice, json=body)), daemon=True)
+        hung.start()
+        listed: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 30
+        while not listed and time.monotonic() < deadline:
+            listed = dying.call("GET", "/v1/requests", down.alice).json()["requests"]
+            time.sleep(0.1)
+        [stuck] = listed
+        assert stuck["state"] == "preparing" and stuck["failure"] is None
+        dying.stop(signal.SIGKILL)
+        down.servers.remove(dying)
+    finally:
+        silent.close()  # from now on the Pilot's port refuses at once
+    again = down.serve("--preview-retry", "1s,1s")
+    shown = down.wait_until_not(again, stuck["id"], "preparing", seconds=120)
+    _assert_failed_unavailable(shown)
+    assert [e["body"]["attempt"] for e in down.deferrals(again, stuck["id"])] == [1, 2]
+
+
+def _ignore_errors(call: Any) -> None:
+    try:
+        call()
+    except httpx.HTTPError:
+        pass  # the process answering it was killed: that is the point
 
 
 def test_a_pilot_back_in_time_gets_the_request_previewed(down: Down) -> None:
