@@ -26,6 +26,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   │   └── NonceReaped      nonce_reaped          settled, reported, then reaped
     │   ├── MethodNotAllowed     method_not_allowed    (HTTP 405)
     │   └── Conflict             conflict              (HTTP 409; 422 for a reused request id)
+    │       ├── AlreadyApproved  already_approved      this approver's approval is stored
+    │       └── AlreadyRejected  already_rejected      this approver's rejection is stored
     ├── Refusal               nothing was claimed, no budget spent (exit 3; HTTP 403)
     │   ├── MarqueInvalid        marque_invalid
     │   ├── MarqueExpired        marque_expired
@@ -246,6 +248,18 @@ class Conflict(UsageError, code="conflict"):
     """Same idempotency key, different intent; or a lost compare-and-set."""
 
     http_status = 409
+
+
+class AlreadyApproved(Conflict, code="already_approved"):
+    """The approver already approved this Checkpoint: a second approval with another
+    reason, or a reject after it, changes nothing. ``detail["resolution"]`` is the stored
+    one (its reason, ``at`` and CID)."""
+
+
+class AlreadyRejected(Conflict, code="already_rejected"):
+    """The approver already rejected this Checkpoint: a second reject with another
+    reason, or an approval after it, changes nothing. ``detail["resolution"]`` is the
+    stored one (its reason, ``at`` and CID)."""
 
 
 class TargetUnsettled(Conflict, code="target_unsettled"):

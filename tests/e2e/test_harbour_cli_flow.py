@@ -338,8 +338,8 @@ def test_requests_by_rq_id_and_by_own_request_id_and_reject_needs_a_reason(
     assert rejected.json["state"] == "rejected"
     assert rejected.json["failure"]["code"] == "delegation_rejected"
     assert rejected.json["marque"] is None
-    late = stack.as_(stack.bob, "approve", rq, "--json")
-    assert late.returncode == 2 and late.json["error"]["code"] == "conflict", late
+    late = stack.as_(stack.bob, "approve", rq, "--json")  # bob's own rejection stands
+    assert late.returncode == 2 and late.json["error"]["code"] == "already_rejected", late
     # Only an admin expires.
     assert stack.as_(stack.bob, "requests", "expire", rq, "--reason", "x",
                      "--json").json["error"]["code"] == "forbidden"

@@ -26,6 +26,7 @@ from marque.errors import (
     AccountNoMatch,
     Conflict,
     Forbidden,
+    RevalidationFailed,
     SelfApproval,
     Unauthenticated,
 )
@@ -229,7 +230,10 @@ def test_a_routing_config_changed_while_waiting_fails_revalidation(harbour: Harb
     request, _ = harbour.hm.submit(harbour.alice, harbour.body(WRITE, "req-c"), None)
     # Another config (the same entries, but self-approval allowed) is adopted meanwhile.
     harbour.adopt(BOOTSTRAP_PROFILE_TOML.replace("self_approval = false", "self_approval = true"))
-    ended = harbour.hm.approve(harbour.bob, request["id"], None)
+    with pytest.raises(RevalidationFailed) as refused:
+        harbour.hm.approve(harbour.bob, request["id"], None)
+    assert refused.value.detail["state"] == "failed"
+    ended = harbour.hm.get_request(harbour.bob, request["id"])
     assert ended["state"] == "failed"
     assert ended["failure"]["code"] == "revalidation_failed"
     assert ended["marque"] is None and ended["marque_id"] is None

@@ -291,11 +291,14 @@ def test_an_effect_set_preview_of_something_else_fails_the_request(
 
 def test_an_unreachable_pilot_leaves_an_effect_set_request_preparing(
         stack: Stack, either: Routed) -> None:
-    """pilot_unavailable is raised as it came; the request waits ``preparing`` for a retry."""
+    """pilot_unavailable is raised naming the stored request, which waits ``preparing`` for
+    the Harbourmaster's next attempt."""
     error = either.refused(_effects("e-3", pilot_id="away"), PilotUnavailable)
     assert error.message.startswith(f"the Pilot at {stack.away} cannot be reached (")
-    assert "id" not in error.detail
-    assert either.stored("e-3")["state"] == "preparing"
+    stored = either.stored("e-3")
+    assert error.detail["id"] == stored["id"] and error.detail["attempt"] == 1
+    assert stored["state"] == "preparing"
+    assert stored["failure"]["code"] == "pilot_unavailable"
 
 
 @pytest.mark.parametrize(("pilot_id", "target", "error_type"), [
@@ -303,10 +306,13 @@ def test_an_unreachable_pilot_leaves_an_effect_set_request_preparing(
     ids=["pilot_unavailable", "unknown_target"])
 def test_a_statement_preview_not_refused_leaves_the_request_preparing(
         stack: Stack, pilot_id: str, target: str, error_type: type[MarqueError]) -> None:
-    """Anything but preview_failed (unknown_target too) is raised as it came; the request
-    waits ``preparing`` for a retry."""
+    """Anything but preview_failed (unknown_target too) is raised as it came (an unreachable
+    Pilot naming the request the Harbourmaster will try again); the request waits
+    ``preparing`` for a retry."""
     request_id = f"s-3-{pilot_id}"
     error = stack.delegated.refused(_statement(request_id, pilot_id=pilot_id, target=target),
                                     error_type)
-    assert type(error) is error_type and "id" not in error.detail
-    assert stack.delegated.stored(request_id)["state"] == "preparing"
+    stored = stack.delegated.stored(request_id)
+    assert type(error) is error_type
+    assert error.detail.get("id") == (stored["id"] if error_type is PilotUnavailable else None)
+    assert stored["state"] == "preparing"

@@ -36,6 +36,8 @@ OWN_CODES = {
     "target_replaced": 3, "target_unsettled": 2,
     # the services' router (docs/errors.md)
     "method_not_allowed": 2,
+    # a Resolution repeated with another reason or decision (docs/errors.md)
+    "already_approved": 2, "already_rejected": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,

@@ -117,6 +117,9 @@ def print_request(request: dict[str, Any]) -> None:
                 f"{request.get('ttl_seconds')} s")
     if request.get("reason"):
         out.say(f"  reason: {literal(request['reason'])}")
+    if request.get("rolls_back"):
+        out.say(f"  compensates {one_line(request['rolls_back'])}: approving it rolls that "
+                "request back")
     routing = request.get("routing")
     if routing:
         out.say(f"  routing: {one_line(routing.get('outcome'))}"
@@ -152,7 +155,10 @@ def print_request(request: dict[str, Any]) -> None:
                 for s in states))
     failure = request.get("failure")
     if failure:
-        out.say(f"  [red]{one_line(failure.get('code'))}[/]: {literal(failure.get('message'))}")
+        # While preparing it is why the request has not moved yet, not how it ended.
+        colour = "yellow" if request.get("state") == "preparing" else "red"
+        out.say(f"  [{colour}]{one_line(failure.get('code'))}[/]: "
+                f"{literal(failure.get('message'))}")
     _print_next_step(request)
 
 
@@ -191,8 +197,9 @@ def _print_next_step(request: dict[str, Any]) -> None:
     elif state == "prepared":
         out.say(f"  ready: `marque exec --request {rid} --key YOUR_KEY --nonce N`")
     elif state == "preparing":
-        out.say("  still preparing (the Pilot's preview did not complete): send the same "
-                "request again with the same --request-id to resume it")
+        out.say("  still preparing (the Pilot's preview did not complete): the Harbourmaster "
+                "tries again by itself; sending the same request again with the same "
+                "--request-id tries at once")
 
 
 # -- marque request ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from marque.cli.serve import GRACEFUL_SECONDS, _bind, _is_loopback, _server_clas
 from marque.errors import InvalidInput, MarqueError
 
 if TYPE_CHECKING:
+    from marque.harbour.preparation import RetrySchedule
     from marque.harbour.service import Harbourmaster
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,53 @@ class ReconciliationSweep:
                 log.exception("reconciliation sweep failed")
 
 
+class PreparationRetry:
+    """A thread that tries again the previews of requests left ``preparing`` because their
+    Pilot could not be reached, as their schedule comes due (``harbour.preparation``).
+
+    Each attempt is claimed by a compare-and-set on the request's version, so several
+    processes may run this at once and each attempt is made by one; an attempt this
+    process dies in is claimed again by another (or by this one restarted).
+    """
+
+    def __init__(self, harbourmaster: Harbourmaster) -> None:
+        self._harbourmaster = harbourmaster
+        # Often enough for the shortest delay to be kept to within about half of it.
+        shortest = min(harbourmaster.retry_schedule.delays, default=5.0)
+        self._every = max(0.2, min(5.0, shortest / 2))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="marque-harbour-preparation",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Begin (the first look comes at once: a restart picks up what a dead process left)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the attempt in progress, if any."""
+        self._stop.set()
+        self._thread.join(timeout=GRACEFUL_SECONDS)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._harbourmaster.retry_preparations()
+            except Exception:  # it must outlive a bad moment of the store
+                log.exception("retrying preparations failed")
+            self._stop.wait(self._every)
+
+
+def retry_schedule(text: str) -> RetrySchedule:
+    """``--preview-retry``: comma-separated durations (``15s,30s,60s``), 1 to 20 of them."""
+    from marque.harbour.preparation import RetrySchedule
+
+    parts = [part.strip() for part in text.split(",")]
+    if not 1 <= len(parts) <= 20 or not all(parts):
+        raise InvalidInput(f"--preview-retry takes 1 to 20 durations separated by commas, "
+                           f"not {text.strip()[:80]!r}")
+    return RetrySchedule.of([parse_duration(part) for part in parts])
+
+
 def console_session_seconds(text: str) -> int:
     """``--console-session``'s duration in seconds, within :data:`CONSOLE_SESSION_BOUNDS`."""
     seconds = parse_duration(text)
@@ -94,10 +142,14 @@ def console_session_seconds(text: str) -> int:
               help="PEM private key of --tls-cert.")
 @click.option("--console-session", default="8h", show_default=True, metavar="DURATION",
               help="How long a console login lasts (1m to 7d; no sliding renewal).")
+@click.option("--preview-retry", default="15s,30s,60s", show_default=True,
+              metavar="DURATIONS",
+              help="When a preview that could not reach its Pilot is tried again (after each "
+                   "failed attempt); after the last the request ends failed.")
 @json_option
 @guarded
 def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | None,
-                  console_session: str, as_json: bool) -> None:
+                  console_session: str, preview_retry: str, as_json: bool) -> None:
     """Serve this Harbourmaster over HTTP until SIGTERM or SIGINT.
 
     Once listening it prints {url, harbour_id} (one JSON line with --json).
@@ -114,8 +166,9 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
     if (tls_cert is None) != (tls_key is None):
         raise InvalidInput("--tls-cert and --tls-key go together")
     session_seconds = console_session_seconds(console_session)
+    schedule = retry_schedule(preview_retry)
     # Opened before anything is bound: a bad home or an unreachable store is one clear error.
-    harbourmaster = Harbourmaster.open(HarbourHome(home))
+    harbourmaster = Harbourmaster.open(HarbourHome(home), retry_schedule=schedule)
     sock: socket.socket | None = None
     try:
         sock = _bind(host, port)
@@ -141,9 +194,12 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
         sys.stdout.flush()
         sweep = ReconciliationSweep(harbourmaster)
         sweep.start()
+        retry = PreparationRetry(harbourmaster)
+        retry.start()
         try:
             server.run(sockets=[sock])
         finally:
+            retry.stop()
             sweep.stop()
             service.close()
     finally:

@@ -32,11 +32,14 @@ from marque.errors import (
     AccountConfigInvalid,
     AccountDenied,
     AccountNoMatch,
+    AlreadyApproved,
+    AlreadyRejected,
     Conflict,
     Forbidden,
     InvalidInput,
     MarqueError,
     NotFound,
+    PilotUnavailable,
     RequestExpired,
     RevalidationFailed,
     Unauthenticated,
@@ -60,6 +63,7 @@ from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.intake import read_registration, read_reports, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
 from marque.harbour.lifecycle import TERMINAL, IntentConflict, RequestState, StaleVersion
+from marque.harbour.preparation import DEFAULT_RETRY, RetrySchedule, defer, retry_due
 from marque.harbour.principals import Principal, Role
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
@@ -102,7 +106,8 @@ class Harbourmaster:
                  clock: Callable[[], float] = time.time,
                  pilot_client_factory: Callable[[str], PilotClient] | None = None,
                  checkpoint_ttl_seconds: int = CHECKPOINT_TTL_SECONDS,
-                 skew_seconds: float = SKEW_SECONDS) -> None:
+                 skew_seconds: float = SKEW_SECONDS,
+                 retry_schedule: RetrySchedule = DEFAULT_RETRY) -> None:
         self.store = store
         self.issuer = issuer
         self.clock = clock
@@ -111,15 +116,18 @@ class Harbourmaster:
             raise InvalidInput("checkpoint_ttl_seconds must be positive")
         self.checkpoint_ttl_seconds = checkpoint_ttl_seconds
         self.skew_seconds = skew_seconds
+        #: When a preparation that could not reach its Pilot is tried again (preparation.py).
+        self.retry_schedule = retry_schedule
 
     @classmethod
-    def open(cls, home: HarbourHome) -> Harbourmaster:
+    def open(cls, home: HarbourHome, *,
+             retry_schedule: RetrySchedule = DEFAULT_RETRY) -> Harbourmaster:
         """The Harbourmaster of a home: its store (opened, migrated) and its issuer key."""
         config = home.load()
         key = home.issuer_key()
         store = open_home_store(home, config)
         try:
-            return cls(store, Issuer(key, config.issuer))
+            return cls(store, Issuer(key, config.issuer), retry_schedule=retry_schedule)
         except BaseException:
             store.close()
             raise
@@ -234,6 +242,8 @@ class Harbourmaster:
         """
         _require(principal, Role.REQUESTER)
         sub = read_submission(body, idempotency_key)
+        if sub.rolls_back is not None:
+            self._compensated(principal, sub.rolls_back)
         identity = sub.change.identity(self.store.harbour_id, principal.name, sub.request_id,
                                        sub.budget, sub.ttl_seconds, sub.pilot_id, sub.target)
         active = self.store.find_active(identity.logical_request_scope)
@@ -265,7 +275,26 @@ class Harbourmaster:
                                                      now=self._now())
         if not created:  # another submission of the same intent won the insert
             return self._repeat(request, identity.intent_fingerprint, sub.request_id), False
-        return self._object(self._prepare(request, decision)), True
+        try:
+            return self._object(self._prepare(request, decision)), True
+        except PilotUnavailable as exc:  # tried again by itself, then failed: say when
+            raise defer(self, request, exc) from None
+
+    def _compensated(self, principal: Principal, id: str) -> Request:
+        """The request a compensation names (``rolls_back``), if its requester may see it.
+
+        One they may not see is answered exactly like one that does not exist, so
+        ``rolls_back`` can neither reach into another requester's requests nor
+        probe for their ids. Whether it can be compensated (its state) is the
+        store's check, made with the insert.
+        """
+        try:
+            if not id.startswith("rq_"):
+                raise NotFound("not an rq_ id")
+            return self._find(principal, id)
+        except NotFound:
+            raise NotFound(f"rolls_back names no request {id[:64]!r} that you may see",
+                           detail={"rolls_back": id[:64]}) from None
 
     def _repeat(self, active: Request, fingerprint: str, request_id: str) -> dict[str, Any]:
         if active.intent_fingerprint != fingerprint:
@@ -274,8 +303,16 @@ class Harbourmaster:
                 "different change; choose a new request id, or repeat that request's exact "
                 "change", detail={"id": active.id, "request": active.id})
         if active.state is S.PREPARING:
-            active = self._prepare(active, None)
+            try:
+                active = self._prepare(active, None)
+            except PilotUnavailable as exc:
+                raise defer(self, active, exc) from None
         return self._object(active)
+
+    def retry_preparations(self) -> int:
+        """Make every due attempt at a request left ``preparing`` (its Pilot could not be
+        reached), each claimed by compare-and-set; how many were made (preparation.py)."""
+        return retry_due(self)
 
     def _pilot(self, pilot_id: str) -> PilotRecord:
         try:
@@ -371,7 +408,8 @@ class Harbourmaster:
                 request.id, request.version, checkpoint_cid=checkpoint.cid,
                 body=checkpoint.body, expires_at=float(checkpoint.expires_at_epoch),
                 actor=request.principal, now=now, kind="checkpoint.sealed",
-                routing=decision.to_dict(), preview=preview)
+                routing=decision.to_dict(), preview=preview,
+                **({"failure": None} if request.failure else {}))
         except StaleVersion:
             return self.store.get_request(request.id)
 
@@ -418,7 +456,10 @@ class Harbourmaster:
                 kind="marque.issued",
                 body={"marque_id": claims["jti"], "expires_at": expires_at,
                       "approval": approval},
-                marque_id=claims["jti"], marque=token, marque_expires_at=expires_at, **extra)
+                marque_id=claims["jti"], marque=token, marque_expires_at=expires_at, **extra,
+                # A preparation that once could not reach its Pilot kept why; now it moved on.
+                **({"failure": None} if request.failure and request.state is S.PREPARING
+                   else {}))
         except StaleVersion:
             return self.store.get_request(request.id)
 
@@ -449,16 +490,16 @@ class Harbourmaster:
         if request.checkpoint_cid is None:
             raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                            detail={"id": request.id, "state": request.state.value})
+        if reason is not None and not reason.strip():
+            reason = None
         checkpoint, existing = self._sealed(request)
         mine = [r for r in existing if r.approver == principal.name]
         if mine:
-            return self._already(principal, request, mine[0], decision)
+            return self._already(principal, request, mine[0], decision, reason)
         if request.state is not S.AWAITING_APPROVAL:
             raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                            detail={"id": request.id, "state": request.state.value})
         now = self._now()
-        if reason is not None and not reason.strip():
-            reason = None
         resolution = seal_resolution(checkpoint, decision=decision, approver=principal.name,
                                      reason=reason, at=now)
         try:
@@ -475,20 +516,48 @@ class Harbourmaster:
             ended = self._end(request, S.EXPIRED, "request_expired", exc.message,
                               actor=principal.name)
             raise RequestExpired(exc.message, detail={"id": ended.id}) from None
-        stored, _ = self.store.add_resolution(
+        stored, created = self.store.add_resolution(
             checkpoint.cid, resolution_cid=resolution.cid, approver=principal.name,
             decision=decision, body=resolution.body, now=now)
-        if stored.decision != decision:  # a concurrent submission of theirs won
-            raise _already_decided(principal, request, stored.decision)
-        return self._object(self._settle(self.store.get_request(request.id), principal.name))
+        if not created:  # a concurrent submission of theirs won
+            return self._already(principal, request,
+                                 Resolution.from_body(stored.body, stored.resolution_cid),
+                                 decision, reason)
+        return self._decided(self._settle(self.store.get_request(request.id), principal.name))
 
     def _already(self, principal: Principal, request: Request, mine: Resolution,
-                 decision: str) -> dict[str, Any]:
-        """A repeated resolution: the same decision is answered (and completes the
-        Checkpoint if a crash interrupted that); a different one is refused."""
-        if mine.decision.value != decision:
-            raise _already_decided(principal, request, mine.decision.value)
-        return self._object(self._settle(request, principal.name))
+                 decision: str, reason: str | None) -> dict[str, Any]:
+        """A repeated resolution. The same decision with the same reason is a retry: it is
+        answered (completing the Checkpoint if a crash interrupted that). Anything else —
+        another reason, or the other decision — would be dropped, so it is refused with
+        the stored Resolution (``already_approved`` / ``already_rejected``)."""
+        if mine.decision.value != decision or mine.reason != reason:
+            # ``at`` as the request object shows it (the stored instant), beside the CID.
+            at = next((r.at for r in self.store.resolutions(mine.checkpoint_cid)
+                       if r.resolution_cid == mine.cid), None)
+            raise _already_decided(principal, request, mine, at)
+        return self._decided(self._settle(request, principal.name))
+
+    def _decided(self, request: Request) -> dict[str, Any]:
+        """The request a Resolution left, or the refusal it ended in.
+
+        An approval whose revalidation failed (or whose Checkpoint expired) issued
+        no marque: that is a refusal (``revalidation_failed`` / ``request_expired``,
+        exit 3, HTTP 403) whose body carries the request's new state, never a
+        success.
+        """
+        failure = request.failure or {}
+        refusal: type[MarqueError] | None = None
+        if request.state is S.FAILED and failure.get("code") == RevalidationFailed.code:
+            refusal = RevalidationFailed
+        elif request.state is S.EXPIRED and failure.get("code") == RequestExpired.code:
+            refusal = RequestExpired
+        if refusal is None:
+            return self._object(request)
+        raise refusal(f"request {request.id} is now {request.state}: "
+                      f"{failure.get('message')}",
+                      detail={"id": request.id, "state": request.state.value,
+                              "failure": request.failure})
 
     @staticmethod
     def _self_approval(request: Request) -> bool:
@@ -507,18 +576,7 @@ class Harbourmaster:
             return self._end(request, S.REJECTED, "delegation_rejected",
                              f"rejected by {counted.rejected_by}: {counted.reject_reason}",
                              actor=actor)
-        now = self._now()
-        adopted = self.store.current_routing_config()
-        try:
-            pilot: PilotRecord | None = self.store.get_pilot(request.pilot_id)
-        except NotFound:
-            pilot = None
-        check: dict[str, Any] = {
-                 "adopted_config_cid": None if adopted is None else adopted.config_cid,
-                 "pilot_id": request.pilot_id,
-                 "pilot_incarnation": None if pilot is None else pilot.incarnation,
-                 "target": request.target, "now": now,
-                 "pilot_targets": None if pilot is None else pilot.targets}
+        check = self._revalidation_check(request)
         failed = revalidate(checkpoint, **check)
         if failed == [CHECKPOINT_EXPIRED]:
             return self._end(request, S.EXPIRED, "request_expired",
@@ -533,6 +591,29 @@ class Harbourmaster:
         return self._issue(request, marque_change(request.change, request.preview),
                            approval=approval_for_checkpoint(checkpoint, counted),
                            checkpoint=checkpoint, max_ttl=max_ttl, actor=actor)
+
+    def _revalidation_check(self, request: Request) -> dict[str, Any]:
+        """What a Checkpoint is revalidated against now (``checkpoint.revalidate``'s inputs)."""
+        adopted = self.store.current_routing_config()
+        try:
+            pilot: PilotRecord | None = self.store.get_pilot(request.pilot_id)
+        except NotFound:
+            pilot = None
+        return {"adopted_config_cid": None if adopted is None else adopted.config_cid,
+                "pilot_id": request.pilot_id,
+                "pilot_incarnation": None if pilot is None else pilot.incarnation,
+                "target": request.target, "now": self._now(),
+                "pilot_targets": None if pilot is None else pilot.targets}
+
+    def no_longer_holds(self, id: str) -> list[str]:
+        """What of an ``awaiting_approval`` request's Checkpoint no longer holds now
+        (``checkpoint.revalidate``'s names; [] when an approval could still issue its
+        marque). A request in any other state cannot be approved: ``["not_awaiting"]``."""
+        request = self.store.get_request(id)
+        if request.state is not S.AWAITING_APPROVAL or request.checkpoint_cid is None:
+            return ["not_awaiting"]
+        checkpoint, _ = self._sealed(request)
+        return revalidate(checkpoint, **self._revalidation_check(request))
 
     # -- expiry and settlement ------------------------------------------------------------------
 
@@ -700,8 +781,16 @@ class Harbourmaster:
         return {"harbour_id": self.store.harbour_id, "store": "ok"}
 
 
-def _already_decided(principal: Principal, request: Request, decided: str) -> Conflict:
-    return Conflict(f"{principal.name} already decided {decided} on request {request.id}'s "
-                    "Checkpoint; a Resolution cannot be changed",
-                    detail={"id": request.id, "decision": decided})
+def _already_decided(principal: Principal, request: Request, mine: Resolution,
+                     at: float | None) -> Conflict:
+    """``already_approved`` / ``already_rejected``: the stored Resolution, which stands."""
+    kind = AlreadyApproved if mine.decision.value == "approve" else AlreadyRejected
+    said = f" ({mine.reason!r})" if mine.reason else ""
+    done = "approved" if kind is AlreadyApproved else "rejected"
+    return kind(f"{principal.name} already {done} request {request.id}'s "
+                f"Checkpoint at {mine.at}{said}; a Resolution cannot be changed or replaced, "
+                "so this one was not recorded",
+                detail={"id": request.id, "state": request.state.value,
+                        "resolution": {"decision": mine.decision.value, "reason": mine.reason,
+                                       "at": at, "resolution_cid": mine.cid}})
 

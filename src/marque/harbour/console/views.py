@@ -148,9 +148,11 @@ def queue_view(hm: Harbourmaster, principal: Principal, state: str | None) -> di
     everything = hm.list_requests(principal)
     shown = hm.list_requests(principal, state) if state else everything
     counts = Counter(r["state"] for r in everything)
+    # Only what an approval could still turn into a marque: a Checkpoint that expired, or
+    # whose config, Pilot or target changed, waits for nobody (an approval would fail it).
     waiting = [_row(r) for r in everything
                if r["state"] == RequestState.AWAITING_APPROVAL.value
-               and can_decide(hm, principal, r)[0]]
+               and can_decide(hm, principal, r)[0] and not hm.no_longer_holds(r["id"])]
     ready = [_row(r) for r in everything
              if r["state"] == RequestState.PREPARED.value and r["principal"] == principal.name]
     needs_human = [_row(r) for r in everything
@@ -330,6 +332,19 @@ def _executions(hm: Harbourmaster, request: dict[str, Any], *, timelines: bool
     return shown
 
 
+def _compensates(hm: Harbourmaster, principal: Principal, original: str | None
+                 ) -> dict[str, Any] | None:
+    """The request a compensation rolls back, as this viewer may see it: ``{id, state,
+    principal}`` (state and requester None if they may not see it)."""
+    if not original:
+        return None
+    try:
+        found = hm.get_request(principal, original)
+    except NotFound:
+        return {"id": original, "state": None, "principal": None}
+    return {"id": found["id"], "state": found["state"], "principal": found["principal"]}
+
+
 def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
                  timelines: bool = True) -> dict[str, Any]:
     """Everything the request page shows, for this viewer (``NotFound`` if they may not see it)."""
@@ -339,6 +354,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
     approved, needed = _approvals(request)
     entries = console_logbook.request_entries(hm, principal, request["id"])
     return {
+        "compensates": _compensates(hm, principal, request.get("rolls_back")),
         "request": request, "tone": tone_of(request["state"]),
         "statements": _statements(request.get("change") or {}),
         "change_extra": {k: v for k, v in (request.get("change") or {}).items()
@@ -352,6 +368,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
         "checkpoint": request.get("checkpoint"), "resolutions": request.get("resolutions"),
         "approved": approved, "needed": needed,
         "can_decide": decide, "why_not": why_not, "marque": _marque(hm, request),
+        "no_longer_holds": hm.no_longer_holds(request["id"]) if decide else [],
         "executions": _executions(hm, request, timelines=timelines),
         "entries": entries, "live": request["state"] in LIVE_STATES,
     }

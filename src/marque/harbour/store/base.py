@@ -81,6 +81,10 @@ class Request:
     #: The marque issued for the request (bound to its requester's key), and its ``exp``.
     marque: str | None = field(default=None, repr=False)
     marque_expires_at: float | None = None
+    #: While ``preparing``: attempts at its preview started so far, and when the next one
+    #: may start (None: no attempt recorded yet).
+    prepare_attempts: int = 0
+    prepare_due: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The stored fields as JSON."""
@@ -318,6 +322,26 @@ class HarbourStore(abc.ABC):
         ``failed`` to ``rollback_failed``, and ``expired`` (it never ran) back
         to ``verified``. If the original cannot move so, neither moves.
         """
+
+    @abc.abstractmethod
+    def note_preparation(self, id: str, expected_version: int, *, attempts: int, due: float,
+                         failure: dict[str, Any] | None, actor: str,
+                         now: float | None = None, kind: str | None = None) -> Request:
+        """Record the bookkeeping of a ``preparing`` request's attempts by compare-and-set
+        on its version (which it bumps): ``attempts`` started, the next ``due`` (epoch
+        seconds), and the last attempt's ``failure`` (``None`` clears it).
+
+        Claiming the next attempt is this call: of several processes holding the same
+        version, exactly one claims it; the others get ``StaleVersion``. A request not
+        ``preparing`` is ``IllegalTransition``. With ``kind`` a logbook entry of that kind
+        is appended in the same transaction.
+        """
+
+    @abc.abstractmethod
+    def preparations_due(self, now: float, *, untouched_since: float) -> list[Request]:
+        """``preparing`` requests whose next attempt is due at ``now``: ``prepare_due`` has
+        passed, or none was ever recorded and the request has not changed since
+        ``untouched_since``. Oldest first."""
 
     @abc.abstractmethod
     def seal_checkpoint(self, id: str, expected_version: int, *, checkpoint_cid: str,

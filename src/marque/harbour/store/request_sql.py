@@ -137,7 +137,8 @@ class RequestRecords(HarbourStore):
                      draft.target, dumps(draft.change), dumps(draft.budget),
                      int(draft.ttl_seconds), draft.change_cid, draft.authority_scope_cid,
                      draft.logical_request_scope, draft.intent_fingerprint, None, None, None,
-                     None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None))
+                     None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None,
+                     0, None))
                 if inserted:
                     self._append_tx(tx, "request.preparing", actor or draft.principal, new_id, {
                         "request_id": draft.request_id, "principal": draft.principal,
@@ -288,6 +289,43 @@ class RequestRecords(HarbourStore):
                         "to": destination.value})
         self._move_tx(tx, original, original.version, destination, journal, actor=actor,
                       now=now, body={"compensated_by": compensating.id}, carry=False)
+
+    # -- preparing again -----------------------------------------------------------------
+
+    def note_preparation(self, id: str, expected_version: int, *, attempts: int, due: float,
+                         failure: dict[str, Any] | None, actor: str,
+                         now: float | None = None, kind: str | None = None) -> Request:
+        at = self._now(now)
+        with self.transaction() as tx:
+            current = self._get_tx(tx, id)
+            if current.version != expected_version:
+                raise _stale(current, expected_version)
+            if current.state is not S.PREPARING:
+                raise IllegalTransition(
+                    f"request {current.id} is {current.state}: only a preparing request's "
+                    "preparation is tried again", detail={"from": current.state.value})
+            moved = tx.execute(
+                "UPDATE requests SET version = version + 1, updated_at = ?, "
+                "prepare_attempts = ?, prepare_due = ?, failure = ? "
+                "WHERE id = ? AND version = ? AND state = ? RETURNING version",
+                (at, int(attempts), float(due), dumps(failure), current.id, expected_version,
+                 S.PREPARING.value))
+            if not moved:
+                raise _stale(current, expected_version)
+            if kind is not None:
+                self._append_tx(tx, kind, actor, current.id, {
+                    "request_id": current.request_id, "attempt": int(attempts),
+                    "next_attempt_at": float(due), "failure": failure,
+                    "version": int(moved[0][0])}, at)
+            return self._get_tx(tx, current.id)
+
+    def preparations_due(self, now: float, *, untouched_since: float) -> list[Request]:
+        with self.reading() as tx:
+            rows = tx.execute(
+                f"SELECT {_COLUMNS} FROM requests WHERE state = ? AND "
+                "(prepare_due <= ? OR (prepare_due IS NULL AND updated_at <= ?)) "
+                "ORDER BY created_at, id", (S.PREPARING.value, now, untouched_since))
+        return [_request(row) for row in rows]
 
     # -- Checkpoints and Resolutions --------------------------------------------------------
 

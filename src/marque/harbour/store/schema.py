@@ -175,8 +175,8 @@ _V3 = [
     "CREATE INDEX reports_request ON reports (request)",
 ]
 
-#: Every column of ``requests`` this code reads and writes, in table order.
-CURRENT_REQUEST_COLUMNS = (*REQUEST_COLUMNS, "failure", "marque", "marque_expires_at")
+#: The columns of ``requests`` as version 3 left them, in table order.
+V3_REQUEST_COLUMNS = (*REQUEST_COLUMNS, "failure", "marque", "marque_expires_at")
 
 # Version 4: the web console's sessions (DESIGN §12). Kept in the store, not in one
 # process, so every ``harbour serve`` sharing a PostgreSQL store knows every session.
@@ -198,10 +198,26 @@ _V4 = [
 # (its page and ``GET /v1/requests/{id}/logbook``) without walking the whole chain.
 _V5 = ["CREATE INDEX logbook_subject ON logbook (subject, seq)"]
 
+# Version 6: a request left ``preparing`` because its Pilot could not be reached is tried
+# again by whichever ``harbour serve`` process claims it first (a compare-and-set on its
+# version), so the bookkeeping lives in the row, not in a process: how many attempts at its
+# preparation were started, and when the next may start. Existing rows get 0 and NULL (a
+# request nobody recorded an attempt for), which the retry treats as due once untouched for
+# a lease; no content is rewritten.
+_V6 = [
+    "ALTER TABLE requests ADD COLUMN prepare_attempts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE requests ADD COLUMN prepare_due DOUBLE PRECISION",
+    "CREATE INDEX requests_prepare_due ON requests (state, prepare_due)",
+]
+
+#: Every column of ``requests`` this code reads and writes, in table order.
+CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*V3_REQUEST_COLUMNS, "prepare_attempts",
+                                            "prepare_due")
+
 MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 5
+LATEST = 6
