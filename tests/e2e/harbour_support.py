@@ -256,6 +256,16 @@ class PilotServe:
             self.proc.stdout.close()
 
 
+def new_public_key(path: Path) -> Path:
+    """Write a fresh holder's public JWK to ``path`` (its private half is thrown away): a
+    key of its own for a principal that never executes — one key is one principal."""
+    from marque.token import new_key, public_jwk
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(public_jwk(new_key())))
+    return path
+
+
 class PilotBank:
     """A Pilot home serving a SQLite ``bank`` (accounts 1→100, 2→100), trusting ``harbour``
     (unless ``trust=False``: a Pilot that is to join it, which pins its keys).

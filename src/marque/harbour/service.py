@@ -48,6 +48,7 @@ from marque.harbour.checkpoint import (
     Resolution,
     TallyState,
     check_resolution,
+    refuse_shared_key,
     require_revalidated,
     revalidate,
     seal_checkpoint,
@@ -229,7 +230,8 @@ class Harbourmaster:
             raise UnknownTarget(f"Pilot {pilot.pilot_id} does not serve a target named "
                                 f"{sub.target[:64]!r}", detail={"pilot_id": pilot.pilot_id,
                                                                 "target": sub.target[:64]})
-        if self.store.get_principal(principal.name).public_jwk is None:
+        requester = self.store.get_principal(principal.name)
+        if requester.public_jwk is None:
             raise Forbidden(f"principal {principal.name} has no registered public key, so no "
                             "marque can be bound to it: an admin registers one first",
                             detail={"principal": principal.name})
@@ -245,7 +247,7 @@ class Harbourmaster:
             authority_scope_cid=identity.authority_scope_cid,
             logical_request_scope=identity.logical_request_scope,
             intent_fingerprint=identity.intent_fingerprint, reason=sub.reason,
-            rolls_back=sub.rolls_back)
+            rolls_back=sub.rolls_back, requester_jkt=requester.key_thumbprint)
         request, created = self.store.create_request(draft, actor=principal.name,
                                                      now=self._now())
         if not created:  # another submission of the same intent won the insert
@@ -444,6 +446,10 @@ class Harbourmaster:
         now = self._now()
         if reason is not None and not reason.strip():
             reason = None
+        if decision == "approve" and not self._self_approval(request):
+            refuse_shared_key(principal.key_thumbprint, request.principal,
+                              (self.store.get_principal(request.principal).key_thumbprint,
+                               request.requester_jkt), checkpoint.cid)
         resolution = seal_resolution(checkpoint, decision=decision, approver=principal.name,
                                      reason=reason, at=now)
         try:

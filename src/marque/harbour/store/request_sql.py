@@ -132,7 +132,8 @@ class RequestRecords(HarbourStore):
                      draft.target, dumps(draft.change), dumps(draft.budget),
                      int(draft.ttl_seconds), draft.change_cid, draft.authority_scope_cid,
                      draft.logical_request_scope, draft.intent_fingerprint, None, None, None,
-                     None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None))
+                     None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None,
+                     draft.requester_jkt))
                 if inserted:
                     self._append_tx(tx, "request.preparing", actor or draft.principal, new_id, {
                         "request_id": draft.request_id, "principal": draft.principal,
@@ -141,6 +142,8 @@ class RequestRecords(HarbourStore):
                         "change_cid": draft.change_cid, "pilot_id": draft.pilot_id,
                         "target": draft.target, "reason": draft.reason,
                         "rolls_back": draft.rolls_back, "to": S.PREPARING.value, "version": 1,
+                        **({} if draft.requester_jkt is None
+                           else {"requester_jkt": draft.requester_jkt}),
                     }, at)
                     return self._get_tx(tx, new_id), True
                 active = self._active_tx(tx, draft.logical_request_scope)
