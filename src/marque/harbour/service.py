@@ -141,6 +141,13 @@ class Harbourmaster:
                                   "a principal's token")
         return self.store.authenticate(token)
 
+    def whoami(self, principal: Principal) -> dict[str, Any]:
+        """Whom a token authenticates: ``{name, roles, key_thumbprint, harbour_id}`` (never
+        the token, nor anything only an admin may see)."""
+        return {"name": principal.name, "roles": sorted(r.value for r in principal.roles),
+                "key_thumbprint": principal.key_thumbprint,
+                "harbour_id": self.store.harbour_id}
+
     # -- reading requests ---------------------------------------------------------------
 
     def _visible(self, principal: Principal, request: Request) -> bool:
