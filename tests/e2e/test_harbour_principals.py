@@ -8,7 +8,8 @@ principal makes is a `marque …` subprocess (or plain HTTP). What is proved:
   an approval by whoever holds the key the requester asked with is
   `self_approval` under any name — even after the requester rotated to a new
   key and the old one was registered again; where routing allows
-  self-approval, the requester's key counts as the requester;
+  self-approval, the requester's key counts as the requester; an approver's
+  key counts once per Checkpoint, under any name;
 * `principal rotate` kills the old token and its console sessions at once,
   `principal roles` changes what the principal may do on its next call, and a
   revoked name can be added again as a new principal — each a `principal.*`
@@ -165,6 +166,33 @@ def test_where_routing_allows_self_approval_the_requesters_key_counts_as_the_req
         approved = running.as_(twin.json["token"], "approve", asked["id"], "--json")
         assert approved.returncode == 0, approved
         assert approved.json["state"] == "prepared"
+    finally:
+        running.stop()
+
+
+def test_an_approvers_old_key_under_a_second_name_does_not_count_twice(
+        tmp_path: Path) -> None:
+    """Two approvals needed: carol approves, rotates to a new key, her old key is registered as
+    carol_twin; the twin's approval is `conflict` (exit 2) and the request keeps waiting."""
+    routing = routing_toml(READS_ALLOWED, writes_delegated(2))
+    running = World(tmp_path, routing=routing)
+    try:
+        carol_pub = new_public_key(tmp_path / "carol.pub.jwk")
+        carol = running.admin("add", "carol", "--role", "approver", "--key", carol_pub)
+        asked = running.ask(running.alice, "two-1")
+        first = running.as_(carol.json["token"], "approve", asked["id"], "--json")
+        assert first.returncode == 0 and first.json["state"] == "awaiting_approval", first
+        assert running.admin("rotate", "carol", "--key",
+                             new_public_key(tmp_path / "carol-2.pub.jwk")).returncode == 0
+        twin = running.admin("add", "carol_twin", "--role", "approver", "--key", carol_pub)
+        again = running.as_(twin.json["token"], "approve", asked["id"], "--json")
+        assert again.returncode == 2 and again.json["error"]["code"] == "conflict", again
+        assert again.json["error"]["detail"]["holder"] == "carol"
+        shown = running.as_(running.alice, "requests", "show", asked["id"], "--json").json
+        assert shown["state"] == "awaiting_approval"
+        assert [r["approver"] for r in shown["resolutions"]] == ["carol"]
+        done = running.as_(running.bob, "approve", asked["id"], "--json")
+        assert done.returncode == 0 and done.json["state"] == "prepared", done
     finally:
         running.stop()
 

@@ -475,7 +475,8 @@ class Harbourmaster:
             raise RequestExpired(exc.message, detail={"id": ended.id}) from None
         stored, _ = self.store.add_resolution(
             checkpoint.cid, resolution_cid=resolution.cid, approver=principal.name,
-            decision=decision, body=resolution.body, now=now)
+            decision=decision, body=resolution.body, now=now,
+            approver_jkt=principal.key_thumbprint)
         if stored.decision != decision:  # a concurrent submission of theirs won
             raise _already_decided(principal, request, stored.decision)
         return self._object(self._settle(self.store.get_request(request.id), principal.name))

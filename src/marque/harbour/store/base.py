@@ -363,9 +363,13 @@ class HarbourStore(abc.ABC):
 
     @abc.abstractmethod
     def add_resolution(self, checkpoint_cid: str, *, resolution_cid: str, approver: str,
-                       decision: str, body: dict[str, Any],
-                       now: float | None = None) -> tuple[Resolution, bool]:
-        """Store an approver's Resolution once; a second one by them returns the first."""
+                       decision: str, body: dict[str, Any], now: float | None = None,
+                       approver_jkt: str | None = None) -> tuple[Resolution, bool]:
+        """Store an approver's Resolution once; a second one by them returns the first.
+
+        ``approver_jkt`` (the approver's key thumbprint) counts once per Checkpoint too:
+        another name resolving with a key that already resolved it is ``Conflict``.
+        """
 
     @abc.abstractmethod
     def resolutions(self, checkpoint_cid: str) -> list[Resolution]:

@@ -326,8 +326,8 @@ class RequestRecords(HarbourStore):
                           expires_at=row[3], created_at=row[4])
 
     def add_resolution(self, checkpoint_cid: str, *, resolution_cid: str, approver: str,
-                       decision: str, body: dict[str, Any],
-                       now: float | None = None) -> tuple[Resolution, bool]:
+                       decision: str, body: dict[str, Any], now: float | None = None,
+                       approver_jkt: str | None = None) -> tuple[Resolution, bool]:
         if decision not in DECISIONS:
             raise InvalidInput(f"a Resolution's decision is one of {', '.join(DECISIONS)}")
         at = self._now(now)
@@ -345,14 +345,25 @@ class RequestRecords(HarbourStore):
                 raise Conflict(f"request {owner[0]} is {owner[1]}, no longer awaiting approval",
                                detail={"request": owner[0], "state": owner[1]})
             # The unique (checkpoint, approver) pair is what makes one approver count once.
+            # So is the unique (checkpoint, approver key) pair for one key under two names.
             added = tx.execute(
-                f"INSERT INTO resolutions ({_RESOLUTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING RETURNING resolution_cid",
-                (resolution_cid, checkpoint_cid, approver, decision, dumps(body), at))
+                f"INSERT INTO resolutions ({_RESOLUTION_COLUMNS}, approver_jkt) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING resolution_cid",
+                (resolution_cid, checkpoint_cid, approver, decision, dumps(body), at,
+                 approver_jkt))
             if not added:
                 raced = tx.one(f"SELECT {_RESOLUTION_COLUMNS} FROM resolutions "
                                "WHERE checkpoint_cid = ? AND approver = ?",
                                (checkpoint_cid, approver))
+                same_key = None if raced is not None or approver_jkt is None else tx.one(
+                    "SELECT approver FROM resolutions WHERE checkpoint_cid = ? "
+                    "AND approver_jkt = ?", (checkpoint_cid, approver_jkt))
+                if same_key is not None:
+                    raise Conflict(
+                        f"{same_key[0]} already resolved checkpoint {checkpoint_cid[:80]} with "
+                        "the key this approver holds: one key counts once, under any name",
+                        detail={"checkpoint_cid": checkpoint_cid, "holder": same_key[0],
+                                "key_thumbprint": approver_jkt, "reason": "key_counted"})
                 if raced is None:
                     raise Conflict(f"Resolution {resolution_cid[:80]} is already stored")
                 return _resolution(raced), False

@@ -221,7 +221,8 @@ class Step:
 # under a second name. Console sessions point at the principal row, so a session of a
 # revoked ``alice`` never wakes up as the new one's and a rotation can end them. A
 # request records its requester's key thumbprint when it was asked, so a later key
-# rotation cannot make an approval by that same key look like someone else's.
+# rotation cannot make an approval by that same key look like someone else's; and a
+# Resolution records its approver's key thumbprint, unique per Checkpoint.
 _PRINCIPALS_V6 = """CREATE TABLE principals_v6 (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL,
@@ -243,6 +244,11 @@ _V6_COMMON: list[str | Step] = [
     "WHERE p.name = console_sessions.principal)",
     "CREATE INDEX console_sessions_principal_id ON console_sessions (principal_id)",
     "ALTER TABLE requests ADD COLUMN requester_jkt TEXT",
+    # One key counts once per Checkpoint, as one approver name does: an approver who
+    # rotated away from a key cannot have it approve again under a second name.
+    "ALTER TABLE resolutions ADD COLUMN approver_jkt TEXT",
+    "CREATE UNIQUE INDEX resolutions_key ON resolutions (checkpoint_cid, approver_jkt) "
+    "WHERE approver_jkt IS NOT NULL",
     # Thumbprints of the keys already registered; where unrevoked principals share one,
     # the step revokes all but the oldest and says so in the logbook (a finding).
     Step("backfill_key_thumbprints"),
