@@ -20,9 +20,11 @@ principal makes is a `marque …` subprocess (or plain HTTP). What is proved:
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +136,15 @@ def test_an_approval_by_the_key_the_requester_asked_with_is_self_approval(
     assert approved.json["error"]["detail"]["reason"] == "same_key"
     shown = world.as_(world.alice, "requests", "show", asked["id"], "--json").json
     assert shown["state"] == "awaiting_approval" and shown["resolutions"] == []
+    # The console does not offer the twin the approval either, and says why.
+    console = console_login(world.server, twin.json["token"])
+    try:
+        page = console.get(f"/requests/{asked['id']}")
+        assert page.status_code == 200, page.text
+        assert 'data-testid="approve"' not in page.text
+        assert "You hold the key this change was asked with" in page.text
+    finally:
+        console.close()
     # A request alice asks with her new key: the twin's old key is no longer hers.
     later = world.ask(world.alice, "twin-2")
     assert world.as_(twin.json["token"], "approve", later["id"], "--json").returncode == 0
@@ -301,6 +312,42 @@ def test_a_token_never_appears_when_the_harbourmaster_cannot_be_reached(tmp_path
         answer = run_cli("requests", "--harbour", nowhere, "--token", token, *args)
         assert answer.returncode == 7, answer
         assert token not in answer.stdout + answer.stderr
+
+
+class _EchoingProxy(http.server.BaseHTTPRequestHandler):
+    """A misconfigured proxy: answers 502 with an HTML page that echoes the request's
+    headers — the Authorization header included."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        sent = self.headers.get("Authorization")
+        page = f"<html><body>bad gateway for {sent}</body></html>".encode()
+        self.send_response(502)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_token_echoed_back_by_whatever_answered_is_masked(tmp_path: Path) -> None:
+    """A proxy page that echoes the Authorization header: `harbour_unavailable` (exit 7), its
+    text quoted with the token masked."""
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoingProxy)
+    serving = threading.Thread(target=proxy.serve_forever, daemon=True)
+    serving.start()
+    token = "mqh_" + "Qw7" * 14
+    try:
+        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        for args in (["--json"], []):
+            answer = run_cli("requests", "--harbour", url, "--token", token, *args)
+            assert answer.returncode == 7, answer
+            assert "bad gateway" in answer.stdout + answer.stderr
+            assert token not in answer.stdout + answer.stderr
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
 
 
 def run_login(*args: Any, stdin: str, config: Path) -> subprocess.CompletedProcess[str]:

@@ -152,7 +152,11 @@ class HarbourClient:
                 f"({type(exc).__name__}: {self._masked(exc)}); it may have received the "
                 "request", detail={"sent": True}) from exc
         if response.status_code >= 400:
-            raise error_from_problem(response)
+            error = error_from_problem(response)
+            if self._token and self._token in error.message:  # e.g. a proxy echoing headers
+                error.message = error.message.replace(self._token, "***")
+                error.args = (error.message,)
+            raise error
         return response
 
     def _masked(self, exc: Exception) -> str:
