@@ -43,8 +43,13 @@ def config_dir() -> Path:
     """``$XDG_CONFIG_HOME/marque`` (an absolute ``XDG_CONFIG_HOME`` only), else
     ``~/.config/marque``."""
     base = os.environ.get("XDG_CONFIG_HOME", "")
-    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".config"
-    return root / "marque"
+    if base and os.path.isabs(base):
+        return Path(base) / "marque"
+    try:
+        return Path.home() / ".config" / "marque"
+    except RuntimeError:  # no HOME and no passwd entry
+        raise InvalidInput("no configuration directory: set XDG_CONFIG_HOME or HOME, or give "
+                           "the token with MARQUE_TOKEN") from None
 
 
 def normalise_url(url: str) -> str:
