@@ -36,6 +36,7 @@ from e2e.harbour_support import (
     cli_env,
     cli_json,
     free_port,
+    new_public_key,
     request_body,
     routing_toml,
     writes_delegated,
@@ -144,7 +145,7 @@ def make_world(root: Path) -> Iterator[World]:
     harbour = Harbour(root / "harbour", routing=ROUTING)
     bank = PilotBank(root / "p1", harbour)
     harbour.add("alice", "requester", key=bank.holder_pub)
-    harbour.add("erin", "requester", "approver", key=bank.holder_pub)
+    harbour.add("erin", "requester", "approver", key=new_public_key(root / "erin.pub.jwk"))
     harbour.add("carol", "approver")
     harbour.add("dave", "approver")
     harbour.add("audrey", "auditor")

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,10 +35,16 @@ EXIT = {"applied": 0, "usage": 2, "refused": 3, "aborted_not_applied": 4,
         "indeterminate": 5, "in_progress": 6}
 
 
+#: A config directory no test writes to (tests that log in name their own).
+NO_CONFIG = os.path.join(tempfile.gettempdir(), "marque-tests-no-config")
+
+
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a CLI subprocess: no stray crash point, wide rich output."""
     env = {k: v for k, v in os.environ.items() if k != "MARQUE_CRASH_AT"}
     env["COLUMNS"] = "200"
+    # Never the user's own `marque login` tokens: a test that logs in names its own config.
+    env["XDG_CONFIG_HOME"] = NO_CONFIG
     env.update(extra or {})
     return env
 

@@ -26,6 +26,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,11 +39,17 @@ MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call or HTTP call
 
 
+#: A config directory no test writes to (tests that log in name their own).
+NO_CONFIG = os.path.join(tempfile.gettempdir(), "marque-tests-no-config")
+
+
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a CLI subprocess: no stray crash point, no Harbourmaster defaults."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("MARQUE_CRASH_AT", "MARQUE_HARBOUR", "MARQUE_TOKEN")}
     env["COLUMNS"] = "200"
+    # Never the user's own `marque login` tokens: a test that logs in names its own config.
+    env["XDG_CONFIG_HOME"] = NO_CONFIG
     env.update(extra or {})
     return env
 
@@ -254,6 +261,16 @@ class PilotServe:
     def _close(self) -> None:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def new_public_key(path: Path) -> Path:
+    """Write a fresh holder's public JWK to ``path`` (its private half is thrown away): a
+    key of its own for a principal that never executes — one key is one principal."""
+    from marque.token import new_key, public_jwk
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(public_jwk(new_key())))
+    return path
 
 
 class PilotBank:

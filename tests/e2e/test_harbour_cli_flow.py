@@ -33,6 +33,7 @@ from harbour_support import (
     cli_env,
     cli_json,
     free_port,
+    new_public_key,
 )
 
 
@@ -57,8 +58,10 @@ class Stack:
         # self_approval (a matter of who asked), not as a missing role.
         self.alice = self.harbour.add("alice", "requester", "approver",
                                       key=self.bank.holder_pub)
-        self.carol = self.harbour.add("carol", "requester", key=self.bank.holder_pub)
-        self.dave = self.harbour.add("dave", "requester", key=self.bank.holder_pub)
+        self.carol = self.harbour.add("carol", "requester",
+                                      key=new_public_key(root / "carol.pub.jwk"))
+        self.dave = self.harbour.add("dave", "requester",
+                                     key=new_public_key(root / "dave.pub.jwk"))
         self.bob = self.harbour.add("bob", "approver")
         self.audra = self.harbour.add("audra", "auditor")
         self.pilot_token = self.harbour.add("p1", "pilot")

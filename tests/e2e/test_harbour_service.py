@@ -27,6 +27,7 @@ from harbour_support import (
     HarbourServer,
     PilotBank,
     cli_env,
+    new_public_key,
     request_body,
     routing_toml,
 )
@@ -72,14 +73,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     pilot = PilotBank(root / "p1", harbour)
     holder_pub = pilot.holder_pub
     harbour.add("alice", "requester", key=holder_pub)
-    harbour.add("bob", "requester", key=holder_pub)
+    harbour.add("bob", "requester", key=new_public_key(root / "bob.pub.jwk"))
     harbour.add("carol", "approver")
     harbour.add("dave", "approver")
     harbour.add("audrey", "auditor")
     harbour.add("p1", "pilot")
     harbour.add("p2", "pilot")
     harbour.add("revoked", "requester", "approver", "auditor", "admin", "pilot",
-                key=holder_pub)
+                key=new_public_key(root / "revoked.pub.jwk"))
     harbour.revoke("revoked")
     pilot.start()
     server = HarbourServer(harbour.home)
@@ -311,9 +312,10 @@ def test_a_delegated_request_is_previewed_approved_and_its_marque_handed_out(
 
 
 def test_a_requester_who_is_also_an_approver_cannot_approve_their_own_request(
-        setup: Setup) -> None:
+        setup: Setup, tmp_path: Path) -> None:
     """The role does not lift the rule: 403 self_approval, and the request keeps waiting."""
-    setup.harbour.add("erin", "requester", "approver", key=setup.pilot.holder_pub)
+    setup.harbour.add("erin", "requester", "approver",
+                      key=new_public_key(tmp_path / "erin.pub.jwk"))
     own = submit(setup, DEBIT, who="erin")
     refused = setup.call("POST", f"/v1/requests/{own['id']}/approve", "erin", json={})
     assert_problem(refused, 403, "self_approval")

@@ -154,6 +154,23 @@ def raw_tx(store: HarbourStore) -> Any:
     return getattr(store, "transaction")()  # noqa: B009 - not part of HarbourStore
 
 
+def insert_old_principal(store: HarbourStore, name: str, roles: list[str], *,
+                         public_jwk: dict[str, Any] | None = None, now: float = T0,
+                         revoked_at: float | None = None) -> str:
+    """A principal row as a store before schema 6 wrote it (name as key, no id, no
+    thumbprint); returns its token."""
+    from marque.harbour.principals import hash_token, mint_token
+    from marque.harbour.store.tx import dumps
+
+    token = mint_token()
+    with raw_tx(store) as tx:
+        tx.execute("INSERT INTO principals (name, token_hash, roles, public_jwk, created_at, "
+                   "revoked_at) VALUES (?, ?, ?, ?, ?, ?)",
+                   (name, hash_token(token), dumps(sorted(roles)), dumps(public_jwk), now,
+                    revoked_at))
+    return token
+
+
 def make_draft(request_id: str = "req-1", *, principal: str = "alice",
                scope: str | None = None, fingerprint: str | None = None,
                pilot_id: str = "pilot-1", rolls_back: str | None = None,

@@ -118,3 +118,27 @@ def test_reports_are_stored_once_per_key(store: HarbourStore) -> None:
                                                         ("applied", request.id)]
     kinds = [e.kind for e in all_entries(store)]
     assert kinds[-2:] == ["execution.in_progress", "execution.applied"]
+
+
+def test_one_key_counts_once_per_checkpoint_under_any_name(store: HarbourStore) -> None:
+    """An approval by bob's key under another name, on a Checkpoint bob's key resolved, is
+    Conflict (a unique index over checkpoint and key): nothing more is stored."""
+    _, checkpoint_cid = sealed(store)
+    key = "k" * 43
+    for approver in ("bob", "bob_twin"):
+        body = {"version": "marque-resolution/0.1", "checkpoint_cid": checkpoint_cid,
+                "decision": "approve", "approver": approver, "reason": "ok", "at": T0 + 2}
+        if approver == "bob":
+            assert store.add_resolution(checkpoint_cid, resolution_cid=cid(body),
+                                        approver=approver, decision="approve", body=body,
+                                        now=T0 + 2, approver_jkt=key)[1]
+            continue
+        with pytest.raises(Conflict) as refused:
+            store.add_resolution(checkpoint_cid, resolution_cid=cid(body), approver=approver,
+                                 decision="approve", body=body, now=T0 + 2, approver_jkt=key)
+        assert refused.value.detail["holder"] == "bob"
+    assert [r.approver for r in store.resolutions(checkpoint_cid)] == ["bob"]
+    # Approvers without a key are told apart by name alone.
+    resolve(store, checkpoint_cid, "carol")
+    resolve(store, checkpoint_cid, "dave")
+    assert len(store.resolutions(checkpoint_cid)) == 3

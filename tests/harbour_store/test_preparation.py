@@ -1,4 +1,4 @@
-"""A preparing request's attempts (schema 6): claimed by compare-and-set, due by the row."""
+"""A preparing request's attempts (schema 7): claimed by compare-and-set, due by the row."""
 
 from __future__ import annotations
 

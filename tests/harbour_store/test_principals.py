@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
 from marque.errors import Conflict, InvalidInput, NotFound, Unauthenticated
 from marque.harbour.lifecycle import RequestState, StaleVersion
 from marque.harbour.principals import TOKEN_BYTES, Role, hash_token
+from marque.harbour.store import schema
 from marque.harbour.store.base import HarbourStore, Request
+from marque.token import thumbprint
 
-from .conftest import T0, all_entries, assert_chain_verifies, make_draft, raw_tx
+from .conftest import (
+    T0,
+    StorePool,
+    all_entries,
+    assert_chain_verifies,
+    insert_old_principal,
+    make_draft,
+    raw_tx,
+)
 
 S = RequestState
 JWK = {"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}
@@ -185,4 +196,153 @@ def test_re_registration_racing_transitions_never_deadlocks(store: HarbourStore)
     assert errors == []
     assert store.get_pilot("pilot-1").incarnation == "inc_1"
     assert {store.get_request(r.id).state for r in requests} == {S.RECONCILIATION}
+    assert_chain_verifies(store)
+
+
+def _jwk() -> dict[str, Any]:
+    from marque.token import new_key, public_jwk
+
+    return public_jwk(new_key())
+
+
+def test_one_key_is_one_unrevoked_principal(store: HarbourStore) -> None:
+    """A key an unrevoked principal holds is Conflict for add, set_public_key and rotate —
+    by its RFC 7638 thumbprint, so the same key with another kid is the same key."""
+    key = _jwk()
+    alice, _ = store.add_principal("alice", ["requester"], public_jwk=key, actor="root", now=T0)
+    assert alice.key_thumbprint == thumbprint(key)
+    same_key = {**key, "kid": "another-kid"}
+    for attempt in (
+        lambda: store.add_principal("twin", ["approver"], public_jwk=same_key, actor="root"),
+        lambda: store.add_principal("twin", ["approver"], public_jwk=key, actor="root"),
+    ):
+        with pytest.raises(Conflict) as refused:
+            attempt()
+        assert refused.value.detail["holder"] == "alice"
+    store.add_principal("bob", ["approver"], actor="root", now=T0)
+    with pytest.raises(Conflict):
+        store.set_public_key("bob", key, actor="root")
+    with pytest.raises(Conflict):
+        store.rotate_principal("bob", public_jwk=key, actor="root")
+    assert store.get_principal("bob").public_jwk is None
+    assert [p.name for p in store.list_principals()] == ["alice", "bob"]
+    # The constraint itself refuses it, not only the code in front of it.
+    with pytest.raises(Conflict), raw_tx(store) as tx:
+        tx.execute("UPDATE principals SET key_thumbprint = ? WHERE name = 'bob'",
+                   (alice.key_thumbprint,))
+    # Once alice moves to another key, hers is free.
+    store.rotate_principal("alice", public_jwk=_jwk(), actor="root", now=T0 + 1)
+    twin, _ = store.add_principal("twin", ["approver"], public_jwk=key, actor="root", now=T0 + 2)
+    assert twin.key_thumbprint == alice.key_thumbprint
+
+
+def test_a_revoked_name_can_be_added_again_as_a_new_principal(store: HarbourStore) -> None:
+    """Revoked alice stays listed with her own id; the new alice has another id and token;
+    get_principal answers the unrevoked one; a revoked key is free again."""
+    key = _jwk()
+    old, old_token = store.add_principal("alice", ["requester"], public_jwk=key, actor="root",
+                                         now=T0)
+    store.revoke_principal("alice", actor="root", now=T0 + 1)
+    new, new_token = store.add_principal("alice", ["approver"], public_jwk=key, actor="root",
+                                         now=T0 + 2)
+    assert new.id != old.id and new_token != old_token
+    assert store.get_principal("alice") == new == store.authenticate(new_token)
+    with pytest.raises(Unauthenticated):
+        store.authenticate(old_token)
+    assert [(p.id, p.revoked) for p in store.list_principals()] == [(old.id, True),
+                                                                      (new.id, False)]
+    with pytest.raises(Conflict):
+        store.add_principal("alice", ["auditor"], actor="root")
+    assert store.revoke_principal("alice", actor="root", now=T0 + 3).id == new.id
+    assert store.get_principal("alice").id == new.id  # the latest, revoked
+    kinds = [(e.kind, e.body.get("id")) for e in all_entries(store)]
+    assert kinds == [("principal.added", old.id), ("principal.revoked", old.id),
+                     ("principal.added", new.id), ("principal.revoked", new.id)]
+
+
+def test_rotation_replaces_the_token_ends_sessions_and_is_logged(store: HarbourStore) -> None:
+    """rotate: a new token authenticates, the old one does not, live console sessions end;
+    a revoked or unknown principal is NotFound; `principal.rotated` never holds a token."""
+    principal, token = store.add_principal("carol", ["approver"], actor="root", now=T0)
+    session = "a" * 64
+    store.create_session(session, "carol", csrf_secret="s" * 32, expires_at=T0 + 3600, now=T0)
+    rotated, new_token = store.rotate_principal("carol", actor="root", now=T0 + 1)
+    assert rotated.id == principal.id and new_token != token
+    assert store.authenticate(new_token).name == "carol"
+    with pytest.raises(Unauthenticated):
+        store.authenticate(token)
+    with pytest.raises(Unauthenticated) as ended:
+        store.get_session(session, now=T0 + 2)
+    assert ended.value.detail["reason"] == "revoked"
+    entry = all_entries(store)[-1]
+    assert (entry.kind, entry.body["sessions_ended"], entry.body["key_rotated"]) == (
+        "principal.rotated", 1, False)
+    assert token not in str(entry.to_dict()) and new_token not in str(entry.to_dict())
+    store.revoke_principal("carol", actor="root", now=T0 + 3)
+    with pytest.raises(NotFound):
+        store.rotate_principal("carol", actor="root")
+    with pytest.raises(NotFound):
+        store.rotate_principal("nobody", actor="root")
+
+
+def test_a_revoked_principals_session_never_wakes_as_the_new_one(store: HarbourStore) -> None:
+    """A session of revoked dave stays dead after dave is added again."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = "b" * 64
+    store.create_session(session, "dave", csrf_secret="s" * 32, expires_at=T0 + 3600, now=T0)
+    store.revoke_principal("dave", actor="root", now=T0 + 1)
+    store.add_principal("dave", ["approver"], actor="root", now=T0 + 2)
+    with pytest.raises(Unauthenticated) as dead:
+        store.get_session(session, now=T0 + 3)
+    assert dead.value.detail["reason"] == "principal_revoked"
+
+
+def test_roles_are_replaced_and_logged_with_what_they_replace(store: HarbourStore) -> None:
+    """set_roles: exactly the new roles; one `principal.roles_set` with `previous`; the same
+    roles again log nothing; unknown roles and revoked principals are refused."""
+    _, token = store.add_principal("erin", ["requester"], actor="root", now=T0)
+    changed = store.set_roles("erin", ["approver", "auditor"], actor="root", now=T0 + 1)
+    assert changed.roles == {Role.APPROVER, Role.AUDITOR} == store.authenticate(token).roles
+    store.set_roles("erin", ["auditor", "approver"], actor="root", now=T0 + 2)
+    sets = [e.body for e in all_entries(store) if e.kind == "principal.roles_set"]
+    assert [(b["roles"], b["previous"]) for b in sets] == [(["approver", "auditor"],
+                                                            ["requester"])]
+    with pytest.raises(InvalidInput):
+        store.set_roles("erin", ["root"], actor="root")
+    store.revoke_principal("erin", actor="root", now=T0 + 3)
+    with pytest.raises(NotFound):
+        store.set_roles("erin", ["admin"], actor="root")
+
+
+def test_migration_6_gives_ids_and_thumbprints_and_revokes_a_shared_key(
+        stores: StorePool) -> None:
+    """A version-5 store whose unrevoked principals share a key: opened by current code,
+    each keeps its token, the oldest keeps the key, the later one is revoked with a
+    `finding.principal_key_shared`, and sessions still find their principal."""
+    location = stores.location()
+    old = stores.create_at_version(location, 5)
+    key = _jwk()
+    alice_token = insert_old_principal(old, "alice", ["requester"], public_jwk=key, now=T0)
+    twin_token = insert_old_principal(old, "twin", ["approver"], public_jwk=key, now=T0 + 1)
+    insert_old_principal(old, "gone", ["approver"], public_jwk=key, now=T0 + 2,
+                         revoked_at=T0 + 3)
+    bob_token = insert_old_principal(old, "bob", ["approver"], now=T0 + 4)
+    session = "c" * 64
+    with raw_tx(old) as tx:  # a session as version 5 stored it
+        tx.execute("INSERT INTO console_sessions (session_hash, principal, csrf_secret, "
+                   "created_at, expires_at) VALUES (?, 'bob', ?, ?, ?)",
+                   (session, "s" * 32, T0, T0 + 3600))
+    old.close()
+
+    store = stores.open(location)
+    assert store.schema_version == schema.LATEST
+    alice = store.authenticate(alice_token)
+    assert alice.id.startswith("pr_") and alice.key_thumbprint == thumbprint(key)
+    with pytest.raises(Unauthenticated):
+        store.authenticate(twin_token)
+    assert store.get_session(session, now=T0 + 5)[1].name == "bob"
+    assert store.authenticate(bob_token).key_thumbprint is None
+    [finding] = [e for e in all_entries(store) if e.kind == "finding.principal_key_shared"]
+    assert (finding.subject, finding.body["holder"]) == ("twin", "alice")
+    assert len({p.id for p in store.list_principals()}) == 4
     assert_chain_verifies(store)

@@ -12,7 +12,7 @@ from marque.harbour.principals import Role
 from marque.harbour.store import schema
 from marque.harbour.store.base import HarbourStore
 
-from .conftest import T0, StorePool, all_entries, raw_tx
+from .conftest import T0, StorePool, all_entries, insert_old_principal, raw_tx
 
 HOUR = 3600.0
 
@@ -161,7 +161,7 @@ def test_migration_4_adds_the_sessions_table_to_an_older_store(stores: StorePool
     and its logbook and principals untouched."""
     location = stores.location()
     old = stores.create_at_version(location, 3)
-    old.add_principal("carol", ["approver"], actor="root", now=T0)
+    insert_old_principal(old, "carol", ["approver"])
     before = [e.to_dict() for e in all_entries(old)]
     old.close()
     store = stores.open(location)

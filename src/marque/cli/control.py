@@ -54,8 +54,9 @@ harbour_option = click.option(
     help="The Harbourmaster service (`marque harbour serve`); default: $MARQUE_HARBOUR.")
 token_option = click.option(
     "--token", envvar="MARQUE_TOKEN", default=None,
-    help="Your principal's bearer token; default: $MARQUE_TOKEN (prefer the variable: a "
-         "command line is visible to other users of the machine).")
+    help="Your principal's bearer token; default: $MARQUE_TOKEN, else the token `marque "
+         "login` stored for this Harbourmaster (prefer those: a command line is visible to "
+         "other users of the machine).")
 
 
 def harbour_options(func: F) -> F:
@@ -64,14 +65,23 @@ def harbour_options(func: F) -> F:
 
 
 def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
-    """A client for the Harbourmaster the options name; refuses locally when one is missing."""
+    """A client for the Harbourmaster the options name; refuses locally when one is missing.
+
+    The token is ``--token``, else ``MARQUE_TOKEN`` (click reads both into ``token``),
+    else the one ``marque login`` stored for that URL.
+    """
     from marque.harbour.client import HarbourClient
 
     if not harbour_url:
         raise InvalidInput("no Harbourmaster: give --harbour URL or set MARQUE_HARBOUR")
     if not token:
-        raise Unauthenticated("no token: give --token or set MARQUE_TOKEN (the token "
-                              "`marque harbour principal add` printed)")
+        from marque.cli.login import stored_token
+
+        token = stored_token(harbour_url)
+    if not token:
+        raise Unauthenticated("no token: run `marque login --harbour URL`, set MARQUE_TOKEN "
+                              "or give --token (the token `marque harbour principal add` "
+                              "printed)")
     return HarbourClient(harbour_url, token)
 
 

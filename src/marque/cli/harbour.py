@@ -103,6 +103,46 @@ def principal_revoke(home: Path, name: str, as_json: bool) -> None:
     out.say(f"principal {literal(result['name'])} revoked")
 
 
+@principal.command("rotate")
+@harbour_home_option
+@click.argument("name")
+@click.option("--key", type=click.Path(path_type=Path), default=None,
+              help="A new public JWK for the principal (its old key stops counting).")
+@json_option
+@guarded
+def principal_rotate(home: Path, name: str, key: Path | None, as_json: bool) -> None:
+    """A new token for NAME, printed once; the old token and its console sessions stop
+    working at once."""
+    from marque.harbour.setup import rotate_principal
+
+    jwk = None if key is None else read_json_file(key, "public key")
+    result = rotate_principal(home, name, public_jwk=jwk)
+    if as_json:
+        emit_json(result)
+        return
+    out.say(f"principal {literal(result['name'])}: token rotated"
+            + (", key replaced" if jwk is not None else ""))
+    out.say(f"token (shown once): {result['token']}")
+
+
+@principal.command("roles")
+@harbour_home_option
+@click.argument("name")
+@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
+              help="A role; repeat for several. The principal holds exactly these after.")
+@json_option
+@guarded
+def principal_roles(home: Path, name: str, roles: tuple[str, ...], as_json: bool) -> None:
+    """Set NAME's roles to exactly the --role values given (its token stays the same)."""
+    from marque.harbour.setup import set_roles
+
+    result = set_roles(home, name, list(roles))
+    if as_json:
+        emit_json(result)
+        return
+    out.say(f"principal {literal(result['name'])} ({', '.join(result['roles'])})")
+
+
 @principal.command("list")
 @harbour_home_option
 @json_option

@@ -70,6 +70,7 @@ __all__ = [
     "seal_checkpoint",
     "seal_resolution",
     "check_resolution",
+    "refuse_shared_key",
     "tally",
     "revalidate",
     "require_revalidated",
@@ -435,6 +436,25 @@ def _refuse_self_approval(resolution: Resolution, requester: str, allowed: bool)
             "that delegated it does not allow self-approval; another approver must resolve it",
             detail={"approver": requester, "checkpoint_cid": resolution.checkpoint_cid},
         )
+
+
+def refuse_shared_key(approver_jkt: str | None, requester: str,
+                      requester_jkts: Iterable[str | None], checkpoint_cid: str) -> None:
+    """Refuse an approval by whoever holds the requester's key, whatever their name.
+
+    ``requester_jkts`` are the thumbprints of the requester's key now and when
+    they asked: a key rotated since cannot make an approval by the old key look
+    like another person's. Only called where routing does not allow
+    self-approval — where it does, a second name for the requester is allowed
+    exactly as the requester's own name is.
+    """
+    if approver_jkt is not None and approver_jkt in {j for j in requester_jkts if j}:
+        raise SelfApproval(
+            f"this approver holds the key of {requester}, who asked for this change: an "
+            "approval by the requester's key is self-approval under any name, and the routing "
+            "entry that delegated it does not allow self-approval",
+            detail={"requester": requester, "key_thumbprint": approver_jkt,
+                    "checkpoint_cid": checkpoint_cid, "reason": "same_key"})
 
 
 def tally(

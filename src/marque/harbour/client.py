@@ -15,6 +15,11 @@ service contract in docs/harbour.md). Two rules make callers simple:
   connection was never made), so a caller knows a retry of a POST must carry
   the same request id — which is always safe: the Harbourmaster answers a
   retried intent with the request it already holds.
+
+The bearer token is a secret and never appears in anything this client says:
+surrounding whitespace is stripped (as the server strips it), a token with a
+space or control character inside is refused as ``input_invalid`` before
+anything is sent, and a transport error's text has the token masked.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import httpx
 from marque.errors import PROBLEM_MEMBERS, HarbourUnavailable, InvalidInput, MarqueError, lookup
 from marque.harbour.identity import check_request_id, format_idempotency_key
 
-__all__ = ["HarbourClient", "error_from_problem"]
+__all__ = ["HarbourClient", "check_token", "error_from_problem"]
 
 #: Problem members that become the error's message and class, not its detail: all but the
 #: HTTP ``status``, which this client keeps in the error's detail (see the module docstring).
@@ -65,6 +70,22 @@ def error_from_problem(response: httpx.Response) -> MarqueError:
                sqlstate=sqlstate if isinstance(sqlstate, str) else None, detail=extra)
 
 
+def check_token(token: str) -> str:
+    """``token`` without surrounding whitespace; ``InvalidInput`` (which never quotes it) for
+    an empty token or one holding anything but visible ASCII — a header cannot carry it."""
+    stripped = token.strip(" \t\r\n")
+    if not stripped:
+        raise InvalidInput("the token is empty: give the token `marque harbour principal add` "
+                           "printed", detail={"rule": "empty"})
+    for index, char in enumerate(stripped):
+        if not 0x21 <= ord(char) <= 0x7E:
+            raise InvalidInput(
+                f"the token holds a space or a control or non-ASCII character (position "
+                f"{index}): a token is one word of visible ASCII; check how it was copied",
+                detail={"rule": "character", "index": index})
+    return stripped
+
+
 def _segment(value: str) -> str:
     """A request id as one path segment: every reserved character escaped.
 
@@ -88,12 +109,18 @@ class HarbourClient:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
         headers = {"Accept": "application/json"}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
+        self._token = None if token is None else check_token(token)
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
         try:
             self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         except (ValueError, TypeError, httpx.InvalidURL) as exc:
             raise InvalidInput(f"not a Harbourmaster URL: {url!r} ({exc})") from exc
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token as it is sent (surrounding whitespace stripped)."""
+        return self._token
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -117,16 +144,27 @@ class HarbourClient:
             raise InvalidInput(f"not a Harbourmaster URL: {self.url!r} ({exc})") from exc
         except httpx.ConnectError as exc:
             raise HarbourUnavailable(
-                f"the Harbourmaster at {self.url} cannot be reached ({exc}); nothing was sent",
-                detail={"sent": False}) from exc
+                f"the Harbourmaster at {self.url} cannot be reached ({self._masked(exc)}); "
+                "nothing was sent", detail={"sent": False}) from exc
         except httpx.TransportError as exc:
             raise HarbourUnavailable(
                 f"lost the Harbourmaster at {self.url} during {method} {path} "
-                f"({type(exc).__name__}: {exc}); it may have received the request",
-                detail={"sent": True}) from exc
+                f"({type(exc).__name__}: {self._masked(exc)}); it may have received the "
+                "request", detail={"sent": True}) from exc
         if response.status_code >= 400:
-            raise error_from_problem(response)
+            error = error_from_problem(response)
+            if self._token and self._token in error.message:  # e.g. a proxy echoing headers
+                error.message = error.message.replace(self._token, "***")
+                error.args = (error.message,)
+            raise error
         return response
+
+    def _masked(self, exc: Exception) -> str:
+        """An exception's text with the token (and so the Authorization value) masked."""
+        text = str(exc)
+        if self._token:
+            text = text.replace(self._token, "***")
+        return text
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = self._call(method, path, **kwargs)
@@ -150,6 +188,11 @@ class HarbourClient:
     def jwks(self) -> dict[str, Any]:
         """``GET /.well-known/jwks.json`` → ``{keys: [issuer public JWK]}``."""
         return self._json("GET", "/.well-known/jwks.json")
+
+    def whoami(self) -> dict[str, Any]:
+        """``GET /v1/whoami`` → ``{name, roles, key_thumbprint, harbour_id}``: whom the token
+        authenticates (``unauthenticated`` for an unknown, rotated or revoked one)."""
+        return self._json("GET", "/v1/whoami")
 
     # -- requests -----------------------------------------------------------------------
 

@@ -190,6 +190,7 @@ class HarbourService:
                 Route("/v1/logbook", self.logbook, methods=["GET"]),
                 Route("/v1/logbook/head", self.logbook_head, methods=["GET"]),
                 Route("/.well-known/jwks.json", self.jwks, methods=["GET"]),
+                Route("/v1/whoami", self.whoami, methods=["GET"]),
                 Route("/v1/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 *self.console.routes,
@@ -342,6 +343,11 @@ class HarbourService:
         """``GET /.well-known/jwks.json``: the issuer's public keys, to anyone."""
         found = await self._in_thread(self.harbourmaster.jwks)
         return JSONResponse(found)
+
+    async def whoami(self, request: Request) -> Response:
+        """``GET /v1/whoami``: whom the bearer token authenticates (any role)."""
+        principal = await self._principal(request)
+        return JSONResponse(self.harbourmaster.whoami(principal))
 
     async def health(self, request: Request) -> Response:
         """``GET /v1/health``: ``{harbour_id, store}``, 503 when the store cannot be read."""

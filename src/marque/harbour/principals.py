@@ -4,6 +4,12 @@ A principal is a unique name with roles. Its bearer token is random (256 bits
 from :mod:`secrets`), shown once when minted, and stored only as its SHA-256:
 a leaked store yields no usable token. Comparisons of hashes are constant-time,
 so answering "who is this?" does not leak how much of a guess was right.
+
+A principal's identity for approvals is its **key** as much as its name: the
+store keeps the RFC 7638 thumbprint of each principal's public key
+(:func:`key_thumbprint`) and refuses a second unrevoked principal holding the
+same one, and an approval whose approver holds the requester's key is
+self-approval whatever the approver's name (docs/harbour.md, "Principals").
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ class Principal:
     public_jwk: dict[str, Any] | None = None
     revoked_at: float | None = None
     created_at: float = 0.0
+    #: The row's own id (``pr_…``): a revoked name added again is another principal.
+    id: str = ""
+    #: The RFC 7638 thumbprint of ``public_jwk`` (None without a key).
+    key_thumbprint: str | None = None
 
     @property
     def revoked(self) -> bool:
@@ -56,9 +66,11 @@ class Principal:
     def to_dict(self) -> dict[str, Any]:
         """The principal as JSON (roles sorted), without any secret."""
         return {
+            "id": self.id,
             "name": self.name,
             "roles": sorted(r.value for r in self.roles),
             "public_jwk": self.public_jwk,
+            "key_thumbprint": self.key_thumbprint,
             "revoked_at": self.revoked_at,
             "created_at": self.created_at,
         }
@@ -77,6 +89,21 @@ def parse_roles(roles: Iterable[str | Role]) -> frozenset[Role]:
     if not parsed:
         raise InvalidInput("a principal needs at least one role")
     return frozenset(parsed)
+
+
+def key_thumbprint(public_jwk: dict[str, Any] | None) -> str | None:
+    """The RFC 7638 thumbprint a principal's key is known by (None for no key).
+
+    A JWK whose thumbprint cannot be computed is ``InvalidInput``: a key that
+    cannot be told apart from another is never registered.
+    """
+    if public_jwk is None:
+        return None
+    if not isinstance(public_jwk, dict):
+        raise InvalidInput("a principal's public key must be a JWK object")
+    from marque.token.keys import thumbprint
+
+    return thumbprint(public_jwk)
 
 
 def mint_token() -> str:

@@ -51,6 +51,7 @@ from marque.harbour.checkpoint import (
     Resolution,
     TallyState,
     check_resolution,
+    refuse_shared_key,
     require_revalidated,
     revalidate,
     seal_checkpoint,
@@ -147,6 +148,13 @@ class Harbourmaster:
             raise Unauthenticated("send `Authorization: Bearer <token>`: this endpoint needs "
                                   "a principal's token")
         return self.store.authenticate(token)
+
+    def whoami(self, principal: Principal) -> dict[str, Any]:
+        """Whom a token authenticates: ``{name, roles, key_thumbprint, harbour_id}`` (never
+        the token, nor anything only an admin may see)."""
+        return {"name": principal.name, "roles": sorted(r.value for r in principal.roles),
+                "key_thumbprint": principal.key_thumbprint,
+                "harbour_id": self.store.harbour_id}
 
     # -- reading requests ---------------------------------------------------------------
 
@@ -254,7 +262,8 @@ class Harbourmaster:
             raise UnknownTarget(f"Pilot {pilot.pilot_id} does not serve a target named "
                                 f"{sub.target[:64]!r}", detail={"pilot_id": pilot.pilot_id,
                                                                 "target": sub.target[:64]})
-        if self.store.get_principal(principal.name).public_jwk is None:
+        requester = self.store.get_principal(principal.name)
+        if requester.public_jwk is None:
             raise Forbidden(f"principal {principal.name} has no registered public key, so no "
                             "marque can be bound to it: an admin registers one first",
                             detail={"principal": principal.name})
@@ -270,7 +279,7 @@ class Harbourmaster:
             authority_scope_cid=identity.authority_scope_cid,
             logical_request_scope=identity.logical_request_scope,
             intent_fingerprint=identity.intent_fingerprint, reason=sub.reason,
-            rolls_back=sub.rolls_back)
+            rolls_back=sub.rolls_back, requester_jkt=requester.key_thumbprint)
         request, created = self.store.create_request(draft, actor=principal.name,
                                                      now=self._now())
         if not created:  # another submission of the same intent won the insert
@@ -500,6 +509,10 @@ class Harbourmaster:
             raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                            detail={"id": request.id, "state": request.state.value})
         now = self._now()
+        if decision == "approve" and not self._self_approval(request):
+            refuse_shared_key(principal.key_thumbprint, request.principal,
+                              (self.store.get_principal(request.principal).key_thumbprint,
+                               request.requester_jkt), checkpoint.cid)
         resolution = seal_resolution(checkpoint, decision=decision, approver=principal.name,
                                      reason=reason, at=now)
         try:
@@ -518,7 +531,8 @@ class Harbourmaster:
             raise RequestExpired(exc.message, detail={"id": ended.id}) from None
         stored, created = self.store.add_resolution(
             checkpoint.cid, resolution_cid=resolution.cid, approver=principal.name,
-            decision=decision, body=resolution.body, now=now)
+            decision=decision, body=resolution.body, now=now,
+            approver_jkt=principal.key_thumbprint)
         if not created:  # a concurrent submission of theirs won
             return self._already(principal, request,
                                  Resolution.from_body(stored.body, stored.resolution_cid),

@@ -115,12 +115,19 @@ def init_harbour(home: str | os.PathLike[str], *, store_dsn: str | None = None,
     }
 
 
-def add_principal(home: str | os.PathLike[str], name: str, roles: list[str], *,
-                  public_jwk: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Add a principal; returns it with its token (shown this once, stored as a hash)."""
+def _public_only(public_jwk: dict[str, Any] | None) -> None:
     if public_jwk is not None and "d" in public_jwk:
         raise InvalidInput("that key file holds a private key: register the public part only "
                            "(`marque keys public`)")
+
+
+def add_principal(home: str | os.PathLike[str], name: str, roles: list[str], *,
+                  public_jwk: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Add a principal; returns it with its token (shown this once, stored as a hash).
+
+    A revoked name may be added again: a new principal, the old one's history kept.
+    """
+    _public_only(public_jwk)
     store = open_home_store(HarbourHome(home))
     try:
         principal, token = store.add_principal(name, roles, public_jwk=public_jwk,
@@ -135,6 +142,29 @@ def revoke_principal(home: str | os.PathLike[str], name: str) -> dict[str, Any]:
     store = open_home_store(HarbourHome(home))
     try:
         return dict(store.revoke_principal(name, actor=operator()).to_dict())
+    finally:
+        store.close()
+
+
+def rotate_principal(home: str | os.PathLike[str], name: str, *,
+                     public_jwk: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A new token for a principal (shown this once); the old one and its console sessions
+    stop working at once. With ``public_jwk`` its key is replaced too."""
+    _public_only(public_jwk)
+    store = open_home_store(HarbourHome(home))
+    try:
+        principal, token = store.rotate_principal(name, public_jwk=public_jwk,
+                                                  actor=operator())
+    finally:
+        store.close()
+    return {**principal.to_dict(), "token": token}
+
+
+def set_roles(home: str | os.PathLike[str], name: str, roles: list[str]) -> dict[str, Any]:
+    """Replace a principal's roles; they apply to its very next call."""
+    store = open_home_store(HarbourHome(home))
+    try:
+        return dict(store.set_roles(name, roles, actor=operator()).to_dict())
     finally:
         store.close()
 

@@ -129,7 +129,25 @@ def can_decide(hm: Harbourmaster, principal: Principal, request: dict[str, Any]
     if request["principal"] == principal.name and not _self_approval_allowed(hm, request["id"]):
         return False, ("You asked for this change, so someone else must approve it "
                        "(self_approval).")
+    if _holds_requesters_key(hm, principal, request) \
+            and not _self_approval_allowed(hm, request["id"]):
+        return False, ("You hold the key this change was asked with, so someone else must "
+                       "approve it (self_approval).")
     return True, ""
+
+
+def _holds_requesters_key(hm: Harbourmaster, principal: Principal,
+                          request: dict[str, Any]) -> bool:
+    """Whether the viewer's key is the requester's, now or when they asked (docs/harbour.md,
+    "One key is one principal")."""
+    if principal.key_thumbprint is None:
+        return False
+    try:
+        asked_with = hm.store.get_request(request["id"]).requester_jkt
+        current = hm.store.get_principal(request["principal"]).key_thumbprint
+    except NotFound:
+        return False
+    return principal.key_thumbprint in {asked_with, current}
 
 
 def _row(request: dict[str, Any]) -> dict[str, Any]:

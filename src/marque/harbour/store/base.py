@@ -48,6 +48,9 @@ class RequestDraft:
     reason: str | None = None
     #: The ``id`` of the verified request this one compensates, if any.
     rolls_back: str | None = None
+    #: The RFC 7638 thumbprint of the requester's key when they asked (self-approval
+    #: is judged against it as well as against their key at approval time).
+    requester_jkt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class Request:
     #: The marque issued for the request (bound to its requester's key), and its ``exp``.
     marque: str | None = field(default=None, repr=False)
     marque_expires_at: float | None = None
+    #: The requester's key thumbprint when the request was made (None before schema 6).
+    requester_jkt: str | None = None
     #: While ``preparing``: attempts at its preview started so far, and when the next one
     #: may start (None: no attempt recorded yet).
     prepare_attempts: int = 0
@@ -208,8 +213,28 @@ class HarbourStore(abc.ABC):
                       now: float | None = None) -> tuple[Principal, str]:
         """Add a principal; returns it and its token, which is never shown again.
 
-        A name already taken is ``Conflict``. Writes ``principal.added``.
+        A name an unrevoked principal holds is ``Conflict``, and so is a key
+        whose RFC 7638 thumbprint an unrevoked principal holds (both decided by
+        partial unique indexes); a revoked name may be added again, as a new
+        principal with its own ``id``. Writes ``principal.added``.
         """
+
+    @abc.abstractmethod
+    def rotate_principal(self, name: str, *, public_jwk: dict[str, Any] | None = None,
+                         actor: str, now: float | None = None) -> tuple[Principal, str]:
+        """A new token for an unrevoked principal (returned once); the old one stops
+        working and the principal's console sessions end, in one transaction.
+
+        With ``public_jwk`` its key is replaced too (a key another unrevoked
+        principal holds is ``Conflict``). ``NotFound`` for an unknown or revoked
+        name. Writes ``principal.rotated``.
+        """
+
+    @abc.abstractmethod
+    def set_roles(self, name: str, roles: list[str] | list[Role], *, actor: str,
+                  now: float | None = None) -> Principal:
+        """Replace an unrevoked principal's roles; writes ``principal.roles_set`` when they
+        change. ``NotFound`` for an unknown or revoked name."""
 
     @abc.abstractmethod
     def authenticate(self, token: str) -> Principal:
@@ -221,16 +246,18 @@ class HarbourStore(abc.ABC):
 
     @abc.abstractmethod
     def get_principal(self, name: str) -> Principal:
-        """One principal; ``NotFound`` if there is none by that name."""
+        """The unrevoked principal of that name, else the latest revoked one; ``NotFound``
+        if there was never one by that name."""
 
     @abc.abstractmethod
     def list_principals(self) -> list[Principal]:
-        """Every principal, revoked ones included, by name."""
+        """Every principal, revoked ones included, by name and then age."""
 
     @abc.abstractmethod
     def set_public_key(self, name: str, public_jwk: dict[str, Any] | None, *, actor: str,
                        now: float | None = None) -> Principal:
-        """Register (or clear) a principal's public key; writes ``principal.key_set``."""
+        """Register (or clear) an unrevoked principal's public key; a key another unrevoked
+        principal holds is ``Conflict``. Writes ``principal.key_set``."""
 
     # -- routing configs ---------------------------------------------------------
 
@@ -360,9 +387,13 @@ class HarbourStore(abc.ABC):
 
     @abc.abstractmethod
     def add_resolution(self, checkpoint_cid: str, *, resolution_cid: str, approver: str,
-                       decision: str, body: dict[str, Any],
-                       now: float | None = None) -> tuple[Resolution, bool]:
-        """Store an approver's Resolution once; a second one by them returns the first."""
+                       decision: str, body: dict[str, Any], now: float | None = None,
+                       approver_jkt: str | None = None) -> tuple[Resolution, bool]:
+        """Store an approver's Resolution once; a second one by them returns the first.
+
+        ``approver_jkt`` (the approver's key thumbprint) counts once per Checkpoint too:
+        another name resolving with a key that already resolved it is ``Conflict``.
+        """
 
     @abc.abstractmethod
     def resolutions(self, checkpoint_cid: str) -> list[Resolution]:

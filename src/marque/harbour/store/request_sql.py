@@ -138,7 +138,7 @@ class RequestRecords(HarbourStore):
                      int(draft.ttl_seconds), draft.change_cid, draft.authority_scope_cid,
                      draft.logical_request_scope, draft.intent_fingerprint, None, None, None,
                      None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None,
-                     0, None))
+                     draft.requester_jkt, 0, None))
                 if inserted:
                     self._append_tx(tx, "request.preparing", actor or draft.principal, new_id, {
                         "request_id": draft.request_id, "principal": draft.principal,
@@ -147,6 +147,8 @@ class RequestRecords(HarbourStore):
                         "change_cid": draft.change_cid, "pilot_id": draft.pilot_id,
                         "target": draft.target, "reason": draft.reason,
                         "rolls_back": draft.rolls_back, "to": S.PREPARING.value, "version": 1,
+                        **({} if draft.requester_jkt is None
+                           else {"requester_jkt": draft.requester_jkt}),
                     }, at)
                     return self._get_tx(tx, new_id), True
                 active = self._active_tx(tx, draft.logical_request_scope)
@@ -366,8 +368,8 @@ class RequestRecords(HarbourStore):
                           expires_at=row[3], created_at=row[4])
 
     def add_resolution(self, checkpoint_cid: str, *, resolution_cid: str, approver: str,
-                       decision: str, body: dict[str, Any],
-                       now: float | None = None) -> tuple[Resolution, bool]:
+                       decision: str, body: dict[str, Any], now: float | None = None,
+                       approver_jkt: str | None = None) -> tuple[Resolution, bool]:
         if decision not in DECISIONS:
             raise InvalidInput(f"a Resolution's decision is one of {', '.join(DECISIONS)}")
         at = self._now(now)
@@ -385,14 +387,25 @@ class RequestRecords(HarbourStore):
                 raise Conflict(f"request {owner[0]} is {owner[1]}, no longer awaiting approval",
                                detail={"request": owner[0], "state": owner[1]})
             # The unique (checkpoint, approver) pair is what makes one approver count once.
+            # So is the unique (checkpoint, approver key) pair for one key under two names.
             added = tx.execute(
-                f"INSERT INTO resolutions ({_RESOLUTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING RETURNING resolution_cid",
-                (resolution_cid, checkpoint_cid, approver, decision, dumps(body), at))
+                f"INSERT INTO resolutions ({_RESOLUTION_COLUMNS}, approver_jkt) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING resolution_cid",
+                (resolution_cid, checkpoint_cid, approver, decision, dumps(body), at,
+                 approver_jkt))
             if not added:
                 raced = tx.one(f"SELECT {_RESOLUTION_COLUMNS} FROM resolutions "
                                "WHERE checkpoint_cid = ? AND approver = ?",
                                (checkpoint_cid, approver))
+                same_key = None if raced is not None or approver_jkt is None else tx.one(
+                    "SELECT approver FROM resolutions WHERE checkpoint_cid = ? "
+                    "AND approver_jkt = ?", (checkpoint_cid, approver_jkt))
+                if same_key is not None:
+                    raise Conflict(
+                        f"{same_key[0]} already resolved checkpoint {checkpoint_cid[:80]} with "
+                        "the key this approver holds: one key counts once, under any name",
+                        detail={"checkpoint_cid": checkpoint_cid, "holder": same_key[0],
+                                "key_thumbprint": approver_jkt, "reason": "key_counted"})
                 if raced is None:
                     raise Conflict(f"Resolution {resolution_cid[:80]} is already stored")
                 return _resolution(raced), False

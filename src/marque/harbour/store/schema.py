@@ -12,9 +12,15 @@ to the blocking states with a partial unique index, the sole race guard of
 DESIGN §11.2, and rewrites no row's content: PostgreSQL drops the constraint;
 SQLite, which cannot drop one, rebuilds the table by its documented
 procedure (create, copy every column verbatim, drop, rename).
+
+A step that SQL cannot express (version 6 computes key thumbprints) is a
+:class:`Step`, run by the store inside the same migration transaction.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 # The blocking states, spelled out as released: a later change of
 # lifecycle.BLOCKING needs a new migration, never an edit of this one (a test
@@ -175,8 +181,8 @@ _V3 = [
     "CREATE INDEX reports_request ON reports (request)",
 ]
 
-#: The columns of ``requests`` as version 3 left them, in table order.
-V3_REQUEST_COLUMNS = (*REQUEST_COLUMNS, "failure", "marque", "marque_expires_at")
+#: The columns of ``requests`` as version 3 left them, in table order (frozen).
+REQUEST_COLUMNS_V3 = (*REQUEST_COLUMNS, "failure", "marque", "marque_expires_at")
 
 # Version 4: the web console's sessions (DESIGN §12). Kept in the store, not in one
 # process, so every ``harbour serve`` sharing a PostgreSQL store knows every session.
@@ -198,26 +204,96 @@ _V4 = [
 # (its page and ``GET /v1/requests/{id}/logbook``) without walking the whole chain.
 _V5 = ["CREATE INDEX logbook_subject ON logbook (subject, seq)"]
 
-# Version 6: a request left ``preparing`` because its Pilot could not be reached is tried
+
+@dataclass(frozen=True)
+class Step:
+    """A migration step that is not one SQL statement: the store's method ``_step_<name>``
+    runs it inside the migration's transaction (for values SQL cannot compute, such as a
+    key's RFC 7638 thumbprint)."""
+
+    name: str
+
+
+# Version 6: a principal is a row with its own ``id``; its name is unique only among
+# unrevoked principals (a revoked name may be added again as a new principal, and the old
+# row stays, revoked, with its history), and so is its key's RFC 7638 thumbprint — two
+# unrevoked principals can never hold one key, so nobody approves their own request
+# under a second name. Console sessions point at the principal row, so a session of a
+# revoked ``alice`` never wakes up as the new one's and a rotation can end them. A
+# request records its requester's key thumbprint when it was asked, so a later key
+# rotation cannot make an approval by that same key look like someone else's; and a
+# Resolution records its approver's key thumbprint, unique per Checkpoint.
+_PRINCIPALS_V6 = """CREATE TABLE principals_v6 (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        token_hash TEXT NOT NULL UNIQUE,
+        roles TEXT NOT NULL,
+        public_jwk TEXT,
+        key_thumbprint TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION)"""
+_LIVE_NAME_INDEX = ("CREATE UNIQUE INDEX principals_live_name ON principals (name) "
+                    "WHERE revoked_at IS NULL")
+_LIVE_KEY_INDEX = ("CREATE UNIQUE INDEX principals_live_key ON principals (key_thumbprint) "
+                   "WHERE revoked_at IS NULL AND key_thumbprint IS NOT NULL")
+_V6_COMMON: list[str | Step] = [
+    "CREATE INDEX principals_name ON principals (name, created_at)",
+    _LIVE_NAME_INDEX,
+    "ALTER TABLE console_sessions ADD COLUMN principal_id TEXT",
+    "UPDATE console_sessions SET principal_id = (SELECT p.id FROM principals p "
+    "WHERE p.name = console_sessions.principal)",
+    "CREATE INDEX console_sessions_principal_id ON console_sessions (principal_id)",
+    "ALTER TABLE requests ADD COLUMN requester_jkt TEXT",
+    # One key counts once per Checkpoint, as one approver name does: an approver who
+    # rotated away from a key cannot have it approve again under a second name.
+    "ALTER TABLE resolutions ADD COLUMN approver_jkt TEXT",
+    "CREATE UNIQUE INDEX resolutions_key ON resolutions (checkpoint_cid, approver_jkt) "
+    "WHERE approver_jkt IS NOT NULL",
+    # Thumbprints of the keys already registered; where unrevoked principals share one,
+    # the step revokes all but the oldest and says so in the logbook (a finding).
+    Step("backfill_key_thumbprints"),
+    _LIVE_KEY_INDEX,
+]
+_V6_SQLITE: list[str | Step] = [
+    _PRINCIPALS_V6,
+    "INSERT INTO principals_v6 (id, name, token_hash, roles, public_jwk, created_at, "
+    "revoked_at) SELECT 'pr_' || lower(hex(randomblob(16))), name, token_hash, roles, "
+    "public_jwk, created_at, revoked_at FROM principals",
+    "DROP TABLE principals",
+    "ALTER TABLE principals_v6 RENAME TO principals",
+    *_V6_COMMON,
+]
+_V6_POSTGRES: list[str | Step] = [
+    "ALTER TABLE principals ADD COLUMN id TEXT",
+    "UPDATE principals SET id = 'pr_' || md5(random()::text || clock_timestamp()::text "
+    "|| name)",
+    # PostgreSQL's own name for version 1's primary key on the name.
+    "ALTER TABLE principals DROP CONSTRAINT principals_pkey",
+    "ALTER TABLE principals ADD PRIMARY KEY (id)",
+    "ALTER TABLE principals ADD COLUMN key_thumbprint TEXT",
+    *_V6_COMMON,
+]
+
+# Version 7: a request left ``preparing`` because its Pilot could not be reached is tried
 # again by whichever ``harbour serve`` process claims it first (a compare-and-set on its
 # version), so the bookkeeping lives in the row, not in a process: how many attempts at its
 # preparation were started, and when the next may start. Existing rows get 0 and NULL (a
 # request nobody recorded an attempt for), which the retry treats as due once untouched for
 # a lease; no content is rewritten.
-_V6 = [
+_V7 = [
     "ALTER TABLE requests ADD COLUMN prepare_attempts INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE requests ADD COLUMN prepare_due DOUBLE PRECISION",
     "CREATE INDEX requests_prepare_due ON requests (state, prepare_due)",
 ]
 
 #: Every column of ``requests`` this code reads and writes, in table order.
-CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*V3_REQUEST_COLUMNS, "prepare_attempts",
-                                            "prepare_due")
+CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_COLUMNS_V3, "requester_jkt",
+                                            "prepare_attempts", "prepare_due")
 
-MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6],
+MIGRATIONS: dict[str, list[Sequence[str | Step]]] = {
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 6
+LATEST = 7

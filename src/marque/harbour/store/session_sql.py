@@ -9,7 +9,10 @@ whoever reads the store cannot open a session.
 Whether a session still works is decided by one ``SELECT`` joining the
 session to its principal: unknown, expired, logged out, or belonging to a
 principal revoked since are each ``Unauthenticated`` with a ``reason``, so
-revoking a principal ends its console sessions at once, with no sweep.
+revoking a principal ends its console sessions at once, with no sweep. A
+session points at its principal's row (``principal_id``), not its name: a
+revoked name added again is a new principal, and the old one's sessions stay
+dead; rotating a token ends the principal's sessions in the same transaction.
 Nothing here writes the logbook: a session changes no request, no Pilot and
 no principal.
 """
@@ -67,8 +70,8 @@ class SessionRecords(HarbourStore):
         with self.transaction() as tx:
             # One statement: the principal must exist and be unrevoked as the row goes in.
             row = tx.one(
-                "INSERT INTO console_sessions (session_hash, principal, csrf_secret, "
-                "created_at, expires_at) SELECT ?, name, ?, ?, ? FROM principals "
+                "INSERT INTO console_sessions (session_hash, principal, principal_id, "
+                "csrf_secret, created_at, expires_at) SELECT ?, name, id, ?, ?, ? FROM principals "
                 "WHERE name = ? AND revoked_at IS NULL RETURNING session_hash",
                 (session_hash, csrf_secret, at, float(expires_at), principal))
         if row is None:
@@ -86,20 +89,23 @@ class SessionRecords(HarbourStore):
         with self.reading() as tx:
             row = tx.one(
                 f"SELECT {_SESSION_COLUMNS}, p.name, p.roles, p.public_jwk, p.revoked_at, "
-                "p.created_at FROM console_sessions s JOIN principals p ON p.name = s.principal "
+                "p.created_at, p.id, p.key_thumbprint FROM console_sessions s "
+                "JOIN principals p ON p.id = s.principal_id "
                 "WHERE s.session_hash = ?", (session_hash,))
         # The index found the row; the constant-time comparison is what decides.
         if row is None or not hashes_equal(row[0], session_hash):
             raise Unauthenticated("no such console session", detail={"reason": "unknown"})
         session = _session(row[:6])
         if session.revoked_at is not None:
-            raise Unauthenticated("this console session was ended by logging out",
+            raise Unauthenticated("this console session was ended (by logging out, or by "
+                                  "a rotation of its principal's token)",
                                   detail={"reason": "revoked"})
         if at >= session.expires_at:
             raise Unauthenticated("this console session has expired",
                                   detail={"reason": "expired"})
         principal = Principal(name=row[6], roles=parse_roles(loads(row[7])),
-                              public_jwk=loads(row[8]), revoked_at=row[9], created_at=row[10])
+                              public_jwk=loads(row[8]), revoked_at=row[9], created_at=row[10],
+                              id=row[11], key_thumbprint=row[12])
         if principal.revoked:
             raise Unauthenticated(f"principal {principal.name} was revoked: its console "
                                   "sessions no longer work",

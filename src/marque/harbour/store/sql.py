@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import hashlib
 import time
 import uuid
 from typing import Any, Self
@@ -39,6 +40,7 @@ from marque.harbour.principals import (
     Role,
     hash_token,
     hashes_equal,
+    key_thumbprint,
     mint_token,
     parse_roles,
 )
@@ -52,13 +54,13 @@ from marque.harbour.store.tx import Tx, dumps, loads
 MAX_NAME_BYTES = 128
 
 
-_PRINCIPAL_COLUMNS = "name, roles, public_jwk, revoked_at, created_at"
+_PRINCIPAL_COLUMNS = "name, roles, public_jwk, revoked_at, created_at, id, key_thumbprint"
 _LOGBOOK_COLUMNS = "seq, at, kind, actor, subject, body, prev_hash, hash"
 
 
 def _principal(row: tuple[Any, ...]) -> Principal:
     return Principal(name=row[0], roles=parse_roles(loads(row[1])), public_jwk=loads(row[2]),
-                     revoked_at=row[3], created_at=row[4])
+                     revoked_at=row[3], created_at=row[4], id=row[5], key_thumbprint=row[6])
 
 
 #: The one member of the body an entry is read back with when its stored body is not JSON.
@@ -125,13 +127,20 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
         harbour_id = "hb_" + uuid.uuid4().hex
         with self.transaction() as tx:
             for index in range(upto):
-                for statement in schema.MIGRATIONS[self.engine][index]:
-                    tx.execute(statement)
+                self._run_migration(tx, index, now)
             for key, value in (("schema_version", str(upto)), ("harbour_id", harbour_id),
                                ("created_at", repr(now)), ("routing_config_cid", "")):
                 tx.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
             tx.execute("INSERT INTO logbook_head (id, seq, hash, at) VALUES (1, 0, ?, NULL)",
                        (GENESIS,))
+
+    def _run_migration(self, tx: Tx, index: int, now: float) -> None:
+        """The statements and steps taking the schema from version ``index`` to the next."""
+        for statement in schema.MIGRATIONS[self.engine][index]:
+            if isinstance(statement, schema.Step):
+                getattr(self, f"_step_{statement.name}")(tx, now)
+            else:
+                tx.execute(statement)
 
     def _migrate(self) -> None:
         """Bring an older store's schema up to date (forward only), exactly once.
@@ -154,8 +163,7 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
             row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
             version = int(row[0]) if row else 0
             for index in range(version, schema.LATEST):
-                for statement in schema.MIGRATIONS[self.engine][index]:
-                    tx.execute(statement)
+                self._run_migration(tx, index, self._now(None))
                 tx.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                            (str(index + 1),))
 
@@ -245,28 +253,61 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
 
     # -- principals ----------------------------------------------------------------
 
+    def _step_backfill_key_thumbprints(self, tx: Tx, now: float) -> None:
+        """Schema 6: the thumbprint of every registered key. Unrevoked principals that
+        share one keep it only for the oldest of them; each later one is revoked here, in
+        the migration's transaction, with a ``finding.principal_key_shared`` entry — the
+        unique index that follows would refuse them, and leaving one without its
+        thumbprint would let it approve its twin's requests."""
+        rows = tx.execute("SELECT id, name, public_jwk, revoked_at FROM principals "
+                          "WHERE public_jwk IS NOT NULL ORDER BY created_at, id")
+        holders: dict[str, str] = {}
+        for principal_id, name, jwk_text, revoked_at in rows:
+            digest = _stored_thumbprint(loads(jwk_text))
+            if digest is None:
+                continue
+            tx.execute("UPDATE principals SET key_thumbprint = ? WHERE id = ?",
+                       (digest, principal_id))
+            if revoked_at is not None:
+                continue
+            if digest not in holders:
+                holders[digest] = name
+                continue
+            tx.execute("UPDATE principals SET revoked_at = ? WHERE id = ?", (now, principal_id))
+            self._append_tx(tx, "finding.principal_key_shared", "marque", name, {
+                "name": name, "key_thumbprint": digest, "holder": holders[digest],
+                "revoked": True}, now)
+
     def add_principal(self, name: str, roles: list[str] | list[Role], *,
                       public_jwk: dict[str, Any] | None = None, actor: str,
                       now: float | None = None) -> tuple[Principal, str]:
         _check_name(name)
         parsed = parse_roles(roles)
-        if public_jwk is not None and not isinstance(public_jwk, dict):
-            raise InvalidInput("a principal's public key must be a JWK object")
+        digest = key_thumbprint(public_jwk)
         at = self._now(now)
         token = mint_token()
         role_names = sorted(r.value for r in parsed)
+        principal_id = "pr_" + uuid.uuid4().hex
         with self.transaction() as tx:
+            # The partial unique indexes decide: one unrevoked principal per name, and per
+            # key thumbprint. The reads after a refusal only say which one refused.
             added = tx.execute(
-                "INSERT INTO principals (name, token_hash, roles, public_jwk, created_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING name",
-                (name, hash_token(token), dumps(role_names), dumps(public_jwk), at))
+                "INSERT INTO principals (id, name, token_hash, roles, public_jwk, "
+                "key_thumbprint, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING RETURNING id",
+                (principal_id, name, hash_token(token), dumps(role_names), dumps(public_jwk),
+                 digest, at))
             if not added:
-                raise Conflict(f"a principal named {name!r} already exists",
-                               detail={"name": name})
+                if tx.one("SELECT 1 FROM principals WHERE name = ? AND revoked_at IS NULL",
+                          (name,)) is not None:
+                    raise Conflict(f"a principal named {name!r} already exists",
+                                   detail={"name": name})
+                raise _key_taken(tx, digest)
             self._append_tx(tx, "principal.added", actor, name,
-                            {"name": name, "roles": role_names,
-                             "public_jwk": public_jwk}, at)
-        return Principal(name=name, roles=parsed, public_jwk=public_jwk, created_at=at), token
+                            {"name": name, "id": principal_id, "roles": role_names,
+                             "public_jwk": public_jwk, "key_thumbprint": digest}, at)
+        return Principal(name=name, roles=parsed, public_jwk=public_jwk, created_at=at,
+                         id=principal_id, key_thumbprint=digest), token
 
     def authenticate(self, token: str) -> Principal:
         if not isinstance(token, str) or not token:
@@ -291,36 +332,109 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
                 f"RETURNING {_PRINCIPAL_COLUMNS}", (at, name))
             if row is None:
                 return self._get_principal_tx(tx, name)  # already revoked: idempotent
-            self._append_tx(tx, "principal.revoked", actor, name, {"name": name}, at)
+            self._append_tx(tx, "principal.revoked", actor, name,
+                            {"name": name, "id": row[5]}, at)
         return _principal(row)
+
+    def rotate_principal(self, name: str, *, public_jwk: dict[str, Any] | None = None,
+                         actor: str, now: float | None = None) -> tuple[Principal, str]:
+        at = self._now(now)
+        token = mint_token()
+        digest = key_thumbprint(public_jwk)
+        key_sql = "" if public_jwk is None else ", public_jwk = ?, key_thumbprint = ?"
+        key_params: tuple[Any, ...] = () if public_jwk is None else (dumps(public_jwk), digest)
+        try:
+            with self.transaction() as tx:
+                row = tx.one(
+                    f"UPDATE principals SET token_hash = ?{key_sql} WHERE name = ? "
+                    f"AND revoked_at IS NULL RETURNING {_PRINCIPAL_COLUMNS}",
+                    (hash_token(token), *key_params, name))
+                if row is None:
+                    raise self._no_live_principal(tx, name)
+                principal = _principal(row)
+                ended = tx.execute(
+                    "UPDATE console_sessions SET revoked_at = ? WHERE principal_id = ? "
+                    "AND revoked_at IS NULL RETURNING session_hash", (at, principal.id))
+                body: dict[str, Any] = {"name": name, "id": principal.id,
+                                        "key_rotated": public_jwk is not None,
+                                        "sessions_ended": len(ended)}
+                if public_jwk is not None:
+                    body.update(public_jwk=public_jwk, key_thumbprint=digest)
+                self._append_tx(tx, "principal.rotated", actor, name, body, at)
+        except Conflict as exc:
+            raise self._key_conflict(digest, exc) from exc
+        return principal, token
+
+    def set_roles(self, name: str, roles: list[str] | list[Role], *, actor: str,
+                  now: float | None = None) -> Principal:
+        parsed = parse_roles(roles)
+        role_names = sorted(r.value for r in parsed)
+        at = self._now(now)
+        with self.transaction() as tx:
+            # The no-op update takes the row's lock, so ``previous`` is what this replaces.
+            before = tx.one("UPDATE principals SET roles = roles WHERE name = ? "
+                            "AND revoked_at IS NULL RETURNING roles", (name,))
+            if before is None:
+                raise self._no_live_principal(tx, name)
+            row = tx.one(f"UPDATE principals SET roles = ? WHERE name = ? AND revoked_at IS NULL "
+                         f"RETURNING {_PRINCIPAL_COLUMNS}", (dumps(role_names), name))
+            assert row is not None  # the row is locked by this transaction
+            previous = sorted(loads(before[0]))
+            if previous != role_names:
+                self._append_tx(tx, "principal.roles_set", actor, name,
+                                {"name": name, "id": row[5], "roles": role_names,
+                                 "previous": previous}, at)
+        return _principal(row)
+
+    def _no_live_principal(self, tx: Tx, name: str) -> NotFound:
+        """The error for an operation on a name no unrevoked principal holds."""
+        self._get_principal_tx(tx, name)  # NotFound when there never was one
+        return NotFound(f"principal {str(name)[:128]!r} is revoked: add it again as a new "
+                        "principal (`harbour principal add`)", detail={"name": name[:128],
+                                                                      "revoked": True})
+
+    def _key_conflict(self, digest: str | None, exc: Conflict) -> Conflict:
+        """A unique violation of a key update, said as who holds the key."""
+        if digest is None:
+            return exc
+        with self.reading() as tx:
+            return _key_taken(tx, digest)
 
     def get_principal(self, name: str) -> Principal:
         with self.reading() as tx:
             return self._get_principal_tx(tx, name)
 
     def _get_principal_tx(self, tx: Tx, name: str) -> Principal:
-        row = tx.one(f"SELECT {_PRINCIPAL_COLUMNS} FROM principals WHERE name = ?", (name,))
+        # The unrevoked principal of that name, else the latest one (revoked).
+        row = tx.one(f"SELECT {_PRINCIPAL_COLUMNS} FROM principals WHERE name = ? "
+                     "ORDER BY CASE WHEN revoked_at IS NULL THEN 0 ELSE 1 END, "
+                     "created_at DESC, id DESC LIMIT 1", (name,))
         if row is None:
             raise NotFound(f"no principal named {str(name)[:128]!r}")
         return _principal(row)
 
     def list_principals(self) -> list[Principal]:
         with self.reading() as tx:
-            rows = tx.execute(f"SELECT {_PRINCIPAL_COLUMNS} FROM principals ORDER BY name")
+            rows = tx.execute(f"SELECT {_PRINCIPAL_COLUMNS} FROM principals "
+                              "ORDER BY name, created_at, id")
         return [_principal(row) for row in rows]
 
     def set_public_key(self, name: str, public_jwk: dict[str, Any] | None, *, actor: str,
                        now: float | None = None) -> Principal:
-        if public_jwk is not None and not isinstance(public_jwk, dict):
-            raise InvalidInput("a principal's public key must be a JWK object")
+        digest = key_thumbprint(public_jwk)
         at = self._now(now)
-        with self.transaction() as tx:
-            row = tx.one(f"UPDATE principals SET public_jwk = ? WHERE name = ? "
-                         f"RETURNING {_PRINCIPAL_COLUMNS}", (dumps(public_jwk), name))
-            if row is None:
-                raise NotFound(f"no principal named {str(name)[:128]!r}")
-            self._append_tx(tx, "principal.key_set", actor, name,
-                            {"name": name, "public_jwk": public_jwk}, at)
+        try:
+            with self.transaction() as tx:
+                row = tx.one(f"UPDATE principals SET public_jwk = ?, key_thumbprint = ? "
+                             f"WHERE name = ? AND revoked_at IS NULL "
+                             f"RETURNING {_PRINCIPAL_COLUMNS}", (dumps(public_jwk), digest, name))
+                if row is None:
+                    raise self._no_live_principal(tx, name)
+                self._append_tx(tx, "principal.key_set", actor, name,
+                                {"name": name, "public_jwk": public_jwk,
+                                 "key_thumbprint": digest}, at)
+        except Conflict as exc:
+            raise self._key_conflict(digest, exc) from exc
         return _principal(row)
 
     # -- routing configs ------------------------------------------------------------
@@ -405,6 +519,28 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
         with self.reading() as tx:
             rows = tx.execute(f"SELECT {_PILOT_COLUMNS} FROM pilots ORDER BY pilot_id")
         return [_pilot(row) for row in rows]
+
+
+def _stored_thumbprint(jwk: Any) -> str | None:
+    """The thumbprint of a key an older Marque stored without checking it; one that has
+    none (not a readable JWK) is known by the digest of its JSON, so it too is unique."""
+    if not isinstance(jwk, dict):
+        return None
+    try:
+        return key_thumbprint(jwk)
+    except InvalidInput:
+        return "jwk:" + hashlib.sha256(str(dumps(jwk)).encode("utf-8")).hexdigest()
+
+
+def _key_taken(tx: Tx, digest: str | None) -> Conflict:
+    """``conflict`` for a key an unrevoked principal already holds (named, for the admin)."""
+    row = None if digest is None else tx.one(
+        "SELECT name FROM principals WHERE key_thumbprint = ? AND revoked_at IS NULL", (digest,))
+    holder = None if row is None else row[0]
+    return Conflict(
+        f"principal {holder!r} already holds this key (thumbprint {digest}): one key is one "
+        "principal, so nobody can approve their own request under a second name",
+        detail={"key_thumbprint": digest, "holder": holder, "reason": "key_taken"})
 
 
 def _check_name(name: str) -> None:

@@ -1,0 +1,209 @@
+"""``marque login`` / ``marque logout``: a principal's token kept per Harbourmaster URL.
+
+So that ``MARQUE_TOKEN`` is optional: ``marque login --harbour URL`` reads the
+token from stdin (or a hidden prompt on a terminal — never from the command
+line unless ``--token`` is given on purpose), asks the Harbourmaster whom it
+authenticates (``GET /v1/whoami``), and only then keeps it in
+``$XDG_CONFIG_HOME/marque/credentials.json`` (default ``~/.config/marque/``),
+a file only its owner may read (0600, in a 0700 directory). Commands that
+talk to a Harbourmaster use, in order: ``--token``, ``MARQUE_TOKEN``, the
+token stored for that URL (normalised: scheme and host in lower case, no
+default port, no trailing slash).
+
+The file is rewritten whole through a temporary file and a rename, under an
+advisory lock, so two logins at once never leave half a file. A file others
+can read is refused rather than used: the token in it may have leaked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+
+from marque.cli.common import emit_json, guarded, json_option, literal, out
+from marque.errors import InvalidInput
+
+VERSION = "marque-credentials/0.1"
+FILE_NAME = "credentials.json"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/marque`` (an absolute ``XDG_CONFIG_HOME`` only), else
+    ``~/.config/marque``."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    if base and os.path.isabs(base):
+        return Path(base) / "marque"
+    try:
+        return Path.home() / ".config" / "marque"
+    except RuntimeError:  # no HOME and no passwd entry
+        raise InvalidInput("no configuration directory: set XDG_CONFIG_HOME or HOME, or give "
+                           "the token with MARQUE_TOKEN") from None
+
+
+def normalise_url(url: str) -> str:
+    """The key a Harbourmaster URL is stored under: ``scheme://host[:port][/path]``, the
+    scheme and host in lower case, a default port and trailing slashes dropped."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise InvalidInput(f"not a Harbourmaster URL: {url[:200]!r} (use http:// or https://)")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidInput("a Harbourmaster URL must not carry a user name or password")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidInput(f"not a Harbourmaster URL: {url[:200]!r} ({exc})") from None
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{port}"
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _path() -> Path:
+    return config_dir() / FILE_NAME
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return {}
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InvalidInput(f"{path} may be read by other users (mode "
+                           f"{stat.S_IMODE(info.st_mode):o}); its tokens may have leaked: "
+                           "`chmod 600` it, or remove it and log in again")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path} is not a readable credentials file ({type(exc).__name__}); "
+                           "remove it and log in again") from None
+    harbours = data.get("harbours") if isinstance(data, dict) else None
+    if not isinstance(harbours, dict):
+        raise InvalidInput(f"{path} is not a credentials file of this Marque; remove it and "
+                           "log in again")
+    return harbours
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[Path]:
+    """The credentials file's path, with its directory made (0700) and its lock held."""
+    directory = config_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(directory, 0o700)
+    fd = os.open(directory / ".credentials.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory / FILE_NAME
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, harbours: dict[str, Any]) -> None:
+    temporary = path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"version": VERSION, "harbours": harbours}, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def stored_token(url: str) -> str | None:
+    """The token ``marque login`` stored for the Harbourmaster at ``url``, or None."""
+    entry = _read(_path()).get(normalise_url(url))
+    token = entry.get("token") if isinstance(entry, dict) else None
+    return token if isinstance(token, str) and token else None
+
+
+def _read_token(token: str | None) -> str:
+    if token is not None:
+        return token
+    if sys.stdin is not None and sys.stdin.isatty():
+        entered: str = click.prompt("Token", hide_input=True, err=True)
+        return entered
+    line = sys.stdin.readline() if sys.stdin is not None else ""
+    if not line.strip():
+        raise InvalidInput("no token on stdin: pipe it in (`marque login --harbour URL < "
+                           "token-file`) or run the command on a terminal to be asked for it")
+    return line
+
+
+@click.command("login")
+@click.option("--harbour", "harbour_url", envvar="MARQUE_HARBOUR", required=True,
+              metavar="URL", help="The Harbourmaster to log in to; default: $MARQUE_HARBOUR.")
+@click.option("--token", default=None,
+              help="The token itself (discouraged: a command line is visible to other users; "
+                   "by default it is read from stdin, or asked for on a terminal).")
+@json_option
+@guarded
+def login(harbour_url: str, token: str | None, as_json: bool) -> None:
+    """Check a principal's token with the Harbourmaster, then keep it for that URL.
+
+    Prints whom it authenticates, never the token. A token the Harbourmaster
+    does not accept is `unauthenticated` and nothing is stored.
+    """
+    from marque.harbour.client import HarbourClient
+
+    key = normalise_url(harbour_url)
+    secret = _read_token(token)
+    with HarbourClient(harbour_url, secret) as client:
+        who = client.whoami()
+        secret = client.token or secret
+    with _locked() as path:
+        harbours = _read(path)
+        harbours[key] = {"token": secret, "principal": who.get("name"),
+                         "saved_at": time.time()}
+        _write(path, harbours)
+    result = {"harbour": key, "principal": who.get("name"), "roles": who.get("roles"),
+              "path": str(path)}
+    if as_json:
+        emit_json(result)
+        return
+    out.say(f"logged in to {literal(key)} as {literal(who.get('name'))} "
+            f"({literal(', '.join(who.get('roles') or []))}); token kept in {literal(path)}")
+
+
+@click.command("logout")
+@click.option("--harbour", "harbour_url", envvar="MARQUE_HARBOUR", default=None,
+              metavar="URL", help="The Harbourmaster to forget (default: $MARQUE_HARBOUR; "
+                                  "with neither, every stored login).")
+@json_option
+@guarded
+def logout(harbour_url: str | None, as_json: bool) -> None:
+    """Forget the token `marque login` kept (the token itself stays valid until an admin
+    rotates or revokes it)."""
+    key = None if harbour_url is None else normalise_url(harbour_url)
+    removed: list[str] = []
+    if _path().exists():
+        with _locked() as path:
+            harbours = _read(path)
+            removed = sorted(harbours) if key is None else [k for k in harbours if k == key]
+            for name in removed:
+                del harbours[name]
+            _write(path, harbours)
+    if as_json:
+        emit_json({"removed": removed})
+        return
+    if removed:
+        out.say(f"logged out of {literal(', '.join(removed))}")
+    else:
+        out.say("no stored login" + ("" if key is None else f" for {literal(key)}"))
+
+
+COMMANDS = (login, logout)
