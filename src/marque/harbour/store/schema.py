@@ -198,10 +198,15 @@ _V4 = [
 # (its page and ``GET /v1/requests/{id}/logbook``) without walking the whole chain.
 _V5 = ["CREATE INDEX logbook_subject ON logbook (subject, seq)"]
 
+# Version 6: the public key each Pilot signs its execution reports with, kept with its
+# registration (``null`` for a Pilot that never registered one). A nullable column, so
+# every existing row stays as it was.
+_V6 = ["ALTER TABLE pilots ADD COLUMN report_key TEXT"]
+
 MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 5
+LATEST = 6
