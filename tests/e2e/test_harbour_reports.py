@@ -11,12 +11,14 @@ time it says it is alive.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import run_cli
 from harbour_support import (
     READ,
     Harbour,
@@ -249,3 +251,60 @@ def test_registration_is_logged_when_the_pilot_changed_not_every_minute(
     [finding] = entries(server, harbour, "finding.pilot_report_key_changed")
     assert finding["body"]["previous_report_key"]["x"] == report_key(bank)["x"]
     assert finding["body"]["report_key"]["x"] == other["x"]
+
+
+def rewrite_chain(store: Path, seq: int, edit: Any) -> None:
+    """What whoever can write the store (but holds no Pilot's key) can do: edit entry ``seq``'s
+    body with ``edit``, then recompute every hash from there and the head row."""
+    from marque.harbour.chain import entry_hash
+    from marque.harbour.store.tx import dumps
+
+    conn = sqlite3.connect(store)
+    with conn:
+        rows = conn.execute("SELECT seq, at, kind, actor, subject, body, prev_hash FROM logbook "
+                            "WHERE seq >= ? ORDER BY seq", (seq,)).fetchall()
+        prev = rows[0][6]
+        for number, at, kind, actor, subject, body, _ in rows:
+            body = json.loads(body)
+            if number == seq:
+                edit(body)
+            entry = {"seq": number, "at": at, "kind": kind, "actor": actor,
+                     "subject": subject, "body": body, "prev_hash": prev}
+            digest = entry_hash(entry)
+            conn.execute("UPDATE logbook SET body = ?, prev_hash = ?, hash = ? WHERE seq = ?",
+                         (dumps(body), prev, digest, number))
+            prev = digest
+        conn.execute("UPDATE logbook_head SET hash = ? WHERE id = 1", (prev,))
+    conn.close()
+
+
+def test_logbook_verify_checks_every_outcome_against_its_pilots_key(
+        harbour: Harbour, server: HarbourServer, bank: PilotBank) -> None:
+    """`marque logbook verify` (offline and over HTTP) checks each execution entry's signature
+    under the key its Pilot registered before it. An outcome edited by whoever can write the
+    store, with the whole chain recomputed, still chains — and is named by its seq."""
+    serve(bank)
+    marque = issued(server, harbour)
+    assert execute_marque(bank.url, bank.holder_key, marque["marque"], "n-1")["status"] == \
+        "applied"
+    deadline = time.monotonic() + 30
+    while not (applied := entries(server, harbour, "execution.applied")):
+        assert time.monotonic() < deadline, "the signed report never arrived"
+        time.sleep(0.2)
+    offline = run_cli("logbook", "verify", "--home", harbour.home, "--json")
+    assert offline.returncode == 0, offline
+    assert offline.json["intact"] is True and offline.json["signed_reports"] == 1
+    online = run_cli("logbook", "verify", "--harbour", server.url, "--token",
+                     harbour.tokens["admin"], "--json")
+    assert online.returncode == 0 and online.json["signed_reports"] == 1, online
+
+    seq = applied[0]["seq"]
+    rewrite_chain(harbour.home / "harbour.sqlite3", seq,
+                  lambda body: body.update(rows_affected=7))
+    broken = run_cli("logbook", "verify", "--home", harbour.home, "--json")
+    assert broken.returncode == 1, broken
+    assert broken.json["intact"] is False
+    assert broken.json["break"]["seq"] == seq
+    assert broken.json["break"]["kind"] == "report_signature"
+    human = run_cli("logbook", "verify", "--home", harbour.home)
+    assert f"seq {seq}" in human.stderr + human.stdout

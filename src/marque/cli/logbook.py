@@ -103,7 +103,9 @@ def logbook_verify(ctx: click.Context, home: Path | None, harbour_url: str | Non
         emit_json(result)
         return
     out.say(f"intact: {result['entries']} entries"
-            + (f", reaching the saved head at seq {head['seq']}" if head else ""))
+            + (f", reaching the saved head at seq {head['seq']}" if head else "")
+            + (f"; {result['signed_reports']} outcome(s) signed by their Pilots"
+               if result.get("signed_reports") else ""))
 
 
 @logbook.command("head")

@@ -101,3 +101,67 @@ def check_signatures(store: HarbourStore, pilot_id: str, reports: list[dict[str,
             raise ReportSignatureInvalid(
                 f"reports[{index}]: {exc.message}; nothing of this delivery was stored",
                 detail={**exc.json_detail(), **where}) from exc
+
+
+class SignatureAudit:
+    """Checks, entry by entry in ``seq`` order, that a logbook's outcomes are their Pilots'.
+
+    Fed every entry of a chain (:meth:`observe`), it learns each Pilot's report
+    keys from its ``pilot.registered`` entries and checks every
+    ``execution.*`` entry against them: a ``signature`` must verify under a key
+    that Pilot registered at or before that entry, with claims that are the
+    entry's report; an entry without one, once its Pilot had registered a key,
+    is unsigned where it should not be. :attr:`problem` is the first failure
+    (``{seq, kind, reason}``, ``kind`` ``report_signature`` or
+    ``report_unsigned``), :attr:`checked` how many signatures held. It needs
+    nothing but the logbook: the keys are in it.
+    """
+
+    #: The members of an ``execution.*`` entry's body that its report signature covers.
+    SIGNED_FIELDS = ("marque_id", "nonce", "attempt", "status", "rows_affected", "error",
+                     "pilot", "cause")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, list[dict[str, Any]]] = {}
+        self.checked = 0
+        self.problem: dict[str, Any] | None = None
+
+    def observe(self, entry: dict[str, Any]) -> None:
+        """Take the next entry of the chain."""
+        body = entry.get("body")
+        kind = str(entry.get("kind", ""))
+        if not isinstance(body, dict):
+            return
+        if kind == "pilot.registered" and isinstance(body.get("report_key"), dict):
+            self.keys.setdefault(str(body.get("pilot_id")), []).append(body["report_key"])
+            return
+        if not kind.startswith("execution.") or self.problem is not None:
+            return
+        pilot = body.get("pilot")
+        pilot_id = str(pilot.get("id")) if isinstance(pilot, dict) else ""
+        keys = self.keys.get(pilot_id, [])
+        signature = body.get("signature")
+        if signature is None:
+            if keys:
+                self._fail(entry, "report_unsigned",
+                           f"Pilot {pilot_id} had registered a report key, but this outcome "
+                           "carries no signature of it")
+            return
+        report = {name: body.get(name) for name in self.SIGNED_FIELDS}
+        if isinstance(body.get("effect_set"), dict):
+            report["effect_set"] = body["effect_set"]
+        reasons = []
+        for key in reversed(keys):
+            try:
+                verify_report(signature, report, key)
+            except ReportSignatureInvalid as exc:
+                reasons.append(exc.message)
+                continue
+            self.checked += 1
+            return
+        self._fail(entry, "report_signature",
+                   reasons[0] if reasons else f"Pilot {pilot_id} registered no report key "
+                                              "before this signed outcome")
+
+    def _fail(self, entry: dict[str, Any], kind: str, reason: str) -> None:
+        self.problem = {"seq": entry.get("seq"), "kind": kind, "reason": reason}

@@ -466,6 +466,10 @@ class RequestRecords(HarbourStore):
                                      "error": report.get("error"),
                                      "pilot": report.get("pilot"), "cause": report.get("cause"),
                                      "request": request.id,
+                                     # What the Pilot signed, so the entry alone proves it.
+                                     **({"effect_set": report["effect_set"]}
+                                        if "signature" in report
+                                        and report.get("effect_set") is not None else {}),
                                      **({"signature": report["signature"]}
                                         if "signature" in report else {})})]
             if self._report_moves_tx(tx, request, report):
