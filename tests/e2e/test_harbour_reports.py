@@ -308,3 +308,26 @@ def test_logbook_verify_checks_every_outcome_against_its_pilots_key(
     assert broken.json["break"]["kind"] == "report_signature"
     human = run_cli("logbook", "verify", "--home", harbour.home)
     assert f"seq {seq}" in human.stderr + human.stdout
+
+
+def test_a_home_without_its_report_key_makes_a_new_one_the_change_a_finding(
+        harbour: Harbour, server: HarbourServer, bank: PilotBank) -> None:
+    """The joined home's report-key.jwk is lost; `pilot serve` makes a new one (0600) and
+    registers it: a finding with the old and the new key, and the Pilot's reports, signed
+    with the new key, are taken."""
+    old = report_key(bank)
+    (bank.home / "report-key.jwk").unlink()
+    serve(bank)
+    new = report_key(bank)
+    assert new["x"] != old["x"]
+    assert (bank.home / "report-key.jwk").stat().st_mode & 0o777 == 0o600
+    [finding] = entries(server, harbour, "finding.pilot_report_key_changed")
+    assert (finding["body"]["previous_report_key"]["x"], finding["body"]["report_key"]["x"]) \
+        == (old["x"], new["x"])
+    marque = issued(server, harbour)
+    assert execute_marque(bank.url, bank.holder_key, marque["marque"], "n-1")["status"] == \
+        "applied"
+    deadline = time.monotonic() + 30
+    while request_of(server, harbour, marque["id"])["state"] != "verified":
+        assert time.monotonic() < deadline, "the report signed with the new key was not taken"
+        time.sleep(0.2)
