@@ -67,12 +67,14 @@ def pinned_keys(harbour_url: str, jwks: Any) -> list[dict[str, Any]]:
 def join(home: str | os.PathLike[str], harbour_url: str, token: str,
          pilot_url: str) -> dict[str, Any]:
     """Join the Harbourmaster at ``harbour_url`` with this Pilot's ``token``; returns
-    ``{pilot_id, incarnation, harbour, pilot_url, trusted, previous_incarnation}``.
+    ``{pilot_id, incarnation, harbour, pilot_url, trusted, report_key,
+    previous_incarnation}``.
 
     ``pilot_url`` is where the Harbourmaster reaches this Pilot's service
     (``marque pilot serve``). ``trusted`` lists the kids of the pinned issuer
-    keys; ``previous_incarnation`` is what the Harbourmaster knew before (None
-    for a first join). Refusals: the Harbourmaster unreachable
+    keys; ``report_key`` is the kid of the report key registered;
+    ``previous_incarnation`` is what the Harbourmaster knew before (None for a
+    first join). Refusals: the Harbourmaster unreachable
     (``harbour_unavailable``), the token unknown there (``unauthenticated``) or
     bound to another Pilot (``forbidden``, or ``conflict`` if it answered for
     another pilot id), an answer that is not a JWKS (``harbour_unavailable``).
