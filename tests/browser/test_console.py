@@ -7,12 +7,15 @@ so none depends on another's order; each person is a separate browser context.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 from e2e.harbour_support import DEBIT
+
+from marque.token.reports import sign_report
 
 from .conftest import DEBIT_RETURNING, Console, World, fresh_id, wait_for
 
@@ -222,7 +225,10 @@ def test_an_unknown_outcome_is_shown_as_needing_a_human_not_as_a_failure(
               "status": "indeterminate", "rows_affected": None, "error": None,
               "cause": "lease_expired",
               "pilot": {"id": "p1", "incarnation": world.bank.incarnation}}
-    posted = world.api("POST", "/v1/reports", "p1", json={"pilot_id": "p1", "reports": [report]})
+    # Signed with the Pilot's own report key, as its reporter signs what it delivers.
+    key = json.loads((world.bank.home / "report-key.jwk").read_text())
+    signed = {**report, "signature": sign_report(report, key)}
+    posted = world.api("POST", "/v1/reports", "p1", json={"pilot_id": "p1", "reports": [signed]})
     assert posted.status_code == 200, posted.text
     assert world.request(made["id"])["state"] == "reconciliation"
     carol = consoles("carol")

@@ -35,6 +35,8 @@ OWN_CODES = {
     "target_replaced": 3, "target_unsettled": 2,
     # the services' router (docs/errors.md)
     "method_not_allowed": 2,
+    # a Pilot's execution reports (docs/harbour-service.md)
+    "report_signature_invalid": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
