@@ -22,6 +22,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── ReconciliationInvalid reconciliation_invalid  a receipt that does not extend its chain
     │   ├── Unauthenticated      unauthenticated       (HTTP 401)
     │   ├── Forbidden            forbidden             (HTTP 403)
+    │   │   └── ReportSignatureInvalid report_signature_invalid  a report its Pilot did not sign
     │   ├── NotFound             not_found             (HTTP 404)
     │   │   └── NonceReaped      nonce_reaped          settled, reported, then reaped
     │   ├── MethodNotAllowed     method_not_allowed    (HTTP 405)
@@ -226,6 +227,11 @@ class Forbidden(UsageError, code="forbidden"):
     """A known principal asked for something its roles do not allow."""
 
     http_status = 403
+
+
+class ReportSignatureInvalid(Forbidden, code="report_signature_invalid"):
+    """An execution report without a valid signature by its Pilot's registered report key
+    (unsigned, forged, altered, or signed by another key): nothing of it is written."""
 
 
 class NotFound(UsageError, code="not_found"):

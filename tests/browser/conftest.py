@@ -188,11 +188,11 @@ class Console:
     """One person's browser session (a context: its own cookies) on the console."""
 
     def __init__(self, browser: Any, world: World, who: str | None, *,
-                 viewport: dict[str, int] | None = None) -> None:
+                 viewport: dict[str, int] | None = None, javascript: bool = True) -> None:
         self.world = world
         self.who = who
         self.context = browser.new_context(viewport=viewport or DESKTOP,
-                                           base_url=world.url)
+                                           base_url=world.url, java_script_enabled=javascript)
         self.context.set_default_timeout(15_000)
         self.page = self.context.new_page()
         self.dialogs: list[str] = []

@@ -7,12 +7,15 @@ so none depends on another's order; each person is a separate browser context.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 from e2e.harbour_support import DEBIT
+
+from marque.token.reports import sign_report
 
 from .conftest import DEBIT_RETURNING, Console, World, fresh_id, wait_for
 
@@ -222,7 +225,10 @@ def test_an_unknown_outcome_is_shown_as_needing_a_human_not_as_a_failure(
               "status": "indeterminate", "rows_affected": None, "error": None,
               "cause": "lease_expired",
               "pilot": {"id": "p1", "incarnation": world.bank.incarnation}}
-    posted = world.api("POST", "/v1/reports", "p1", json={"pilot_id": "p1", "reports": [report]})
+    # Signed with the Pilot's own report key, as its reporter signs what it delivers.
+    key = json.loads((world.bank.home / "report-key.jwk").read_text())
+    signed = {**report, "signature": sign_report(report, key)}
+    posted = world.api("POST", "/v1/reports", "p1", json={"pilot_id": "p1", "reports": [signed]})
     assert posted.status_code == 200, posted.text
     assert world.request(made["id"])["state"] == "reconciliation"
     carol = consoles("carol")
@@ -296,6 +302,8 @@ def test_an_auditor_sees_the_logbook_verified_and_then_broken_at_the_edited_seq(
         assert chain.get_attribute("data-verified") == "false"
         assert chain.get_attribute("data-seq") == str(target)
         assert f"Chain broken at seq {target}" in chain.inner_text()
+        # The page opens at the newest entries; the verdict links to the broken one.
+        audrey.page.get_by_test_id("break-link").click()
         assert audrey.page.locator(f"tr[data-seq='{target}']").get_attribute("class") == \
             "untrusted"
     finally:
@@ -303,6 +311,42 @@ def test_an_auditor_sees_the_logbook_verified_and_then_broken_at_the_edited_seq(
             conn.execute("UPDATE logbook SET actor = ? WHERE seq = ?", (actor, target))
     audrey.page.goto("/logbook")
     assert audrey.page.get_by_test_id("chain").get_attribute("data-verified") == "true"
+
+
+def test_the_logbook_opens_at_the_newest_entries_and_filters_by_request_actor_and_kind(
+        world: World, consoles: Consoles) -> None:
+    """Audrey's logbook page starts at the newest entry and goes back; the form (a plain GET,
+    no JavaScript needed) narrows it to one request's entries, then to one actor's."""
+    made = world.submit("alice", DEBIT, reason="logbook filters")
+    world.approve(made["id"], "carol")
+    head = world.api("GET", "/v1/logbook/head", "admin").json()["seq"]
+    audrey = consoles("audrey", javascript=False)
+    page = audrey.page
+    page.goto("/logbook")
+    seqs = [int(row.get_attribute("data-seq"))
+            for row in page.get_by_test_id("entries").locator("tbody tr").all()]
+    assert seqs[0] >= head and seqs == sorted(seqs, reverse=True), seqs
+    if len(seqs) == 50:
+        page.get_by_role("link", name="Older entries").click()
+        older = [int(row.get_attribute("data-seq"))
+                 for row in page.get_by_test_id("entries").locator("tbody tr").all()]
+        assert older and older[0] < seqs[-1]
+
+    page.goto("/logbook")
+    page.get_by_label("Request or subject").fill(made["id"])
+    page.get_by_role("button", name="Filter").click()
+    rows = page.get_by_test_id("entries").locator("tbody tr")
+    subjects = rows.locator("td:nth-child(5)").all_inner_texts()
+    assert subjects and set(subjects) == {made["id"]}, subjects
+    kinds = rows.locator("td:nth-child(3)").all_inner_texts()
+    assert kinds[-1] == "request.preparing", kinds  # newest first, so its first entry last
+
+    page.get_by_label("Actor").fill("carol")
+    page.get_by_role("button", name="Filter").click()
+    assert f"subject={made['id']}" in page.url and "actor=carol" in page.url
+    actors = rows.locator("td:nth-child(4)").all_inner_texts()
+    assert actors and set(actors) == {"carol"}, actors
+    assert "resolution.approve" in rows.locator("td:nth-child(3)").all_inner_texts()
 
 
 def test_the_queue_filters_by_state_and_counts_each(world: World, consoles: Consoles) -> None:

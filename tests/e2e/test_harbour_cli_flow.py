@@ -489,3 +489,30 @@ def test_logbook_tail_follow_prints_new_entries_until_interrupted(tmp_path: Path
         assert summary == {"streamed": 2, "next_after": streamed[-1]["seq"]}
     finally:
         server.stop()
+
+
+def test_logbook_tail_starts_at_the_newest_entries(tmp_path: Path) -> None:
+    """Without --after, `logbook tail` prints the newest entries (20, or -n N), of a kind
+    too, however long the logbook; --after 0 still reads from the first entry."""
+    harbour = Harbour(tmp_path / "harbour")
+    audra = harbour.add("audra", "auditor")
+    for index in range(30):
+        harbour.add(f"user-{index:02d}", "requester")
+    server = HarbourServer(harbour.home)
+    try:
+        head = cli("logbook", "head", "--json", token=audra, harbour=server.url).json["seq"]
+        tail = cli("logbook", "tail", "--json", token=audra, harbour=server.url)
+        assert tail.returncode == 0, tail
+        assert [e["seq"] for e in tail.json["entries"]] == list(range(head - 19, head + 1))
+        assert tail.json["next_after"] == head
+        three = cli("logbook", "tail", "-n", "3", "--kind", "principal.added", "--json",
+                    token=audra, harbour=server.url).json["entries"]
+        assert [e["subject"] for e in three] == ["user-27", "user-28", "user-29"]
+        everything = cli("logbook", "tail", "--after", "0", "--json", token=audra,
+                         harbour=server.url).json["entries"]
+        assert [e["seq"] for e in everything] == list(range(1, head + 1))
+        human = cli("logbook", "tail", "-n", "2", token=audra, harbour=server.url)
+        assert human.returncode == 0 and "user-29" in human.stdout
+        assert "user-27" not in human.stdout
+    finally:
+        server.stop()

@@ -150,8 +150,10 @@ def test_an_allowed_read_is_issued_at_once_executes_and_is_verified_by_its_repor
     [report] = harbour.outbox()
     assert report["marque_id"] == request["marque_id"]
     delivery = {"pilot_id": "p1", "reports": [report]}
-    assert harbour.hm.ingest_reports(harbour.p1, delivery) == {"acknowledged": 1, "new": 1}
-    assert harbour.hm.ingest_reports(harbour.p1, delivery) == {"acknowledged": 1, "new": 0}
+    assert harbour.hm.ingest_reports(harbour.p1, delivery) == {"acknowledged": 1, "new": 1,
+                                                               "ignored": 0}
+    assert harbour.hm.ingest_reports(harbour.p1, delivery) == {"acknowledged": 1, "new": 0,
+                                                               "ignored": 0}
     seen = harbour.hm.get_request(harbour.alice, "req-1")
     assert seen["state"] == "verified"
     assert seen["executions"] == [{"nonce": "n-1", "attempt": 1, "status": "applied",

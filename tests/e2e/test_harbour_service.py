@@ -427,9 +427,9 @@ def test_reports_are_acknowledged_once_and_move_the_request(setup: Setup) -> Non
     payload = {"pilot_id": "p1", "reports": [report(prepared["marque_id"], setup)]}
     first = setup.call("POST", "/v1/reports", "p1", json=payload)
     assert first.status_code == 200, first.text
-    assert first.json() == {"acknowledged": 1, "new": 1}
+    assert first.json() == {"acknowledged": 1, "new": 1, "ignored": 0}
     again = setup.call("POST", "/v1/reports", "p1", json=payload)
-    assert again.json() == {"acknowledged": 1, "new": 0}
+    assert again.json() == {"acknowledged": 1, "new": 0, "ignored": 0}
     after = metric_samples(setup)["marque_harbour_reports_ingested_total"][0].value
     assert after == before + 1
 

@@ -185,10 +185,11 @@ def test_join_pins_the_jwks_registers_and_keeps_the_token_owner_only(
     assert joined.returncode == 0, joined.stderr
     result = json.loads(joined.stdout)
     jwks = server.call("GET", "/.well-known/jwks.json").json()
+    report_key = json.loads((bank.home / "report-key.jwk").read_text())
     assert result == {"pilot_id": PILOT, "incarnation": bank.incarnation,
                       "harbour": server.url, "pilot_url": pilot_url,
                       "trusted": [k["kid"] for k in jwks["keys"]],
-                      "previous_incarnation": None}
+                      "report_key": report_key["kid"], "previous_incarnation": None}
 
     shown = cli_json("pilot", "show", "--home", bank.home)
     assert shown["issuers"] == [k["kid"] for k in jwks["keys"]]
@@ -203,6 +204,8 @@ def test_join_pins_the_jwks_registers_and_keeps_the_token_owner_only(
     known = registered(server, harbour)[PILOT]
     assert (known["url"], known["incarnation"]) == (pilot_url, bank.incarnation)
     assert json.dumps(known["targets"]).count("sqlite") == 1 and "bank" in known["targets"]
+    assert known["report_key"] == {"kty": "OKP", "crv": "Ed25519", "x": report_key["x"],
+                                   "kid": report_key["kid"]}
 
     # Joining again is harmless: same keys, same registration, nothing duplicated.
     again = join(bank, server, harbour.tokens[PILOT], pilot_url)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from marque.errors import InvalidInput
+from marque.errors import Forbidden, InvalidInput
 from marque.harbour.store.base import HarbourStore
 
 from .conftest import T0, assert_chain_verifies, make_draft
@@ -102,14 +102,59 @@ def test_a_later_same_status_report_completes_a_missing_effect_set_summary_once(
     assert len(store.logbook_entries(limit=1000)) == seqs
 
 
-def test_reports_of_an_unknown_marque_or_another_pilot_move_nothing(store: HarbourStore) -> None:
+def test_reports_of_an_unknown_marque_or_another_pilot_write_nothing(
+        store: HarbourStore) -> None:
+    """A marque never issued here is not stored; another Pilot's report of a marque is
+    refused (forbidden): no report row, no logbook entry, the request unmoved."""
     rid = _prepared(store, "req-z")
+    seqs = len(store.logbook_entries(limit=1000))
     assert store.ingest_report(_report("applied", marque_id="mq_nobody"), actor="p",
-                               now=T0) == (True, None)
-    new, request = store.ingest_report(_report("applied", marque_id="mq_req-z", pilot="evil"),
-                                       actor="evil", now=T0)
-    assert new and request is not None and request.state.value == "prepared"
+                               now=T0) == (False, None)
+    with pytest.raises(Forbidden):
+        store.ingest_report(_report("applied", marque_id="mq_req-z", pilot="evil"),
+                            actor="evil", now=T0)
+    assert store.reports("mq_req-z") == [] and store.reports("mq_nobody") == []
+    assert len(store.logbook_entries(limit=1000)) == seqs
     assert store.get_request(rid).state.value == "prepared"
+    assert store.marque_pilots(["mq_req-z", "mq_nobody"]) == {"mq_req-z": "pilot-1"}
+
+
+def test_a_reports_signature_is_kept_in_its_logbook_entry(store: HarbourStore) -> None:
+    """The compact JWS a report carries is in its execution entry's body, hash-chained."""
+    _prepared(store, "req-s")
+    report = {**_report("applied", marque_id="mq_req-s"), "signature": "h.p.s"}
+    store.ingest_report(report, actor="pilot-1", now=T0 + 1)
+    [entry] = [e for e in assert_chain_verifies(store) if e.kind == "execution.applied"]
+    assert entry.body["signature"] == "h.p.s"
+
+
+def test_a_registration_is_logged_only_when_something_about_the_pilot_changed(
+        store: HarbourStore) -> None:
+    """The same registration again only moves last_seen; another URL, targets or report key
+    is one pilot.registered naming what changed, and a replaced key is also a finding."""
+    key = {"kty": "OKP", "crv": "Ed25519", "x": "a" * 43, "kid": "k1"}
+    args = ("pilot-r", "http://127.0.0.1:1", "inc-1", ["bank"])
+    store.register_pilot(*args, dialects={"bank": "sqlite"}, report_key=key, now=T0)
+    for minute in range(1, 6):
+        store.register_pilot(*args, dialects={"bank": "sqlite"}, report_key=key,
+                             now=T0 + 60 * minute)
+    store.register_pilot(*args, dialects={"bank": "sqlite"}, now=T0 + 400)  # no key sent
+    assert store.get_pilot("pilot-r").last_seen == T0 + 400
+    assert store.get_pilot("pilot-r").report_key == key
+    store.register_pilot("pilot-r", "http://127.0.0.1:2", "inc-1", ["bank"],
+                         dialects={"bank": "sqlite"}, report_key=key, now=T0 + 500)
+    other = {**key, "x": "b" * 43, "kid": "k2"}
+    store.register_pilot("pilot-r", "http://127.0.0.1:2", "inc-1", ["bank"],
+                         dialects={"bank": "sqlite"}, report_key=other, now=T0 + 600)
+    entries = [e for e in assert_chain_verifies(store) if e.subject == "pilot-r"]
+    assert [e.kind for e in entries] == ["pilot.registered", "pilot.registered",
+                                         "pilot.registered", "finding.pilot_report_key_changed"]
+    assert entries[0].body["report_key"] == key and "changed" not in entries[0].body
+    assert entries[1].body["changed"] == ["url"]
+    assert entries[2].body["changed"] == ["report_key"]
+    assert entries[3].body["previous_report_key"] == key
+    assert entries[3].body["report_key"] == other
+    assert store.get_pilot("pilot-r").report_key == other
 
 
 def test_after_an_incarnation_change_only_the_current_ledger_moves_it(

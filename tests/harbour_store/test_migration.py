@@ -104,3 +104,29 @@ def test_create_refuses_an_existing_store_and_open_a_missing_one(
     assert len(assert_chain_verifies(store)) == 1
     with pytest.raises(NotFound):
         stores.open(stores.location())
+
+
+def test_migration_8_adds_the_pilots_report_key_and_keeps_every_pilot(
+        stores: StorePool) -> None:
+    """A version-5 store's Pilot (written as version 5 wrote it) reads back unchanged, with no
+    report key; its next registration with a key stores the key and says what changed."""
+    location = stores.location()
+    old = stores.create_at_version(location, 5)
+    with raw_tx(old) as tx:
+        tx.execute("INSERT INTO pilots (pilot_id, url, incarnation, targets, registered_at, "
+                   "last_seen, dialects) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   ("p-old", "http://127.0.0.1:1", "inc_1", dumps(["bank"]), T0, T0 + 1,
+                    dumps({"bank": "sqlite"})))
+    old.close()
+    store = stores.open(location)
+    assert store.schema_version == schema.LATEST == 8
+    pilot = store.get_pilot("p-old")
+    assert (pilot.url, pilot.incarnation, pilot.targets, pilot.dialects, pilot.last_seen,
+            pilot.report_key) == ("http://127.0.0.1:1", "inc_1", ["bank"], {"bank": "sqlite"},
+                                  T0 + 1, None)
+    key = {"kty": "OKP", "crv": "Ed25519", "x": "c" * 43, "kid": "k"}
+    store.register_pilot("p-old", "http://127.0.0.1:1", "inc_1", ["bank"],
+                         dialects={"bank": "sqlite"}, report_key=key, now=T0 + 2)
+    assert store.get_pilot("p-old").report_key == key
+    [entry] = [e for e in assert_chain_verifies(store) if e.kind == "pilot.registered"]
+    assert entry.body["changed"] == ["report_key"]

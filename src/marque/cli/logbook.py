@@ -44,6 +44,8 @@ any_home_option = click.option(
          "not with --harbour.")
 #: How often ``logbook tail --follow`` asks for new entries, in seconds.
 FOLLOW_INTERVAL = 1.0
+#: How many of the newest entries ``logbook tail`` prints without ``--after``.
+DEFAULT_TAIL = 20
 
 
 def _where(ctx: click.Context, home: Path | None, harbour_url: str | None) -> str:
@@ -101,7 +103,9 @@ def logbook_verify(ctx: click.Context, home: Path | None, harbour_url: str | Non
         emit_json(result)
         return
     out.say(f"intact: {result['entries']} entries"
-            + (f", reaching the saved head at seq {head['seq']}" if head else ""))
+            + (f", reaching the saved head at seq {head['seq']}" if head else "")
+            + (f"; {result['signed_reports']} outcome(s) signed by their Pilots"
+               if result.get("signed_reports") else ""))
 
 
 @logbook.command("head")
@@ -156,17 +160,22 @@ def _print_entry(entry: dict[str, Any], as_json: bool) -> None:
 @logbook.command("tail")
 @harbour_option
 @token_option
-@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Start after this seq (0: from the first entry).")
+@click.option("-n", "--lines", "lines", type=click.IntRange(min=1, max=1000),
+              default=DEFAULT_TAIL, show_default=True,
+              help="Without --after: how many of the newest entries to print first.")
+@click.option("--after", type=click.IntRange(min=0), default=None,
+              help="Instead of the newest entries, every entry after this seq (0: from the "
+                   "first entry).")
 @click.option("--kind", default=None, metavar="PREFIX",
               help="Only entries whose kind starts with PREFIX (e.g. `request.`, `execution.`).")
 @click.option("--follow", is_flag=True,
               help="Keep printing new entries as they are appended, until interrupted.")
 @json_option
 @guarded
-def logbook_tail(harbour_url: str | None, token: str | None, after: int, kind: str | None,
-                 follow: bool, as_json: bool) -> None:
-    """A Harbourmaster's logbook entries after a seq; with --follow, new ones as they come.
+def logbook_tail(harbour_url: str | None, token: str | None, lines: int, after: int | None,
+                 kind: str | None, follow: bool, as_json: bool) -> None:
+    """A Harbourmaster's newest logbook entries (or those after a seq); with --follow, new
+    ones as they come.
 
     With --json, without --follow: {entries, next_after}. With --follow each
     entry is a JSON line on stderr as it arrives, and when interrupted the
@@ -174,20 +183,46 @@ def logbook_tail(harbour_url: str | None, token: str | None, after: int, kind: s
     """
     client = connect(harbour_url, token)
     try:
+        if after is None:
+            entries, start = newest(client, kind, lines)
+        else:
+            entries, start = list(pages(client, {}, kind, after)), after
+        last = max([start, *(e["seq"] for e in entries if isinstance(e.get("seq"), int))])
         if not follow:
-            entries = list(pages(client, {}, kind, after))
-            last = max([after, *(e["seq"] for e in entries if isinstance(e.get("seq"), int))])
             if as_json:
                 emit_json({"entries": entries, "next_after": last})
                 return
             for entry in entries:
                 _print_entry(entry, False)
             return
-        streamed, last = _follow(client, kind, after, as_json)
+        for entry in entries:
+            _print_entry(entry, as_json)
+        streamed, last = _follow(client, kind, last, as_json)
+        streamed += len(entries)
     finally:
         client.close()
     if as_json:
         emit_json({"streamed": streamed, "next_after": last})
+
+
+def newest(client: HarbourClient, kind: str | None, count: int
+           ) -> tuple[list[dict[str, Any]], int]:
+    """The newest ``count`` entries (of kinds starting with ``kind``), oldest of them first,
+    and the seq they were read up to (the head's, at least).
+
+    The API pages forward from a seq, so the reading starts a window before the
+    head and widens it (fourfold) until it holds ``count`` matching entries or
+    reaches the first one.
+    """
+    head = client.logbook_head().get("seq")
+    top = head if isinstance(head, int) and not isinstance(head, bool) and head >= 0 else 0
+    window = count
+    while True:
+        start = max(0, top - window)
+        entries = list(pages(client, {}, kind, start))
+        if len(entries) >= count or start == 0:
+            return entries[-count:], top
+        window *= 4
 
 
 def _follow(client: HarbourClient, kind: str | None, after: int,

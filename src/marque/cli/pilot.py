@@ -261,7 +261,9 @@ def pilot_join(home: Path, harbour_url: str, token: str, pilot_url: str, as_json
     Fetches its JWKS and trusts those keys, registers this Pilot (id, --url,
     incarnation, targets) and stores {url, token, pilot_url} in pilot.json,
     which is kept readable by its owner only. From then on `pilot serve`
-    registers at start and every minute and delivers outcome reports there.
+    registers at start and every minute and delivers outcome reports there,
+    signed with the home's report key (made here if missing), whose public
+    half the registration carries.
     Nothing is written unless every step succeeded.
     """
     from marque.pilot.join import join
@@ -275,6 +277,8 @@ def pilot_join(home: Path, harbour_url: str, token: str, pilot_url: str, as_json
             f"{literal(result['pilot_url'])}")
     out.say("trusting its issuer key" + ("s " if len(result["trusted"]) != 1 else " ")
             + literal(", ".join(result["trusted"])))
+    out.say(f"reports are signed with the report key {literal(result['report_key'])} "
+            "(report-key.jwk in the home), registered there")
     previous = result["previous_incarnation"]
     if previous is not None and previous != result["incarnation"]:
         out.say(f"it knew this Pilot as incarnation {literal(previous)}: marques pinned to it "

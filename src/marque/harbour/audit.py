@@ -7,6 +7,12 @@ the first entry that breaks it; with a head saved earlier (``logbook head``),
 it also proves the chain still reaches that head, which is what catches a
 truncated or rewritten tail. A Harbourmaster's head is signed with its issuer
 key, so a saved head cannot itself be forged by whoever can edit the store.
+
+A Harbourmaster's logbook is also checked for its outcomes' signatures
+(:class:`~marque.harbour.reports.SignatureAudit`): every ``execution.*``
+entry must carry its Pilot's signature under a report key that Pilot
+registered before it, so an outcome written by whoever can edit the store
+and recompute the chain, but does not hold the Pilot's key, is found too.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from marque.harbour.chain import (
     verify_entries,
 )
 from marque.harbour.home import HarbourHome, open_home_store
+from marque.harbour.reports import SignatureAudit
 
 #: Entries read from a store per query while verifying.
 PAGE = 1000
@@ -100,6 +107,7 @@ def verify_home(home: str | os.PathLike[str],
 
     store = open_home_store(HarbourHome(home))
     walked: dict[str, Any] = {"seq": 0, "hash": GENESIS, "at": None}
+    audit = SignatureAudit()
     try:
         def pages() -> Iterator[dict[str, Any]]:
             after = 0
@@ -107,7 +115,9 @@ def verify_home(home: str | os.PathLike[str],
                 batch = store.logbook_entries(after=after, limit=PAGE)
                 for entry in batch:
                     walked.update(seq=entry.seq, hash=entry.hash, at=entry.at)
-                    yield entry.to_dict()
+                    shown = entry.to_dict()
+                    audit.observe(shown)
+                    yield shown
                 if len(batch) < PAGE:
                     return
                 after = batch[-1].seq
@@ -132,7 +142,17 @@ def verify_home(home: str | os.PathLike[str],
             "records: its tail was rewritten",
             detail={"seq": recorded["seq"], "kind": "rewritten",
                     "reason": "the head row records another hash"})
-    return {"entries": walked["seq"], "head": walked}
+    raise_if_unsigned(audit)
+    return {"entries": walked["seq"], "head": walked, "signed_reports": audit.checked}
+
+
+def raise_if_unsigned(audit: SignatureAudit) -> None:
+    """:class:`LogbookBroken` for the first outcome a chain holds that its Pilot did not sign."""
+    if audit.problem is not None:
+        problem = audit.problem
+        raise LogbookBroken(
+            f"the logbook's entry at seq {problem['seq']} is an outcome its Pilot did not sign: "
+            f"{problem['reason']}", detail=problem)
 
 
 def _raise_if_broken(found: ChainBreak | None) -> None:

@@ -26,8 +26,9 @@ _REQUEST_KEYS = frozenset({"request_id", "pilot_id", "target", "change", "budget
 _CHANGE_KEYS = frozenset({"statements", "guards", "isolation", "statement_timeout_ms"})
 _BUDGET_KEYS = frozenset({"executions", "max_rows", "attempts_per_nonce"})
 _PILOT_KEYS = frozenset({"pilot_id", "url", "incarnation", "targets"})
+_PILOT_OPTIONAL_KEYS = frozenset({"report_key"})
 _REPORT_KEYS = frozenset({"marque_id", "nonce", "attempt", "status", "rows_affected", "error",
-                          "pilot", "cause", "effect_set"})
+                          "pilot", "cause", "effect_set", "signature"})
 #: Reports accepted in one delivery.
 MAX_REPORTS = 1000
 
@@ -137,9 +138,25 @@ def read_submission(body: Any, idempotency_key: str | None) -> Submission:
     )
 
 
-def read_registration(body: Any) -> tuple[str, str, str, dict[str, str]]:
-    """``{pilot_id, url, incarnation, targets: {name: {dialect}}}`` → its parts."""
-    data = _object(body, "the registration", _PILOT_KEYS, _PILOT_KEYS)
+@dataclass(frozen=True)
+class Registration:
+    """A checked ``POST /v1/pilots`` body."""
+
+    pilot_id: str
+    url: str
+    incarnation: str
+    dialects: dict[str, str]
+    #: The public JWK the Pilot signs its reports with (None from a Pilot that sends none).
+    report_key: dict[str, Any] | None
+
+
+def read_registration(body: Any) -> Registration:
+    """``{pilot_id, url, incarnation, targets: {name: {dialect}}, report_key?}`` → its parts.
+
+    ``report_key`` must be a public Ed25519 JWK (``{kty: OKP, crv: Ed25519, x}``
+    and at most ``kid`` and ``alg`` besides); it is kept as those members.
+    """
+    data = _object(body, "the registration", _PILOT_KEYS | _PILOT_OPTIONAL_KEYS, _PILOT_KEYS)
     pilot_id = str(_text(data["pilot_id"], "pilot_id", limit=128))
     url = str(_text(data["url"], "url", limit=2048))
     if not url.startswith(("http://", "https://")):
@@ -155,7 +172,24 @@ def read_registration(body: Any) -> tuple[str, str, str, dict[str, str]]:
         if spec["dialect"] not in DIALECTS:
             raise InvalidInput(f"targets.{name}.dialect must be one of {', '.join(DIALECTS)}")
         dialects[str(name)] = str(spec["dialect"])
-    return pilot_id, url, incarnation, dialects
+    return Registration(pilot_id, url, incarnation, dialects,
+                        _report_key(data.get("report_key")))
+
+
+def _report_key(jwk: Any) -> dict[str, Any] | None:
+    from marque.token.keys import ed25519_public, import_public, thumbprint
+
+    if jwk is None:
+        return None
+    if not isinstance(jwk, Mapping) or "d" in jwk:
+        raise InvalidInput("report_key must be a public JWK (no private member d)")
+    unknown = sorted(str(k) for k in set(jwk) - {"kty", "crv", "x", "kid", "alg"})
+    if unknown:
+        raise InvalidInput(f"report_key has unknown member(s) {', '.join(unknown)}")
+    members = dict(ed25519_public(dict(jwk), InvalidInput, "report_key"))
+    import_public(members, InvalidInput, "report_key")
+    # Kept as its thumbprint names it: the signer's kid is that thumbprint.
+    return {**members, "kid": thumbprint(members)}
 
 
 def read_reports(body: Any) -> tuple[str, list[dict[str, Any]]]:
@@ -182,6 +216,10 @@ def read_reports(body: Any) -> tuple[str, list[dict[str, Any]]]:
         if not isinstance(pilot, Mapping) or not isinstance(pilot.get("id"), str) \
                 or not isinstance(pilot.get("incarnation"), str):
             raise InvalidInput(f"{where}.pilot must be {{id, incarnation}}")
+        signature = report.get("signature")
+        if "signature" in report and (not isinstance(signature, str) or not signature):
+            raise InvalidInput(f"{where}.signature must be the Pilot's compact JWS of the "
+                               "report, or absent")
         effect_set = report.get("effect_set")
         if effect_set is not None and not isinstance(effect_set, Mapping):
             raise InvalidInput(f"{where}.effect_set must be an object (an Effect Set "

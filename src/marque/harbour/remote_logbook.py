@@ -68,17 +68,22 @@ def verify_over_http(client: HarbourClient, head: dict[str, Any] | None) -> dict
 
     Raises :class:`~marque.errors.LogbookBroken` naming the first bad ``seq``.
     """
+    from marque.harbour.audit import raise_if_unsigned
     from marque.harbour.chain import GENESIS, verify_against_head, verify_entries
+    from marque.harbour.reports import SignatureAudit
 
     # Taken first: entries appended while we read lie beyond it, and still verify.
     current = client.logbook_head()
     at_current: dict[str, Any] = {}
     walked: dict[str, Any] = {"seq": 0, "hash": GENESIS, "at": None}
+    audit = SignatureAudit()
 
     def entries() -> Iterator[dict[str, Any]]:
         for entry in pages(client, walked):
-            if isinstance(entry, dict) and entry.get("seq") == current.get("seq"):
-                at_current["hash"] = entry.get("hash")
+            if isinstance(entry, dict):
+                audit.observe(entry)
+                if entry.get("seq") == current.get("seq"):
+                    at_current["hash"] = entry.get("hash")
             yield entry
 
     found = verify_entries(entries()) if head is None else verify_against_head(entries(), head)
@@ -100,4 +105,5 @@ def verify_over_http(client: HarbourClient, head: dict[str, Any] | None) -> dict
             f"entry {seq} is not the one the Harbourmaster's head records: its tail was "
             "rewritten", detail={"seq": seq, "kind": "rewritten",
                                  "reason": "the head records another hash"})
-    return {"entries": walked["seq"], "head": dict(walked)}
+    raise_if_unsigned(audit)
+    return {"entries": walked["seq"], "head": dict(walked), "signed_reports": audit.checked}

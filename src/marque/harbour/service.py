@@ -61,11 +61,12 @@ from marque.harbour.checkpoint import (
 from marque.harbour.heads import sign_head
 from marque.harbour.home import HarbourHome, open_home_store
 from marque.harbour.identity import authority_scope_cid, logical_request_scope
-from marque.harbour.intake import read_registration, read_reports, read_submission
+from marque.harbour.intake import read_registration, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
 from marque.harbour.lifecycle import TERMINAL, IntentConflict, RequestState, StaleVersion
 from marque.harbour.preparation import DEFAULT_RETRY, RetrySchedule, defer, retry_due
 from marque.harbour.principals import Principal, Role
+from marque.harbour.reports import ingest
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
@@ -726,14 +727,16 @@ class Harbourmaster:
     def register_pilot(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
         """A Pilot's (re-)registration, by the ``pilot`` principal of the same name."""
         _require(principal, Role.PILOT)
-        pilot_id, url, incarnation, dialects = read_registration(body)
+        found = read_registration(body)
+        pilot_id = found.pilot_id
         if pilot_id != principal.name:
             raise Forbidden(f"principal {principal.name} may register only the Pilot "
                             f"{principal.name}, not {pilot_id[:64]!r}",
                             detail={"pilot_id": pilot_id[:64]})
-        previous = self.store.register_pilot(pilot_id, url, incarnation, sorted(dialects),
-                                             actor=principal.name, now=self._now(),
-                                             dialects=dialects)
+        previous = self.store.register_pilot(pilot_id, found.url, found.incarnation,
+                                             sorted(found.dialects), actor=principal.name,
+                                             now=self._now(), dialects=found.dialects,
+                                             report_key=found.report_key)
         return {"pilot_id": pilot_id, "registered": True, "previous_incarnation": previous,
                 "issuer": {"jwks": self.issuer.jwks}}
 
@@ -743,17 +746,10 @@ class Harbourmaster:
         return [pilot_object(p) for p in self.store.list_pilots()]
 
     def ingest_reports(self, principal: Principal, body: dict[str, Any]) -> dict[str, Any]:
-        """A Pilot's execution reports: each stored once, moving its request (§11.2)."""
+        """A Pilot's execution reports: each stored once, moving its request (§11.2);
+        taken whole or refused whole (see :func:`marque.harbour.reports.ingest`)."""
         _require(principal, Role.PILOT)
-        pilot_id, reports = read_reports(body)
-        if pilot_id != principal.name or any(r["pilot"]["id"] != pilot_id for r in reports):
-            raise Forbidden(f"principal {principal.name} may report only for the Pilot "
-                            f"{principal.name}", detail={"pilot_id": pilot_id[:64]})
-        new = 0
-        for report in reports:
-            added, _ = self.store.ingest_report(report, actor=principal.name, now=self._now())
-            new += int(added)
-        return {"acknowledged": len(reports), "new": new}
+        return ingest(self.store, principal.name, body, now=self._now)
 
     # -- logbook and identity --------------------------------------------------------------------
 

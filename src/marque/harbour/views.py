@@ -94,7 +94,8 @@ def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def pilot_object(pilot: PilotRecord) -> dict[str, Any]:
-    """A registered Pilot: ``targets`` maps each target to ``{dialect}`` (null if unknown)."""
+    """A registered Pilot: ``targets`` maps each target to ``{dialect}`` (null if unknown);
+    ``report_key`` is the public JWK its reports are checked against (null if none)."""
     return {
         "pilot_id": pilot.pilot_id,
         "url": pilot.url,
@@ -102,4 +103,5 @@ def pilot_object(pilot: PilotRecord) -> dict[str, Any]:
         "targets": {name: {"dialect": pilot.dialects.get(name)} for name in pilot.targets},
         "registered_at": pilot.registered_at,
         "last_seen": pilot.last_seen,
+        "report_key": pilot.report_key,
     }

@@ -72,8 +72,9 @@ def open_pilot(
         # before anything reports, or an outcome acknowledged to the logbook alone (a
         # `marque reconcile` while the Harbourmaster is away) would never reach it.
         from marque.pilot.harbour_link import attach_harbour
+        from marque.pilot.report_key import load_report_key
 
-        attach_harbour(pilot, config)
+        attach_harbour(pilot, config, report_key=load_report_key(pilot_home))
     if recover:
         pilot.check_continuity()
         pilot.recover()

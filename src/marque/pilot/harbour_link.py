@@ -19,6 +19,11 @@ join``) keeps its Harbourmaster informed in two ways:
   ``(marque_id, nonce, attempt, status)``). The local logbook is written as
   well, first: it is the Pilot's own journal, which ``marque logbook verify
   --home`` reads whether or not a Harbourmaster exists.
+
+Each report goes signed with the Pilot's report key
+(:mod:`marque.pilot.report_key`, :mod:`marque.token.reports`), whose public
+half every registration carries: the Harbourmaster takes a joined Pilot's
+outcomes only under that signature, not on the strength of its token alone.
 """
 
 from __future__ import annotations
@@ -76,15 +81,23 @@ def dialect_of(dsn: str) -> str:
 
 
 def registration_body(
-    pilot_id: str, incarnation: str, link: HarbourLink, targets: dict[str, str]
+    pilot_id: str, incarnation: str, link: HarbourLink, targets: dict[str, str],
+    report_key: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``POST /v1/pilots`` for a Pilot serving ``targets`` (``{name: DSN}``)."""
-    return {
+    """The body of ``POST /v1/pilots`` for a Pilot serving ``targets`` (``{name: DSN}``),
+    with the public half of its ``report_key`` when it has one."""
+    from marque.errors import InvalidInput
+    from marque.token.keys import ed25519_public
+
+    body: dict[str, Any] = {
         "pilot_id": pilot_id,
         "url": link.pilot_url,
         "incarnation": incarnation,
         "targets": {name: {"dialect": dialect_of(dsn)} for name, dsn in sorted(targets.items())},
     }
+    if report_key is not None:
+        body["report_key"] = ed25519_public(report_key, InvalidInput, "report key")
+    return body
 
 
 def register(link: HarbourLink, body: dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +133,13 @@ class HarbourSink:
     once when it starts and once when it ends, not on every retry.
     """
 
-    def __init__(self, link: HarbourLink, pilot_id: str, *, log: Log = _stderr) -> None:
+    def __init__(self, link: HarbourLink, pilot_id: str, *,
+                 report_key: dict[str, Any] | None = None, log: Log = _stderr) -> None:
         self.link = link
         self.pilot_id = pilot_id
+        #: The private key each report is signed with; None delivers them unsigned (a home
+        #: without one, which a Harbourmaster takes only from a Pilot with no key there).
+        self.report_key = report_key
         self._log = log
         self._failing: str | None = None
         self.delivered = 0
@@ -147,8 +164,14 @@ class HarbourSink:
             self._failing = None
 
     def _post(self, chunk: list[OutboxEntry]) -> None:
+        reports = [entry.payload for entry in chunk]
+        if self.report_key is not None:
+            from marque.token.reports import sign_report
+
+            reports = [{**report, "signature": sign_report(report, self.report_key)}
+                       for report in reports]
         with client_for(self.link) as client:
-            answer = client.report(self.pilot_id, [entry.payload for entry in chunk])
+            answer = client.report(self.pilot_id, reports)
         acknowledged = answer.get("acknowledged") if isinstance(answer, dict) else None
         if acknowledged != len(chunk):
             raise HarbourUnavailable(
@@ -166,10 +189,12 @@ class Registrar:
     """
 
     def __init__(self, pilot: Pilot, link: HarbourLink, targets: dict[str, str], *,
-                 interval: float = REGISTER_INTERVAL_SECONDS, log: Log = _stderr) -> None:
+                 interval: float = REGISTER_INTERVAL_SECONDS,
+                 report_key: dict[str, Any] | None = None, log: Log = _stderr) -> None:
         self.pilot = pilot
         self.link = link
         self.targets = dict(targets)
+        self.report_key = report_key
         self.interval = interval
         self.rounds = 0
         self.last: dict[str, Any] | None = None
@@ -181,7 +206,7 @@ class Registrar:
     def register_now(self) -> bool:
         """One registration; True if the Harbourmaster confirmed it (else logged)."""
         body = registration_body(self.pilot.pilot_id, self.pilot.incarnation, self.link,
-                                 self.targets)
+                                 self.targets, self.report_key)
         self.rounds += 1
         try:
             self.last = register(self.link, body)
@@ -224,20 +249,22 @@ class Registrar:
             self._thread.join(timeout)
 
 
-def attach_harbour(pilot: Pilot, config: PilotConfig, *, log: Log = _stderr
+def attach_harbour(pilot: Pilot, config: PilotConfig, *,
+                   report_key: dict[str, Any] | None = None, log: Log = _stderr
                    ) -> HarbourSink | None:
     """Make ``pilot`` report to the Harbourmaster ``config`` names; None without one.
 
     Must happen before the Pilot first reports (start-up recovery does): an
     outbox entry acknowledged without the Harbourmaster would never reach it.
-    Idempotent: a Pilot gets one sink per Harbourmaster URL.
+    Idempotent: a Pilot gets one sink per Harbourmaster URL. Reports are signed
+    with ``report_key`` (the home's, :func:`~marque.pilot.report_key.load_report_key`).
     """
     if config.harbour is None:
         return None
     for sink in pilot.report_sinks:
         if isinstance(sink, HarbourSink) and sink.link.url == config.harbour.url:
             return sink
-    sink = HarbourSink(config.harbour, pilot.pilot_id, log=log)
+    sink = HarbourSink(config.harbour, pilot.pilot_id, report_key=report_key, log=log)
     pilot.report_sinks.append(sink)
     return sink
 
@@ -257,9 +284,14 @@ def open_linked_pilot(home: str | os.PathLike[str], *, log: Log = _stderr,
     config = PilotHome(home).load()
     if config.harbour is None:
         return open_pilot(home, background=True)
+    from marque.pilot.report_key import ensure_report_key
+
+    # A home joined before Pilots signed their reports gets its key here (open_pilot's
+    # sink signs with it), registered by the first round below.
+    report_key = ensure_report_key(PilotHome(home))
     pilot = open_pilot(home, recover=False)
     try:
-        attach_harbour(pilot, config, log=log)
+        attach_harbour(pilot, config, report_key=report_key, log=log)
         pilot.check_continuity()
         pilot.recover()
         start_background(pilot)
@@ -267,7 +299,7 @@ def open_linked_pilot(home: str | os.PathLike[str], *, log: Log = _stderr,
         registrar = Registrar(pilot, config.harbour,
                               {name: pilot_home.resolve(dsn)
                                for name, dsn in config.targets.items()},
-                              interval=register_interval, log=log)
+                              interval=register_interval, report_key=report_key, log=log)
         registrar.register_now()
         pilot.attach(registrar.start())
     except BaseException:

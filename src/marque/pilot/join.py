@@ -11,6 +11,10 @@ Joining does three things, all or nothing:
    ``harbour`` section ``{url, token, pilot_url}`` — written 0600, as the
    token is a secret.
 
+The registration carries the public half of the Pilot's report key
+(``report-key.jwk`` in its home, made here if the home has none), which the
+Harbourmaster keeps and checks every report's signature against.
+
 A join that fails at any step leaves ``pilot.json`` as it was. Joining again
 (the same or another Harbourmaster) replaces the ``harbour`` section and adds
 keys; keys trusted before stay trusted until ``marque pilot untrust``.
@@ -25,6 +29,7 @@ from marque.errors import Conflict, HarbourUnavailable, InvalidInput, MarqueErro
 from marque.pilot.config import HarbourLink, PilotHome, check_http_url
 from marque.pilot.harbour_link import client_for, register, registration_body
 from marque.pilot.home import open_bound_ledger
+from marque.pilot.report_key import ensure_report_key
 
 __all__ = ["join", "pinned_keys"]
 
@@ -62,12 +67,14 @@ def pinned_keys(harbour_url: str, jwks: Any) -> list[dict[str, Any]]:
 def join(home: str | os.PathLike[str], harbour_url: str, token: str,
          pilot_url: str) -> dict[str, Any]:
     """Join the Harbourmaster at ``harbour_url`` with this Pilot's ``token``; returns
-    ``{pilot_id, incarnation, harbour, pilot_url, trusted, previous_incarnation}``.
+    ``{pilot_id, incarnation, harbour, pilot_url, trusted, report_key,
+    previous_incarnation}``.
 
     ``pilot_url`` is where the Harbourmaster reaches this Pilot's service
     (``marque pilot serve``). ``trusted`` lists the kids of the pinned issuer
-    keys; ``previous_incarnation`` is what the Harbourmaster knew before (None
-    for a first join). Refusals: the Harbourmaster unreachable
+    keys; ``report_key`` is the kid of the report key registered;
+    ``previous_incarnation`` is what the Harbourmaster knew before (None for a
+    first join). Refusals: the Harbourmaster unreachable
     (``harbour_unavailable``), the token unknown there (``unauthenticated``) or
     bound to another Pilot (``forbidden``, or ``conflict`` if it answered for
     another pilot id), an answer that is not a JWKS (``harbour_unavailable``).
@@ -93,7 +100,9 @@ def join(home: str | os.PathLike[str], harbour_url: str, token: str,
     with client_for(url=harbour_url) as client:
         keys = pinned_keys(harbour_url, client.jwks())
     targets = {name: pilot_home.resolve(dsn) for name, dsn in config.targets.items()}
-    answer = register(link, registration_body(pilot_id, incarnation, link, targets))
+    report_key = ensure_report_key(pilot_home)
+    answer = register(link, registration_body(pilot_id, incarnation, link, targets,
+                                              report_key))
     _same_keys(harbour_url, keys, answer)
 
     trusted = TrustedKeys(config.issuers)
@@ -101,8 +110,10 @@ def join(home: str | os.PathLike[str], harbour_url: str, token: str,
     config.issuers = trusted.to_jwks()["keys"]
     config.harbour = link
     pilot_home.save(config)
+    from marque.token.keys import thumbprint
+
     return {"pilot_id": pilot_id, "incarnation": incarnation, "harbour": harbour_url,
-            "pilot_url": pilot_url, "trusted": kids,
+            "pilot_url": pilot_url, "trusted": kids, "report_key": thumbprint(report_key),
             "previous_incarnation": answer.get("previous_incarnation")}
 
 

@@ -39,6 +39,7 @@ from marque.pilot.home import (
 )
 from marque.pilot.join import join
 from marque.pilot.reach import check_reachable
+from marque.pilot.report_key import ensure_report_key
 
 __all__ = [
     "add_target",
@@ -114,6 +115,7 @@ def init_home(
         config.ledger = stored
         config.home_id = home_id
         pilot_home.save(config)
+        ensure_report_key(pilot_home)
     except BaseException:
         made.undo()
         raise

@@ -360,14 +360,18 @@ class Console:
 
     @page
     async def logbook(self, request: Request) -> Response:
-        """``GET /logbook[?after=SEQ&kind=PREFIX]``: entries paged, and the chain's verdict."""
+        """``GET /logbook[?before=SEQ&kind=PREFIX&actor=NAME&subject=ID]``: the newest
+        matching entries (before ``before``), and the chain's verdict."""
         viewer = await self.viewer(request)
-        raw = request.query_params.get("after", "0") or "0"
-        try:
-            after = int(raw)
-        except ValueError:
-            raise InvalidInput(f"`after` must be a sequence number, got {raw[:40]!r}") from None
-        kind = request.query_params.get("kind", "")
-        found = await self._run(lambda: logbook_page(self.hm, viewer.principal, after=after,
-                                                     kind=kind))
+        raw = request.query_params.get("before", "")
+        before = None
+        if raw:
+            if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+                raise InvalidInput(f"`before` must be a sequence number, got {raw[:40]!r}")
+            before = int(raw)
+        kind = request.query_params.get("kind", "").strip()
+        actor = request.query_params.get("actor", "").strip()
+        subject = request.query_params.get("subject", "").strip()
+        found = await self._run(lambda: logbook_page(self.hm, viewer.principal, before=before,
+                                                     kind=kind, actor=actor, subject=subject))
         return self.render(request, "logbook.html", viewer=viewer, section="logbook", lb=found)

@@ -8,6 +8,11 @@ and admins may read (DESIGN §11.7), and one request's own entries through
 who may see the request may read. Anyone else gets
 :class:`~marque.errors.Forbidden` from the core and the page says so.
 
+The page opens at the newest entries and goes back from there (``before``),
+filtered by kind prefix, actor and subject (a request's id). The filters and
+the page are gathered during the verifying walk, which reads every entry
+anyway, so any filter works over the whole chain with the store's one paging.
+
 Verification is the same walk ``marque logbook verify`` makes
 (:func:`marque.harbour.chain.verify_entries`), over every entry, page by page,
 followed by the check that the chain reaches the store's head row (a cut-off
@@ -16,7 +21,8 @@ tail otherwise verifies by itself). Its answer names the first broken ``seq``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from marque.errors import Forbidden
@@ -44,17 +50,27 @@ def _walk(hm: Harbourmaster, principal: Principal, kind: str = "") -> Iterator[d
         after = batch[-1]["seq"]
 
 
-def chain_status(hm: Harbourmaster, principal: Principal) -> dict[str, Any]:
-    """``{verified: True, entries, head}`` or ``{verified: False, seq, kind, reason}``."""
+def chain_status(hm: Harbourmaster, principal: Principal,
+                 observe: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """``{verified: True, entries, head}`` or ``{verified: False, seq, kind, reason}``.
+
+    ``observe`` is shown every entry of the walk, in ``seq`` order — past a
+    break too — so a page can be gathered from the same single read.
+    """
     head = hm.logbook_head(principal)
     walked: dict[str, Any] = {"seq": 0, "hash": GENESIS}
 
     def entries() -> Iterator[dict[str, Any]]:
         for entry in _walk(hm, principal):
             walked.update(seq=entry["seq"], hash=entry["hash"])
+            if observe is not None:
+                observe(entry)
             yield entry
 
-    found = verify_entries(entries())
+    walk = entries()
+    found = verify_entries(walk)
+    for _ in walk:  # the rest is still shown, marked untrusted
+        pass
     if found is not None:
         return {"verified": False, **found.to_dict()}
     if walked["seq"] < head["seq"]:
@@ -68,16 +84,31 @@ def chain_status(hm: Harbourmaster, principal: Principal) -> dict[str, Any]:
     return {"verified": True, "entries": walked["seq"], "head": head}
 
 
-def logbook_page(hm: Harbourmaster, principal: Principal, *, after: int, kind: str
-                 ) -> dict[str, Any]:
-    """One page of entries after ``after``, of kinds starting with ``kind``, and the verdict."""
-    page = hm.logbook(principal, after, PAGE + 1, kind)
-    entries = page["entries"]
-    more = len(entries) > PAGE
-    entries = entries[:PAGE]
-    return {"entries": entries, "after": after, "kind": kind,
-            "next_after": entries[-1]["seq"] if more and entries else None,
-            "chain": chain_status(hm, principal)}
+def logbook_page(hm: Harbourmaster, principal: Principal, *, before: int | None = None,
+                 kind: str = "", actor: str = "", subject: str = "") -> dict[str, Any]:
+    """The newest :data:`PAGE` entries before ``before`` (all, without it) that match the
+    filters, newest first, and the chain's verdict — both from one walk of the chain.
+
+    ``kind`` is a prefix; ``actor`` and ``subject`` (a request's ``rq_`` id, a
+    Pilot's id…) match exactly; an empty filter matches everything.
+    ``older`` is the ``before`` of the next page back (None on the last one).
+    """
+    kept: deque[dict[str, Any]] = deque(maxlen=PAGE + 1)
+
+    def observe(entry: dict[str, Any]) -> None:
+        if ((before is None or entry["seq"] < before)
+                and str(entry.get("kind", "")).startswith(kind)
+                and (not actor or entry.get("actor") == actor)
+                and (not subject or entry.get("subject") == subject)):
+            kept.append(entry)
+
+    chain = chain_status(hm, principal, observe)
+    newest = list(reversed(kept))
+    entries = newest[:PAGE]
+    return {"entries": entries, "before": before, "kind": kind, "actor": actor,
+            "subject": subject, "filtered": bool(kind or actor or subject),
+            "older": entries[-1]["seq"] if len(newest) > PAGE else None,
+            "chain": chain}
 
 
 def request_entries(hm: Harbourmaster, principal: Principal, request_id: str

@@ -66,6 +66,17 @@ FINDINGS: dict[str, dict[str, str]] = {
         "todo": "Treat the stamp as the truth for the target's data; investigate how the "
                 "ledger came to disagree before trusting it again.",
     },
+    "finding.pilot_report_key_changed": {
+        "title": "A Pilot registered another report key",
+        "meaning": "The Pilot's registration named a new key for signing its execution "
+                   "reports; from now on only reports signed with the new key are taken. "
+                   "Expected when the Pilot's home lost its report-key.jwk and made a new "
+                   "one; otherwise someone holding the Pilot's token registered a key of "
+                   "their own, to report outcomes in its name.",
+        "todo": "Ask the Pilot's operator whether its key was replaced. If not, revoke the "
+                "Pilot's token (`marque harbour principal revoke`), give it a new one, "
+                "and check the outcomes reported since this entry.",
+    },
 }
 _GENERIC = {"title": "A finding", "meaning": "Something the Harbourmaster or a Pilot noticed "
             "that needs a person's attention.",

@@ -134,6 +134,9 @@ class PilotRecord:
     #: Each target's SQL dialect as the Pilot registered it (empty for a registration
     #: made before dialects were recorded).
     dialects: dict[str, str] = field(default_factory=dict)
+    #: The public JWK the Pilot signs its execution reports with; None for a Pilot that
+    #: never registered one (its reports are accepted unsigned until it does).
+    report_key: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -279,15 +282,21 @@ class HarbourStore(abc.ABC):
     @abc.abstractmethod
     def register_pilot(self, pilot_id: str, url: str, incarnation: str, targets: list[str], *,
                        actor: str | None = None, now: float | None = None,
-                       dialects: dict[str, str] | None = None) -> str | None:
+                       dialects: dict[str, str] | None = None,
+                       report_key: dict[str, Any] | None = None) -> str | None:
         """Record a Pilot's registration; returns its previous incarnation, or None.
 
         ``dialects`` maps each of ``targets`` to its SQL dialect (it must name
-        exactly the targets; ``InvalidInput`` otherwise).
+        exactly the targets; ``InvalidInput`` otherwise). ``report_key`` is the
+        public JWK the Pilot signs its reports with; None keeps the one held.
 
-        A changed incarnation writes ``finding.ledger_incarnation_changed`` and
-        moves the Pilot's ``prepared``, ``executing`` and ``reconciliation``
-        requests to ``reconciliation``, in the same transaction.
+        Every registration updates ``last_seen``; only one that changes what is
+        known of the Pilot (a first one, or another URL, incarnation, targets,
+        dialects or report key) appends ``pilot.registered``. A changed report
+        key also appends ``finding.pilot_report_key_changed``. A changed
+        incarnation writes ``finding.ledger_incarnation_changed`` and moves the
+        Pilot's ``prepared``, ``executing`` and ``reconciliation`` requests to
+        ``reconciliation``. All in the same transaction.
         """
 
     @abc.abstractmethod
@@ -423,9 +432,18 @@ class HarbourStore(abc.ABC):
         per nonce and attempt, ``executions.latest_attempts``) call for it,
         moves the request (``executions.next_state``) — a request in
         ``reconciliation`` only by a report from its Pilot's current ledger.
-        A report for a marque no request holds is stored and moves nothing
-        (``(True, None)``).
+        A report for a marque no request holds (not one this Harbourmaster
+        issued) is not stored: ``(False, None)``, nothing written. A report for
+        a marque issued to another Pilot than the report's ``pilot.id`` is
+        ``Forbidden``, nothing written. A ``signature`` member (the Pilot's
+        compact JWS, checked by the caller) is kept in the ``execution.*``
+        entry's body.
         """
+
+    @abc.abstractmethod
+    def marque_pilots(self, marque_ids: list[str]) -> dict[str, str]:
+        """For each of ``marque_ids`` this Harbourmaster issued, the Pilot it was issued to
+        (a marque no request holds is left out)."""
 
     @abc.abstractmethod
     def reports(self, marque_id: str) -> list[Report]:

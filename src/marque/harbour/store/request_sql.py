@@ -20,7 +20,7 @@ import contextlib
 import uuid
 from typing import Any
 
-from marque.errors import Conflict, InvalidInput, NotFound
+from marque.errors import Conflict, Forbidden, InvalidInput, NotFound
 from marque.harbour.executions import (
     STALE_PREVIEW,
     STALE_PREVIEW_NEXT_STEP,
@@ -498,24 +498,37 @@ class RequestRecords(HarbourStore):
         attempt, status = int(report["attempt"]), str(report["status"])
         with self.transaction() as tx:
             row = tx.one(f"SELECT {_COLUMNS} FROM requests WHERE marque_id = ?", (marque_id,))
-            request = None if row is None else _request(row)
+            if row is None:
+                # Not a marque this Harbourmaster issued: nothing of it is its to keep.
+                return False, None
+            request = _request(row)
+            pilot = report.get("pilot")
+            if not isinstance(pilot, dict) or pilot.get("id") != request.pilot_id:
+                raise Forbidden(f"marque {marque_id[:64]} was issued to Pilot "
+                                f"{request.pilot_id}: no other Pilot may report it",
+                                detail={"marque_id": marque_id[:128]})
             added = tx.execute(
                 "INSERT INTO reports (marque_id, nonce, attempt, status, body, request, "
                 "received_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
                 "RETURNING marque_id", (marque_id, nonce, attempt, status, dumps(report),
-                                        None if request is None else request.id, at))
+                                        request.id, at))
             if not added:
                 self._effect_set_later_tx(tx, report)
                 return False, request
-            journal: Journal = [(f"execution.{status}", actor,
-                                 marque_id if request is None else request.id, {
+            journal: Journal = [(f"execution.{status}", actor, request.id, {
                                      "marque_id": marque_id, "nonce": nonce, "attempt": attempt,
                                      "status": status,
                                      "rows_affected": report.get("rows_affected"),
                                      "error": report.get("error"),
                                      "pilot": report.get("pilot"), "cause": report.get("cause"),
-                                     "request": None if request is None else request.id})]
-            if request is not None and self._report_moves_tx(tx, request, report):
+                                     "request": request.id,
+                                     # What the Pilot signed, so the entry alone proves it.
+                                     **({"effect_set": report["effect_set"]}
+                                        if "signature" in report
+                                        and report.get("effect_set") is not None else {}),
+                                     **({"signature": report["signature"]}
+                                        if "signature" in report else {})})]
+            if self._report_moves_tx(tx, request, report):
                 attempts = latest_attempts(
                     loads(r[0]) for r in tx.execute(
                         "SELECT body FROM reports WHERE marque_id = ? "
@@ -562,6 +575,16 @@ class RequestRecords(HarbourStore):
         return (row is not None and isinstance(pilot, dict)
                 and pilot.get("incarnation") == row[0]
                 and pilot.get("id") == request.pilot_id)
+
+    def marque_pilots(self, marque_ids: list[str]) -> dict[str, str]:
+        wanted = sorted(set(marque_ids))
+        found: dict[str, str] = {}
+        with self.reading() as tx:
+            for marque_id in wanted:
+                row = tx.one("SELECT pilot_id FROM requests WHERE marque_id = ?", (marque_id,))
+                if row is not None:
+                    found[marque_id] = row[0]
+        return found
 
     def reports(self, marque_id: str) -> list[Report]:
         with self.reading() as tx:

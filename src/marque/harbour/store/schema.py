@@ -286,14 +286,19 @@ _V7 = [
     "CREATE INDEX requests_prepare_due ON requests (state, prepare_due)",
 ]
 
+# Version 8: the public key each Pilot signs its execution reports with, kept with its
+# registration (``null`` for a Pilot that never registered one). A nullable column, so
+# every existing row stays as it was.
+_V8 = ["ALTER TABLE pilots ADD COLUMN report_key TEXT"]
+
 #: Every column of ``requests`` this code reads and writes, in table order.
 CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_COLUMNS_V3, "requester_jkt",
                                             "prepare_attempts", "prepare_due")
 
 MIGRATIONS: dict[str, list[Sequence[str | Step]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 7
+LATEST = 8

@@ -85,10 +85,12 @@ def _logbook_body(text: str) -> Any:
 
 def _pilot(row: tuple[Any, ...]) -> PilotRecord:
     return PilotRecord(pilot_id=row[0], url=row[1], incarnation=row[2], targets=loads(row[3]),
-                       registered_at=row[4], last_seen=row[5], dialects=loads(row[6]) or {})
+                       registered_at=row[4], last_seen=row[5], dialects=loads(row[6]) or {},
+                       report_key=loads(row[7]))
 
 
-_PILOT_COLUMNS = "pilot_id, url, incarnation, targets, registered_at, last_seen, dialects"
+_PILOT_COLUMNS = ("pilot_id, url, incarnation, targets, registered_at, last_seen, dialects, "
+                  "report_key")
 
 
 class SqlHarbourStore(SessionRecords, RequestRecords):
@@ -479,28 +481,49 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
 
     def register_pilot(self, pilot_id: str, url: str, incarnation: str, targets: list[str], *,
                        actor: str | None = None, now: float | None = None,
-                       dialects: dict[str, str] | None = None) -> str | None:
+                       dialects: dict[str, str] | None = None,
+                       report_key: dict[str, Any] | None = None) -> str | None:
         at = self._now(now)
         who = actor or pilot_id
         if dialects is not None and (not isinstance(dialects, dict)
                                      or set(dialects) != set(targets)):
             raise InvalidInput("a Pilot's dialects must name exactly its targets")
+        if report_key is not None and not isinstance(report_key, dict):
+            raise InvalidInput("a Pilot's report key must be a public JWK object")
         with self.transaction() as tx:
             # Lock the Pilot's row (if any) first: registrations of one Pilot take turns.
             tx.execute("UPDATE pilots SET last_seen = last_seen WHERE pilot_id = ?", (pilot_id,))
-            row = tx.one("SELECT incarnation FROM pilots WHERE pilot_id = ?", (pilot_id,))
-            previous = None if row is None else row[0]
+            row = tx.one(f"SELECT {_PILOT_COLUMNS} FROM pilots WHERE pilot_id = ?",
+                         (pilot_id,))
+            held = None if row is None else _pilot(row)
+            previous = None if held is None else held.incarnation
+            key = report_key if report_key is not None or held is None else held.report_key
+            if held is not None and (held.url, held.incarnation, list(held.targets),
+                                     held.dialects, held.report_key) == (
+                    url, incarnation, list(targets), dict(dialects or {}), key):
+                # Nothing new about the Pilot: liveness is the registry's, not the logbook's.
+                tx.execute("UPDATE pilots SET last_seen = ? WHERE pilot_id = ?",
+                           (at, pilot_id))
+                return previous
             tx.execute(
-                f"INSERT INTO pilots ({_PILOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                f"INSERT INTO pilots ({_PILOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (pilot_id) DO UPDATE SET "
                 "url = excluded.url, incarnation = excluded.incarnation, "
                 "targets = excluded.targets, last_seen = excluded.last_seen, "
-                "dialects = excluded.dialects",
-                (pilot_id, url, incarnation, dumps(list(targets)), at, at, dumps(dialects)))
+                "dialects = excluded.dialects, report_key = excluded.report_key",
+                (pilot_id, url, incarnation, dumps(list(targets)), at, at, dumps(dialects),
+                 dumps(key)))
             journal: Journal = [("pilot.registered", who, pilot_id, {
                 "pilot_id": pilot_id, "url": url, "incarnation": incarnation,
                 "targets": list(targets), "previous_incarnation": previous,
-                **({} if dialects is None else {"dialects": dict(dialects)})})]
+                **({} if dialects is None else {"dialects": dict(dialects)}),
+                **({} if key is None else {"report_key": key}),
+                **({} if held is None else {"changed": _changed(held, url, incarnation,
+                                                                 targets, dialects, key)})})]
+            if held is not None and held.report_key is not None and key != held.report_key:
+                journal.append(("finding.pilot_report_key_changed", who, pilot_id, {
+                    "pilot_id": pilot_id, "previous_report_key": held.report_key,
+                    "report_key": key}))
             if previous is not None and previous != incarnation:
                 self._incarnation_changed_tx(tx, pilot_id, previous, incarnation, journal,
                                              actor=who, now=at)
@@ -541,6 +564,16 @@ def _key_taken(tx: Tx, digest: str | None) -> Conflict:
         f"principal {holder!r} already holds this key (thumbprint {digest}): one key is one "
         "principal, so nobody can approve their own request under a second name",
         detail={"key_thumbprint": digest, "holder": holder, "reason": "key_taken"})
+
+
+def _changed(held: PilotRecord, url: str, incarnation: str, targets: list[str],
+             dialects: dict[str, str] | None, key: dict[str, Any] | None) -> list[str]:
+    """What a registration changes about a Pilot already registered, by field name."""
+    now = {"url": url, "incarnation": incarnation, "targets": list(targets),
+           "dialects": dict(dialects or {}), "report_key": key}
+    before = {"url": held.url, "incarnation": held.incarnation, "targets": list(held.targets),
+              "dialects": held.dialects, "report_key": held.report_key}
+    return [name for name in now if now[name] != before[name]]
 
 
 def _check_name(name: str) -> None:
