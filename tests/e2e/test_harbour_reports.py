@@ -31,6 +31,7 @@ from harbour_support import (
     request_body,
 )
 
+from marque.errors import LogbookBroken
 from marque.token import new_key
 from marque.token.reports import sign_report, verify_report
 
@@ -302,7 +303,7 @@ def test_logbook_verify_checks_every_outcome_against_its_pilots_key(
     rewrite_chain(harbour.home / "harbour.sqlite3", seq,
                   lambda body: body.update(rows_affected=7))
     broken = run_cli("logbook", "verify", "--home", harbour.home, "--json")
-    assert broken.returncode == 1, broken
+    assert broken.returncode == LogbookBroken.exit_status == 8, broken
     assert broken.json["intact"] is False
     assert broken.json["break"]["seq"] == seq
     assert broken.json["break"]["kind"] == "report_signature"
