@@ -22,7 +22,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── ReconciliationInvalid reconciliation_invalid  a receipt that does not extend its chain
     │   ├── Unauthenticated      unauthenticated       (HTTP 401)
     │   ├── Forbidden            forbidden             (HTTP 403)
-    │   │   └── ReportSignatureInvalid report_signature_invalid  a report its Pilot did not sign
+    │   │   ├── ReportSignatureInvalid report_signature_invalid  a report its Pilot did not sign
+    │   │   └── ReportKeyChanged report_key_changed    a registration naming another report key
     │   ├── NotFound             not_found             (HTTP 404)
     │   │   └── NonceReaped      nonce_reaped          settled, reported, then reaped
     │   ├── MethodNotAllowed     method_not_allowed    (HTTP 405)
@@ -232,6 +233,13 @@ class Forbidden(UsageError, code="forbidden"):
 class ReportSignatureInvalid(Forbidden, code="report_signature_invalid"):
     """An execution report without a valid signature by its Pilot's registered report key
     (unsigned, forged, altered, or signed by another key): nothing of it is written."""
+
+
+class ReportKeyChanged(Forbidden, code="report_key_changed"):
+    """A Pilot's registration names a report key other than the one the Harbourmaster
+    holds for it: refused (only an admin replaces a Pilot's report key, with
+    ``marque harbour pilot accept-key``), so a stolen Pilot token cannot register a key
+    of its own and sign outcomes in the Pilot's name."""
 
 
 class NotFound(UsageError, code="not_found"):

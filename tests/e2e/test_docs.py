@@ -404,7 +404,7 @@ def cli_sections() -> dict[str, str]:
     """The text of each ``### `marque …` `` section of docs/cli.md, by command path."""
     text = (DOCS / "cli.md").read_text(encoding="utf-8")
     sections: dict[str, str] = {}
-    for match in re.finditer(r"^### `marque ([a-z ]+)`\n(.*?)(?=^#{1,3} |\Z)", text,
+    for match in re.finditer(r"^### `marque ([a-z -]+)`\n(.*?)(?=^#{1,3} |\Z)", text,
                              re.M | re.S):
         sections[match.group(1)] = match.group(2)
     return sections

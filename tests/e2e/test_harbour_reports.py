@@ -224,7 +224,8 @@ def test_registration_is_logged_when_the_pilot_changed_not_every_minute(
         harbour: Harbour, server: HarbourServer, bank: PilotBank) -> None:
     """After `pilot join`, `pilot serve`'s start and any number of repeats of the same
     registration add no logbook entry (last_seen moves); a new URL is one entry naming
-    what changed; a new report key is one more entry and a finding."""
+    what changed; another report key is refused (403 report_key_changed), its attempt a
+    finding, and the key held stays."""
     serve(bank)
     body = {"pilot_id": "p1", "url": bank.url, "incarnation": bank.incarnation,
             "targets": {"bank": {"dialect": "sqlite"}},
@@ -244,14 +245,16 @@ def test_registration_is_logged_when_the_pilot_changed_not_every_minute(
     assert server.call("POST", "/v1/pilots", harbour.tokens["p1"], json=moved).status_code == 200
     other = new_key()
     rekeyed = {**moved, "report_key": {k: other[k] for k in ("kty", "crv", "x")}}
-    assert server.call("POST", "/v1/pilots", harbour.tokens["p1"],
-                       json=rekeyed).status_code == 200
+    refused = server.call("POST", "/v1/pilots", harbour.tokens["p1"], json=rekeyed)
+    assert (refused.status_code, refused.json()["code"]) == (403, "report_key_changed")
     registrations = entries(server, harbour, "pilot.registered")
-    assert [e["body"].get("changed") for e in registrations] == [None, ["url"],
-                                                                 ["report_key"]]
-    [finding] = entries(server, harbour, "finding.pilot_report_key_changed")
-    assert finding["body"]["previous_report_key"]["x"] == report_key(bank)["x"]
-    assert finding["body"]["report_key"]["x"] == other["x"]
+    assert [e["body"].get("changed") for e in registrations] == [None, ["url"]]
+    [finding] = entries(server, harbour, "finding.pilot_report_key_refused")
+    assert finding["body"]["report_key"]["x"] == report_key(bank)["x"]
+    assert finding["body"]["offered_report_key"]["x"] == other["x"]
+    [pilot] = [p for p in server.call("GET", "/v1/pilots", harbour.tokens["admin"]
+                                      ).json()["pilots"] if p["pilot_id"] == "p1"]
+    assert pilot["report_key"]["x"] == report_key(bank)["x"]
 
 
 def rewrite_chain(store: Path, seq: int, edit: Any) -> None:
@@ -311,24 +314,38 @@ def test_logbook_verify_checks_every_outcome_against_its_pilots_key(
     assert f"seq {seq}" in human.stderr + human.stdout
 
 
-def test_a_home_without_its_report_key_makes_a_new_one_the_change_a_finding(
-        harbour: Harbour, server: HarbourServer, bank: PilotBank) -> None:
-    """The joined home's report-key.jwk is lost; `pilot serve` makes a new one (0600) and
-    registers it: a finding with the old and the new key, and the Pilot's reports, signed
-    with the new key, are taken."""
+def test_a_home_that_lost_its_report_key_is_refused_until_an_admin_accepts_the_new_one(
+        harbour: Harbour, server: HarbourServer, bank: PilotBank, tmp_path: Path) -> None:
+    """The joined home's report-key.jwk is lost; `pilot serve` makes a new one (0600), and its
+    registration is refused (a finding naming both keys): its reports, signed with the new
+    key, are refused and wait in its outbox. Once an admin accepts the new key
+    (`harbour pilot accept-key`), they are taken."""
     old = report_key(bank)
     (bank.home / "report-key.jwk").unlink()
     serve(bank)
     new = report_key(bank)
     assert new["x"] != old["x"]
     assert (bank.home / "report-key.jwk").stat().st_mode & 0o777 == 0o600
-    [finding] = entries(server, harbour, "finding.pilot_report_key_changed")
-    assert (finding["body"]["previous_report_key"]["x"], finding["body"]["report_key"]["x"]) \
+    [finding] = entries(server, harbour, "finding.pilot_report_key_refused")
+    assert (finding["body"]["report_key"]["x"], finding["body"]["offered_report_key"]["x"]) \
         == (old["x"], new["x"])
     marque = issued(server, harbour)
     assert execute_marque(bank.url, bank.holder_key, marque["marque"], "n-1")["status"] == \
         "applied"
-    deadline = time.monotonic() + 30
+    time.sleep(3)  # several delivery rounds: each refused, the report kept by the Pilot
+    assert request_of(server, harbour, marque["id"])["state"] == "prepared"
+    assert not entries(server, harbour, "execution.")
+
+    public = tmp_path / "new-report-key.pub.jwk"
+    public.write_text(json.dumps({k: new[k] for k in ("kty", "crv", "x")}))
+    accepted = run_cli("harbour", "pilot", "accept-key", "--home", harbour.home, "p1",
+                       "--key", public, "--reason", "home rebuilt; key read out by the operator",
+                       "--json")
+    assert accepted.returncode == 0, accepted
+    assert json.loads(accepted.stdout)["report_key"]["x"] == new["x"]
+    deadline = time.monotonic() + 60
     while request_of(server, harbour, marque["id"])["state"] != "verified":
-        assert time.monotonic() < deadline, "the report signed with the new key was not taken"
+        assert time.monotonic() < deadline, "the report signed with the accepted key was not taken"
         time.sleep(0.2)
+    verified = run_cli("logbook", "verify", "--home", harbour.home, "--json")
+    assert verified.returncode == 0, verified

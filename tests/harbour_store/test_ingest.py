@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from marque.errors import Forbidden, InvalidInput
+from marque.errors import Forbidden, InvalidInput, NotFound, ReportKeyChanged
 from marque.harbour.store.base import HarbourStore
 
 from .conftest import T0, assert_chain_verifies, make_draft
@@ -131,7 +131,8 @@ def test_a_reports_signature_is_kept_in_its_logbook_entry(store: HarbourStore) -
 def test_a_registration_is_logged_only_when_something_about_the_pilot_changed(
         store: HarbourStore) -> None:
     """The same registration again only moves last_seen; another URL, targets or report key
-    is one pilot.registered naming what changed, and a replaced key is also a finding."""
+    is one pilot.registered naming what changed; another report key is refused (a finding),
+    until an admin accepts it."""
     key = {"kty": "OKP", "crv": "Ed25519", "x": "a" * 43, "kid": "k1"}
     args = ("pilot-r", "http://127.0.0.1:1", "inc-1", ["bank"])
     store.register_pilot(*args, dialects={"bank": "sqlite"}, report_key=key, now=T0)
@@ -144,17 +145,30 @@ def test_a_registration_is_logged_only_when_something_about_the_pilot_changed(
     store.register_pilot("pilot-r", "http://127.0.0.1:2", "inc-1", ["bank"],
                          dialects={"bank": "sqlite"}, report_key=key, now=T0 + 500)
     other = {**key, "x": "b" * 43, "kid": "k2"}
-    store.register_pilot("pilot-r", "http://127.0.0.1:2", "inc-1", ["bank"],
-                         dialects={"bank": "sqlite"}, report_key=other, now=T0 + 600)
+    with pytest.raises(ReportKeyChanged):  # a Pilot never replaces its own key
+        store.register_pilot("pilot-r", "http://127.0.0.1:3", "inc-2", ["bank"],
+                             dialects={"bank": "sqlite"}, report_key=other, now=T0 + 600)
+    held = store.get_pilot("pilot-r")
+    assert (held.report_key, held.url, held.incarnation) == (key, "http://127.0.0.1:2", "inc-1")
     entries = [e for e in assert_chain_verifies(store) if e.subject == "pilot-r"]
     assert [e.kind for e in entries] == ["pilot.registered", "pilot.registered",
-                                         "pilot.registered", "finding.pilot_report_key_changed"]
+                                         "finding.pilot_report_key_refused"]
     assert entries[0].body["report_key"] == key and "changed" not in entries[0].body
     assert entries[1].body["changed"] == ["url"]
-    assert entries[2].body["changed"] == ["report_key"]
-    assert entries[3].body["previous_report_key"] == key
-    assert entries[3].body["report_key"] == other
+    assert entries[2].body["report_key"] == key
+    assert entries[2].body["offered_report_key"] == other
+
+    # An admin's decision replaces it; the Pilot's next registration with it is taken.
+    store.accept_report_key("pilot-r", other, actor="root", reason="home rebuilt", now=T0 + 700)
+    store.register_pilot("pilot-r", "http://127.0.0.1:2", "inc-1", ["bank"],
+                         dialects={"bank": "sqlite"}, report_key=other, now=T0 + 800)
     assert store.get_pilot("pilot-r").report_key == other
+    [accepted] = [e for e in assert_chain_verifies(store)
+                  if e.kind == "pilot.report_key_accepted"]
+    assert (accepted.actor, accepted.body["previous_report_key"], accepted.body["report_key"],
+            accepted.body["reason"]) == ("root", key, other, "home rebuilt")
+    with pytest.raises(NotFound):
+        store.accept_report_key("nobody", other, actor="root", reason="r")
 
 
 def test_after_an_incarnation_change_only_the_current_ledger_moves_it(

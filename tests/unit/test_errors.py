@@ -39,7 +39,7 @@ OWN_CODES = {
     # a Resolution repeated with another reason or decision (docs/errors.md)
     "already_approved": 2, "already_rejected": 2,
     # a Pilot's execution reports (docs/harbour-service.md)
-    "report_signature_invalid": 2,
+    "report_signature_invalid": 2, "report_key_changed": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,

@@ -161,6 +161,35 @@ def principal_list(home: Path, as_json: bool) -> None:
         out.say(f"{literal(item['name'])}  {', '.join(item['roles'])}{key}{state}")
 
 
+@harbour.group("pilot", no_args_is_help=True)
+def pilot() -> None:
+    """The registered Pilots' report keys."""
+
+
+@pilot.command("accept-key")
+@harbour_home_option
+@click.argument("pilot_id")
+@click.option("--key", type=click.Path(path_type=Path), required=True,
+              help="The Pilot's new public report key (the `report_key` that "
+                   "`marque pilot join --json` prints on the Pilot's machine).")
+@click.option("--reason", required=True,
+              help="Who confirmed the new key with the Pilot's operator, and how.")
+@json_option
+@guarded
+def pilot_accept_key(home: Path, pilot_id: str, key: Path, reason: str,
+                     as_json: bool) -> None:
+    """Replace PILOT_ID's report key: only reports signed with the new key are taken after.
+    A Pilot cannot change its own key (a stolen Pilot token could register one)."""
+    from marque.harbour.setup import accept_report_key
+
+    result = accept_report_key(home, pilot_id, read_json_file(key, "public key"), reason)
+    if as_json:
+        emit_json(result)
+        return
+    out.say(f"Pilot {literal(result['pilot_id'])}: report key "
+            f"{literal(result['report_key']['kid'])} accepted")
+
+
 @harbour.group("routing", no_args_is_help=True)
 def routing() -> None:
     """Account routing configs: who may do what to which target, and who must approve."""

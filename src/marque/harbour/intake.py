@@ -173,10 +173,12 @@ def read_registration(body: Any) -> Registration:
             raise InvalidInput(f"targets.{name}.dialect must be one of {', '.join(DIALECTS)}")
         dialects[str(name)] = str(spec["dialect"])
     return Registration(pilot_id, url, incarnation, dialects,
-                        _report_key(data.get("report_key")))
+                        report_key_of(data.get("report_key")))
 
 
-def _report_key(jwk: Any) -> dict[str, Any] | None:
+def report_key_of(jwk: Any) -> dict[str, Any] | None:
+    """A Pilot's public report key as kept (``kid`` its thumbprint); None for None;
+    ``InvalidInput`` for anything but a public Ed25519 JWK."""
     from marque.token.keys import ed25519_public, import_public, thumbprint
 
     if jwk is None:

@@ -132,7 +132,8 @@ class SignatureAudit:
         kind = str(entry.get("kind", ""))
         if not isinstance(body, dict):
             return
-        if kind == "pilot.registered" and isinstance(body.get("report_key"), dict):
+        if kind in ("pilot.registered", "pilot.report_key_accepted") \
+                and isinstance(body.get("report_key"), dict):
             self.keys.setdefault(str(body.get("pilot_id")), []).append(body["report_key"])
             return
         if not kind.startswith("execution.") or self.problem is not None:

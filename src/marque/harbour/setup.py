@@ -169,6 +169,27 @@ def set_roles(home: str | os.PathLike[str], name: str, roles: list[str]) -> dict
         store.close()
 
 
+def accept_report_key(home: str | os.PathLike[str], pilot_id: str, jwk: Any,
+                      reason: str) -> dict[str, Any]:
+    """Replace a registered Pilot's report key with ``jwk`` (its public JWK), an admin's
+    decision with a reason (a ``pilot.report_key_accepted`` entry); from then on only
+    reports signed with that key are taken."""
+    from marque.harbour.intake import report_key_of
+
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("accepting a Pilot's report key needs a reason: say who "
+                           "confirmed the new key, and how")
+    key = report_key_of(jwk)
+    if key is None:
+        raise InvalidInput("the report key must be a public JWK object")
+    store = open_home_store(HarbourHome(home))
+    try:
+        pilot = store.accept_report_key(pilot_id, key, actor=operator(), reason=reason)
+    finally:
+        store.close()
+    return {"pilot_id": pilot.pilot_id, "report_key": pilot.report_key}
+
+
 def list_principals(home: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every principal (never a token: only their hashes are kept)."""
     store = open_home_store(HarbourHome(home))

@@ -66,16 +66,18 @@ FINDINGS: dict[str, dict[str, str]] = {
         "todo": "Treat the stamp as the truth for the target's data; investigate how the "
                 "ledger came to disagree before trusting it again.",
     },
-    "finding.pilot_report_key_changed": {
-        "title": "A Pilot registered another report key",
-        "meaning": "The Pilot's registration named a new key for signing its execution "
-                   "reports; from now on only reports signed with the new key are taken. "
+    "finding.pilot_report_key_refused": {
+        "title": "A Pilot's registration named another report key, and was refused",
+        "meaning": "Someone registered this Pilot with a key other than the one its "
+                   "execution reports are checked against. Nothing of that registration "
+                   "was taken, and reports signed with the other key are refused. "
                    "Expected when the Pilot's home lost its report-key.jwk and made a new "
-                   "one; otherwise someone holding the Pilot's token registered a key of "
-                   "their own, to report outcomes in its name.",
-        "todo": "Ask the Pilot's operator whether its key was replaced. If not, revoke the "
-                "Pilot's token (`marque harbour principal revoke`), give it a new one, "
-                "and check the outcomes reported since this entry.",
+                   "one; otherwise someone holding the Pilot's token tried to register a "
+                   "key of their own, to report outcomes in its name.",
+        "todo": "Ask the Pilot's operator whether its key was replaced. If it was, accept "
+                "the new key (`marque harbour pilot accept-key PILOT_ID --key PUB.jwk "
+                "--reason …`; the offered key is in this entry). If not, revoke the "
+                "Pilot's token (`marque harbour principal rotate`) and find who used it.",
     },
 }
 _GENERIC = {"title": "A finding", "meaning": "Something the Harbourmaster or a Pilot noticed "

@@ -292,12 +292,21 @@ class HarbourStore(abc.ABC):
 
         Every registration updates ``last_seen``; only one that changes what is
         known of the Pilot (a first one, or another URL, incarnation, targets,
-        dialects or report key) appends ``pilot.registered``. A changed report
-        key also appends ``finding.pilot_report_key_changed``. A changed
+        dialects) appends ``pilot.registered``. A registration naming a report
+        key other than the one held is refused (``ReportKeyChanged``), leaving
+        only a ``finding.pilot_report_key_refused`` entry. A changed
         incarnation writes ``finding.ledger_incarnation_changed`` and moves the
         Pilot's ``prepared``, ``executing`` and ``reconciliation`` requests to
         ``reconciliation``. All in the same transaction.
         """
+
+    @abc.abstractmethod
+    def accept_report_key(self, pilot_id: str, report_key: dict[str, Any], *, actor: str,
+                          reason: str, now: float | None = None) -> PilotRecord:
+        """An admin replaces a registered Pilot's report key (``NotFound`` for an unknown
+        Pilot), appending ``pilot.report_key_accepted`` with the previous key and the
+        reason. A registration naming another key than the one held is refused
+        (``ReportKeyChanged``) and only recorded, as ``finding.pilot_report_key_refused``."""
 
     @abc.abstractmethod
     def get_pilot(self, pilot_id: str) -> PilotRecord:

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Self
 
 from marque.errors import (
@@ -32,6 +33,7 @@ from marque.errors import (
     HarbourUnavailable,
     InvalidInput,
     NotFound,
+    ReportKeyChanged,
     Unauthenticated,
 )
 from marque.harbour.chain import GENESIS, entry_hash
@@ -498,37 +500,76 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
             held = None if row is None else _pilot(row)
             previous = None if held is None else held.incarnation
             key = report_key if report_key is not None or held is None else held.report_key
-            if held is not None and (held.url, held.incarnation, list(held.targets),
-                                     held.dialects, held.report_key) == (
-                    url, incarnation, list(targets), dict(dialects or {}), key):
-                # Nothing new about the Pilot: liveness is the registry's, not the logbook's.
-                tx.execute("UPDATE pilots SET last_seen = ? WHERE pilot_id = ?",
-                           (at, pilot_id))
-                return previous
-            tx.execute(
-                f"INSERT INTO pilots ({_PILOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (pilot_id) DO UPDATE SET "
-                "url = excluded.url, incarnation = excluded.incarnation, "
-                "targets = excluded.targets, last_seen = excluded.last_seen, "
-                "dialects = excluded.dialects, report_key = excluded.report_key",
-                (pilot_id, url, incarnation, dumps(list(targets)), at, at, dumps(dialects),
-                 dumps(key)))
-            journal: Journal = [("pilot.registered", who, pilot_id, {
-                "pilot_id": pilot_id, "url": url, "incarnation": incarnation,
-                "targets": list(targets), "previous_incarnation": previous,
-                **({} if dialects is None else {"dialects": dict(dialects)}),
-                **({} if key is None else {"report_key": key}),
-                **({} if held is None else {"changed": _changed(held, url, incarnation,
-                                                                 targets, dialects, key)})})]
             if held is not None and held.report_key is not None and key != held.report_key:
-                journal.append(("finding.pilot_report_key_changed", who, pilot_id, {
-                    "pilot_id": pilot_id, "previous_report_key": held.report_key,
-                    "report_key": key}))
-            if previous is not None and previous != incarnation:
-                self._incarnation_changed_tx(tx, pilot_id, previous, incarnation, journal,
-                                             actor=who, now=at)
-            self._flush_tx(tx, journal, at)
+                # Whoever holds the Pilot's token could otherwise register a key of their
+                # own and sign outcomes in its name: only an admin replaces a report key.
+                # The attempt is kept (a finding); nothing of the registration is.
+                self._flush_tx(tx, [("finding.pilot_report_key_refused", who, pilot_id, {
+                    "pilot_id": pilot_id, "report_key": held.report_key,
+                    "offered_report_key": key, "url": url, "incarnation": incarnation})], at)
+                refused = ReportKeyChanged(
+                    f"Pilot {pilot_id} registered a report key other than the one this "
+                    "Harbourmaster holds for it, so the registration is refused; if its "
+                    "home made a new key, an admin accepts it with `marque harbour pilot "
+                    f"accept-key {pilot_id} --key PUBLIC_JWK --reason TEXT`",
+                    detail={"pilot_id": pilot_id,
+                            "report_key_kid": held.report_key.get("kid"),
+                            "offered_kid": None if key is None else key.get("kid")})
+            else:
+                refused = None
+                self._register_tx(tx, held, pilot_id, url, incarnation, targets, dialects,
+                                  key, who, at)
+        if refused is not None:
+            raise refused
         return previous
+
+    def _register_tx(self, tx: Tx, held: PilotRecord | None, pilot_id: str, url: str,
+                     incarnation: str, targets: list[str], dialects: dict[str, str] | None,
+                     key: dict[str, Any] | None, who: str, at: float) -> None:
+        previous = None if held is None else held.incarnation
+        if held is not None and (held.url, held.incarnation, list(held.targets),
+                                 held.dialects, held.report_key) == (
+                url, incarnation, list(targets), dict(dialects or {}), key):
+            # Nothing new about the Pilot: liveness is the registry's, not the logbook's.
+            tx.execute("UPDATE pilots SET last_seen = ? WHERE pilot_id = ?", (at, pilot_id))
+            return
+        tx.execute(
+            f"INSERT INTO pilots ({_PILOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (pilot_id) DO UPDATE SET "
+            "url = excluded.url, incarnation = excluded.incarnation, "
+            "targets = excluded.targets, last_seen = excluded.last_seen, "
+            "dialects = excluded.dialects, report_key = excluded.report_key",
+            (pilot_id, url, incarnation, dumps(list(targets)), at, at, dumps(dialects),
+             dumps(key)))
+        journal: Journal = [("pilot.registered", who, pilot_id, {
+            "pilot_id": pilot_id, "url": url, "incarnation": incarnation,
+            "targets": list(targets), "previous_incarnation": previous,
+            **({} if dialects is None else {"dialects": dict(dialects)}),
+            **({} if key is None else {"report_key": key}),
+            **({} if held is None else {"changed": _changed(held, url, incarnation,
+                                                             targets, dialects, key)})})]
+        if previous is not None and previous != incarnation:
+            self._incarnation_changed_tx(tx, pilot_id, previous, incarnation, journal,
+                                         actor=who, now=at)
+        self._flush_tx(tx, journal, at)
+
+    def accept_report_key(self, pilot_id: str, report_key: dict[str, Any], *, actor: str,
+                          reason: str, now: float | None = None) -> PilotRecord:
+        at = self._now(now)
+        with self.transaction() as tx:
+            # Lock the row as a registration does, so the two take turns.
+            tx.execute("UPDATE pilots SET last_seen = last_seen WHERE pilot_id = ?", (pilot_id,))
+            row = tx.one(f"SELECT {_PILOT_COLUMNS} FROM pilots WHERE pilot_id = ?",
+                         (pilot_id,))
+            if row is None:
+                raise NotFound(f"no Pilot {str(pilot_id)[:128]!r} is registered")
+            held = _pilot(row)
+            tx.execute("UPDATE pilots SET report_key = ? WHERE pilot_id = ?",
+                       (dumps(report_key), pilot_id))
+            self._flush_tx(tx, [("pilot.report_key_accepted", actor, pilot_id, {
+                "pilot_id": pilot_id, "previous_report_key": held.report_key,
+                "report_key": report_key, "reason": reason})], at)
+        return replace(held, report_key=report_key)
 
     def get_pilot(self, pilot_id: str) -> PilotRecord:
         with self.reading() as tx:
