@@ -7,13 +7,47 @@ read from its stored reports (the latest word per nonce and attempt).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Iterable
 from typing import Any
 
+from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request
 
 _ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code")
+#: A page of ``GET /v1/requests``: its default size, and the most one page holds.
+REQUESTS_PAGE = 100
+REQUESTS_PAGE_MAX = 500
+
+
+def page_cursor(request: Request) -> str:
+    """The opaque cursor of a listing page that ends with ``request``: where the next page
+    starts (base64url of ``[created_at, id]``; a caller only hands it back)."""
+    text = json.dumps([request.created_at, request.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode("ascii")).decode("ascii").rstrip("=")
+
+
+def read_cursor(cursor: str) -> tuple[float, str]:
+    """A cursor from :func:`page_cursor` back as ``(created_at, id)``; ``input_invalid``
+    for anything else."""
+    bad = InvalidInput("`cursor` is not a cursor this Harbourmaster gave: pass the `next` "
+                       "of the page before, unchanged", detail={"parameter": "cursor"})
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= 256:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        found = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise bad from None
+    if (not isinstance(found, list) or len(found) != 2
+            or not isinstance(found[0], int | float) or isinstance(found[0], bool)
+            or not isinstance(found[1], str) or not found[1].startswith("rq_")
+            or found[0] != found[0] or abs(found[0]) == float("inf")):
+        raise bad
+    return float(found[0]), found[1]
 
 
 def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:

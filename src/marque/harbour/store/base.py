@@ -294,8 +294,12 @@ class HarbourStore(abc.ABC):
 
     @abc.abstractmethod
     def list_requests(self, state: RequestState | str | None = None,
-                      principal: str | None = None) -> list[Request]:
-        """Requests, newest first, optionally of one state and one principal."""
+                      principal: str | None = None, *, limit: int | None = None,
+                      before: tuple[float, str] | None = None) -> list[Request]:
+        """Requests, newest first (by ``created_at``, then ``id``), optionally of one state
+        and one principal; at most ``limit`` of them, and only those that come after
+        ``before`` — the ``(created_at, id)`` of the last request of the page before —
+        in that order (a page of a keyset walk: requests added meanwhile never shift it)."""
 
     @abc.abstractmethod
     def transition(self, id: str, expected_version: int, to: RequestState | str, *,

@@ -190,18 +190,27 @@ class RequestRecords(HarbourStore):
         return [_request(row) for row in rows]
 
     def list_requests(self, state: RequestState | str | None = None,
-                      principal: str | None = None) -> list[Request]:
-        where, params = [], []
+                      principal: str | None = None, *, limit: int | None = None,
+                      before: tuple[float, str] | None = None) -> list[Request]:
+        where: list[str] = []
+        params: list[Any] = []
         if state is not None:
             where.append("state = ?")
             params.append(_state(state).value)
         if principal is not None:
             where.append("principal = ?")
             params.append(principal)
+        if before is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend((float(before[0]), float(before[0]), str(before[1])))
         clause = (" WHERE " + " AND ".join(where)) if where else ""
+        bound = ""
+        if limit is not None:
+            bound = " LIMIT ?"
+            params.append(int(limit))
         with self.reading() as tx:
             rows = tx.execute(f"SELECT {_COLUMNS} FROM requests{clause} "
-                              "ORDER BY created_at DESC, id DESC", params)
+                              f"ORDER BY created_at DESC, id DESC{bound}", params)
         return [_request(row) for row in rows]
 
     # -- moving ------------------------------------------------------------------------
