@@ -92,7 +92,7 @@ def _overflows(console: Console, selector: str) -> list[dict[str, Any]]:
 def test_at_phone_width_a_long_unbroken_error_wraps_inside_its_card(
         world: World, consoles: Consoles) -> None:
     phone = consoles("carol", viewport=PHONE)
-    answer = phone.page.goto("/requests/" + "no-such-request-" * 8)
+    answer = phone.page.goto("/requests/rq_" + "0" * 120)  # one word, no break in it
     assert answer is not None and answer.status == 404
     error = phone.page.get_by_test_id("error")
     assert "not_found" in error.inner_text()
