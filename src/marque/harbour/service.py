@@ -65,7 +65,13 @@ from marque.harbour.request_change import RequestChange, marque_change, stored_c
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
-from marque.harbour.views import page_cursor, pilot_object, read_cursor, request_object
+from marque.harbour.views import (
+    page_cursor,
+    pilot_object,
+    read_cursor,
+    request_object,
+    request_objects,
+)
 from marque.token import unverified_claims
 
 S = RequestState
@@ -184,7 +190,7 @@ class Harbourmaster:
         """Requests newest first (a requester sees only their own), optionally of one state."""
         _require(principal, Role.REQUESTER, *_READERS)
         only = None if any(principal.has(role) for role in _READERS) else principal.name
-        return [self._object(r) for r in self.store.list_requests(state, principal=only)]
+        return request_objects(self.store, self.store.list_requests(state, principal=only))
 
     def requests_page(self, principal: Principal, state: str | None = None, *,
                       limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
@@ -200,7 +206,7 @@ class Harbourmaster:
                                          before=before)
         shown = found[:limit]
         more = len(found) > limit
-        return {"requests": [self._object(r) for r in shown],
+        return {"requests": request_objects(self.store, shown),
                 "next": page_cursor(shown[-1]) if more else None}
 
     def get_request(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:

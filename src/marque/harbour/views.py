@@ -10,12 +10,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
-from marque.harbour.store.base import HarbourStore, PilotRecord, Request
+from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestParts
 
 _ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code")
 #: A page of ``GET /v1/requests``: its default size, and the most one page holds.
@@ -50,23 +50,36 @@ def read_cursor(cursor: str) -> tuple[float, str]:
     return float(found[0]), found[1]
 
 
-def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
-    """The request object of the service contract for ``request``."""
+def request_objects(store: HarbourStore, requests: Sequence[Request]) -> list[dict[str, Any]]:
+    """The request objects of ``requests``, in order, their parts read together (a
+    bounded number of queries for the whole list)."""
+    parts = store.request_parts(requests)
+    return [request_object(store, request, parts) for request in requests]
+
+
+def request_object(store: HarbourStore, request: Request,
+                   parts: RequestParts | None = None) -> dict[str, Any]:
+    """The request object of the service contract for ``request`` (its Checkpoint,
+    Resolutions and reports from ``parts`` when given, else read from ``store``)."""
+    if parts is None:
+        parts = store.request_parts([request])
     checkpoint = None
     resolutions: list[dict[str, Any]] = []
     if request.checkpoint_cid is not None:
-        sealed = store.get_checkpoint(request.checkpoint_cid)
+        sealed = parts.checkpoints.get(request.checkpoint_cid)
+        if sealed is None:  # a request names only a stored Checkpoint: this says so
+            sealed = store.get_checkpoint(request.checkpoint_cid)
         checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
                       "expires_at": sealed.expires_at}
         resolutions = [
             {"resolution_cid": r.resolution_cid, "approver": r.approver,
              "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
-            for r in store.resolutions(request.checkpoint_cid)
+            for r in parts.resolutions.get(request.checkpoint_cid, [])
         ]
     executions: list[dict[str, Any]] = []
     receipt = None
     if request.marque_id is not None:
-        reports = store.reports(request.marque_id)
+        reports = parts.reports.get(request.marque_id, [])
         executions = latest_attempts(r.body for r in reports)
         receipt = effect_receipt(r.body for r in reports)
     routing = None

@@ -17,6 +17,7 @@ and the state can never disagree.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +149,16 @@ class Report:
     body: dict[str, Any]
     request: str | None
     received_at: float
+
+
+@dataclass(frozen=True)
+class RequestParts:
+    """Several requests' Checkpoints (by CID), Resolutions (by Checkpoint CID) and reports
+    (by marque id); what is not there has none."""
+
+    checkpoints: dict[str, Checkpoint]
+    resolutions: dict[str, list[Resolution]]
+    reports: dict[str, list[Report]]
 
 
 @dataclass(frozen=True)
@@ -379,6 +390,14 @@ class HarbourStore(abc.ABC):
     @abc.abstractmethod
     def reports(self, marque_id: str) -> list[Report]:
         """The reports received for a marque, in arrival order."""
+
+    @abc.abstractmethod
+    def request_parts(self, requests: Sequence[Request]) -> RequestParts:
+        """What the request objects of ``requests`` show besides their rows — their
+        Checkpoints, Resolutions and reports — read together, in a fixed number of
+        queries whatever the number of requests (a listing page is one read, not three
+        per request). The same lists, in the same order, as :meth:`get_checkpoint`,
+        :meth:`resolutions` and :meth:`reports` give."""
 
     # -- logbook -----------------------------------------------------------------
 
