@@ -27,6 +27,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── NotFound             not_found             (HTTP 404)
     │   │   └── NonceReaped      nonce_reaped          settled, reported, then reaped
     │   ├── MethodNotAllowed     method_not_allowed    (HTTP 405)
+    │   ├── PayloadTooLarge      payload_too_large     (HTTP 413) a body over its endpoint's limit
     │   └── Conflict             conflict              (HTTP 409; 422 for a reused request id)
     │       ├── AlreadyApproved  already_approved      this approver's approval is stored
     │       └── AlreadyRejected  already_rejected      this approver's rejection is stored
@@ -252,6 +253,13 @@ class MethodNotAllowed(UsageError, code="method_not_allowed"):
     """An endpoint that exists, asked with a method it does not answer (HTTP only)."""
 
     http_status = 405
+
+
+class PayloadTooLarge(UsageError, code="payload_too_large"):
+    """A request body longer than its endpoint's documented limit: refused before any of it
+    was parsed or stored; ``detail["limit"]`` is the limit in bytes."""
+
+    http_status = 413
 
 
 class NonceReaped(NotFound, code="nonce_reaped"):

@@ -9,6 +9,7 @@ services cannot drift apart.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,12 +20,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from marque.errors import PROBLEM_MEMBERS, MarqueError, MethodNotAllowed, NotFound
+from marque.errors import (
+    PROBLEM_MEMBERS,
+    InvalidInput,
+    MarqueError,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+)
 
-__all__ = ["PROBLEM", "RequestIdMiddleware", "api_http_errors", "problem", "request_id_of"]
+__all__ = ["PROBLEM", "BodyLimit", "RequestIdMiddleware", "api_http_errors", "json_body",
+           "no_surrogates", "problem", "request_id_of"]
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: A lone UTF-16 surrogate: JSON's ``\\uD800`` escapes can make one, and no UTF-8 text
+#: (a store's column, an answer's body) can hold it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def problem(exc: MarqueError, request_id: str | None = None, *,
@@ -118,3 +130,98 @@ def api_http_errors(*prefixes: str) -> Callable[[Request, Exception], Awaitable[
         return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
     return handle
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the request body is larger than this endpoint's limit of "
+                           f"{limit} bytes", detail={"limit": limit})
+
+
+class BodyLimit:
+    """Refuse a request body longer than its path's limit with ``payload_too_large`` (413),
+    before the app has parsed or stored any of it.
+
+    ``limit_of(path)`` gives the limit in bytes. A ``Content-Length`` over it is answered at
+    once, without reading the body; a body sent without one (chunked) is counted as the
+    app reads it, and the read that crosses the limit raises :class:`PayloadTooLarge` into
+    the app — whose error handling answers it — so no body is ever held whole past its
+    limit. If the app lets the error through, it is answered here (while nothing of the
+    response has been sent).
+    """
+
+    def __init__(self, app: ASGIApp, limit_of: Callable[[str], int]) -> None:
+        self.app = app
+        self._limit_of = limit_of
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self._limit_of(scope["path"])
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > limit:
+                    await _answer(_too_large(limit), scope, receive, send)
+                    return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _too_large(limit)
+            return message
+
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except PayloadTooLarge as exc:
+            if started:
+                raise
+            await _answer(exc, scope, receive, send)
+
+
+async def _answer(exc: MarqueError, scope: Scope, receive: Receive, send: Send) -> None:
+    # The caller is told to stop sending: the connection is not kept for a body unread.
+    response = problem(exc, request_id_of(scope))
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)
+
+
+def no_surrogates(value: Any) -> bool:
+    """Whether ``value`` (parsed JSON) holds no lone surrogate in any string or key."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is None
+    if isinstance(value, dict):
+        return all(no_surrogates(k) and no_surrogates(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(no_surrogates(item) for item in value)
+    return True
+
+
+def json_body(raw: bytes, shape: str) -> Any:
+    """A request body parsed as JSON (any value); ``input_invalid`` naming ``shape`` if it
+    is not UTF-8 JSON, or if a string in it holds a lone surrogate (``"\\ud800"``), which
+    no UTF-8 text can carry."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise InvalidInput(f"the body must be a JSON object {shape}") from None
+    # Only an escape can make a surrogate (UTF-8 cannot encode one): skip the walk without.
+    if b"\\u" in raw and not no_surrogates(body):
+        raise InvalidInput("the body holds a lone UTF-16 surrogate (an unpaired "
+                           "\\ud800-\\udfff escape): strings must be valid Unicode")
+    return body

@@ -142,3 +142,24 @@ def test_one_key_counts_once_per_checkpoint_under_any_name(store: HarbourStore) 
     resolve(store, checkpoint_cid, "carol")
     resolve(store, checkpoint_cid, "dave")
     assert len(store.resolutions(checkpoint_cid)) == 3
+
+
+def test_request_parts_reads_several_requests_parts_as_each_alone(store: HarbourStore) -> None:
+    """request_parts gives, for a whole page, what get_checkpoint, resolutions and reports
+    give one request at a time, in the same order; a request without them has none."""
+    first, first_cid = sealed(store)
+    resolve(store, first_cid, "carol")
+    resolve(store, first_cid, "dave", at=T0 + 3)
+    plain, _ = store.create_request(make_draft("plain"), now=T0)
+    ran, _ = store.create_request(make_draft("ran"), now=T0)
+    ran = store.transition(ran.id, 1, "prepared", actor="h", now=T0, marque_id="mq_parts")
+    store.record_report("mq_parts", "n2", 1, "applied", {"b": 2}, now=T0 + 4)
+    store.record_report("mq_parts", "n1", 1, "applied", {"a": 1}, now=T0 + 4)
+    parts = store.request_parts([first, plain, ran])
+    assert parts.checkpoints == {first_cid: store.get_checkpoint(first_cid)}
+    assert parts.resolutions == {first_cid: store.resolutions(first_cid)}
+    assert [r.approver for r in parts.resolutions[first_cid]] == ["carol", "dave"]
+    assert parts.reports == {"mq_parts": store.reports("mq_parts")}
+    assert [r.nonce for r in parts.reports["mq_parts"]] == ["n1", "n2"]
+    nothing = store.request_parts([plain])
+    assert (nothing.checkpoints, nothing.resolutions, nothing.reports) == ({}, {}, {})

@@ -256,6 +256,25 @@ def test_list_requests_filters_by_state_and_principal(store: HarbourStore) -> No
     assert [r.id for r in store.list_requests(S.FAILED, "alice")] == [c.id]
 
 
+def test_list_requests_pages_by_created_at_then_id(store: HarbourStore) -> None:
+    """A page is at most ``limit`` requests after ``before``; two made at the same moment
+    are ordered by id, so a walk sees each request once."""
+    made = [store.create_request(make_draft(f"page-{n}", principal="alice"),
+                                 now=T0 + n // 2)[0] for n in range(5)]
+    newest = sorted(made, key=lambda r: (r.created_at, r.id), reverse=True)
+    seen: list[str] = []
+    before = None
+    while True:
+        page = store.list_requests(principal="alice", limit=2, before=before)
+        assert len(page) <= 2
+        seen += [r.id for r in page]
+        if len(page) < 2:
+            break
+        before = (page[-1].created_at, page[-1].id)
+    assert seen == [r.id for r in newest]
+    assert store.list_requests(limit=1, before=(T0 - 1, "rq_")) == []
+
+
 class StoreLifecycle(RuleBasedStateMachine):
     """Random moves of one stored request: the store follows the table, version by version."""
 

@@ -40,10 +40,13 @@ OWN_CODES = {
     "already_approved": 2, "already_rejected": 2,
     # a Pilot's execution reports (docs/harbour-service.md)
     "report_signature_invalid": 2, "report_key_changed": 2,
+    # the services' body limits (docs/harbour-service.md, docs/service.md: "Limits")
+    "payload_too_large": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
-        "target_replaced": 403, "target_unsettled": 409, "method_not_allowed": 405}
+        "target_replaced": 403, "target_unsettled": 409, "method_not_allowed": 405,
+        "payload_too_large": 413}
 
 
 @pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))

@@ -409,16 +409,34 @@ state_option = click.option("--state", type=click.Choice(_STATES), default=None,
                             help="Only requests in this state.")
 
 
+limit_option = click.option(
+    "--limit", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Only the newest N requests (by default every one, fetched a page at a time).")
+
+
 def _list(state: str | None, harbour_url: str | None, token: str | None,
-          as_json: bool) -> None:
+          as_json: bool, limit: int | None = None) -> None:
+    from marque.harbour.views import REQUESTS_PAGE_MAX
+
     client = connect(harbour_url, token)
+    more = False
     try:
-        requests = client.list_requests(state)
+        if limit is None:
+            requests = client.list_requests(state)
+        else:
+            requests = []
+            for item in client.iter_requests(state, page=min(limit + 1, REQUESTS_PAGE_MAX)):
+                if len(requests) == limit:
+                    more = True
+                    break
+                requests.append(item)
     finally:
         client.close()
     if as_json:
-        emit_json({"requests": requests})
+        emit_json({"requests": requests, **({"more": more} if limit is not None else {})})
         return
+    if more:
+        out.say(f"[dim](the newest {limit}; more are older)[/]")
     if not requests:
         out.say("no requests" + (f" in state {state}" if state else ""))
     for item in requests:
@@ -432,25 +450,30 @@ def _list(state: str | None, harbour_url: str | None, token: str | None,
 
 @click.group("requests", invoke_without_command=True)
 @state_option
+@limit_option
 @harbour_options
 @json_option
 @click.pass_context
-def requests(ctx: click.Context, state: str | None, harbour_url: str | None,
-             token: str | None, as_json: bool) -> None:
-    """List requests (`marque requests [--state S]`), show one, or expire one (admin)."""
+def requests(ctx: click.Context, state: str | None, limit: int | None,
+             harbour_url: str | None, token: str | None, as_json: bool) -> None:
+    """List requests (`marque requests [--state S] [--limit N]`), show one, or expire one
+    (admin)."""
     if ctx.invoked_subcommand is None:
-        guarded(_list)(state=state, harbour_url=harbour_url, token=token, as_json=as_json)
+        guarded(_list)(state=state, harbour_url=harbour_url, token=token, as_json=as_json,
+                       limit=limit)
 
 
 @requests.command("list")
 @state_option
+@limit_option
 @harbour_options
 @json_option
 @guarded
-def requests_list(state: str | None, harbour_url: str | None, token: str | None,
-                  as_json: bool) -> None:
-    """The requests you may see, newest first (a requester sees their own)."""
-    _list(state, harbour_url, token, as_json)
+def requests_list(state: str | None, limit: int | None, harbour_url: str | None,
+                  token: str | None, as_json: bool) -> None:
+    """The requests you may see, newest first (a requester sees their own); every one, or
+    the newest N with --limit."""
+    _list(state, harbour_url, token, as_json, limit)
 
 
 @requests.command("show")

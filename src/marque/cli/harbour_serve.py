@@ -152,7 +152,8 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
                   console_session: str, preview_retry: str, as_json: bool) -> None:
     """Serve this Harbourmaster over HTTP until SIGTERM or SIGINT.
 
-    Once listening it prints {url, harbour_id} (one JSON line with --json).
+    Once listening it prints {url, harbour_id, console} (one JSON line with --json;
+    console is the web console's address).
     SIGTERM stops taking requests, lets those in progress finish, then exits.
     Several processes may serve one PostgreSQL-backed home at once.
     """
@@ -188,9 +189,10 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
         ))
         harbour_id = harbourmaster.store.harbour_id
         if as_json:
-            emit_json({"url": url, "harbour_id": harbour_id})
+            emit_json({"url": url, "harbour_id": harbour_id, "console": f"{url}/"})
         else:
             err.say(f"Harbourmaster {literal(harbour_id)} serving on {literal(url)}")
+            err.say(f"Console: {literal(url + '/')}")
         sys.stdout.flush()
         sweep = ReconciliationSweep(harbourmaster)
         sweep.start()

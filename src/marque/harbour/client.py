@@ -24,6 +24,7 @@ anything is sent, and a transport error's text has the token masked.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -224,11 +225,36 @@ class HarbourClient:
                 "request object", detail={"status": response.status_code, "sent": True})
         return answer, response.status_code == 201
 
+    def requests_page(self, state: str | None = None, *, limit: int | None = None,
+                      cursor: str | None = None) -> dict[str, Any]:
+        """``GET /v1/requests[?state=S&limit=N&cursor=C]`` → one page, ``{requests, next}``
+        (``next`` None on the last page)."""
+        params: dict[str, Any] = {}
+        if state is not None:
+            params["state"] = state
+        if limit is not None:
+            params["limit"] = limit
+        if cursor is not None:
+            params["cursor"] = cursor
+        found = self._json("GET", "/v1/requests", params=params or None)
+        return {"requests": list(found.get("requests", [])), "next": found.get("next")}
+
+    def iter_requests(self, state: str | None = None, *,
+                      page: int | None = None) -> Iterator[dict[str, Any]]:
+        """The request objects the caller may see, newest first, fetched a page (of
+        ``page``, or the Harbourmaster's default size) at a time as they are consumed."""
+        cursor: str | None = None
+        while True:
+            found = self.requests_page(state, limit=page, cursor=cursor)
+            yield from found["requests"]
+            cursor = found["next"] if isinstance(found["next"], str) else None
+            if cursor is None:
+                return
+
     def list_requests(self, state: str | None = None) -> list[dict[str, Any]]:
-        """``GET /v1/requests[?state=S]`` → the request objects the caller may see, newest
-        first."""
-        params = None if state is None else {"state": state}
-        return list(self._json("GET", "/v1/requests", params=params).get("requests", []))
+        """Every request object the caller may see, newest first (every page of
+        ``GET /v1/requests[?state=S]``)."""
+        return list(self.iter_requests(state))
 
     def get_request(self, id_or_request_id: str) -> dict[str, Any]:
         """``GET /v1/requests/{id}``: by ``rq_…`` id, or by the caller's own request id."""

@@ -15,7 +15,6 @@ call runs in a worker thread; the event loop only parses and writes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -37,7 +36,8 @@ from marque.harbour.console import Console
 from marque.harbour.console.sessions import SESSION_SECONDS
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
-from marque.httpcommon import RequestIdMiddleware, api_http_errors, problem
+from marque.harbour.views import REQUESTS_PAGE, REQUESTS_PAGE_MAX
+from marque.httpcommon import BodyLimit, RequestIdMiddleware, api_http_errors, json_body, problem
 
 if TYPE_CHECKING:
     from marque.harbour.service import Harbourmaster
@@ -51,6 +51,16 @@ WORKER_THREADS = 32
 #: ``GET /v1/logbook``'s page size: the default, and the most one page holds.
 LOGBOOK_PAGE = 100
 LOGBOOK_PAGE_MAX = 1000
+#: The longest request body each part accepts (bytes), larger ones are ``payload_too_large``:
+#: a Pilot's batch of reports (up to 100, each possibly with an Effect Set's row states),
+#: any other API call (a request's change, an Effect Set's inputs included), and everything
+#: else — the console's forms, whose longest field is a reason of 4096 characters.
+REPORTS_BODY_BYTES = 16 * 1024 * 1024
+API_BODY_BYTES = 4 * 1024 * 1024
+FORM_BODY_BYTES = 64 * 1024
+#: The largest sequence number or count a query parameter may name (a signed 64-bit integer,
+#: what both stores' columns hold).
+QUERY_INT_MAX = 2**63 - 1
 #: Who may scrape ``/metrics`` (DESIGN §11.7): the roles that may read everything.
 _METRICS_ROLES = (Role.AUDITOR, Role.ADMIN)
 _FINDING_PREFIX = "finding."
@@ -67,16 +77,22 @@ def _bearer(request: Request) -> str | None:
     return token.strip()
 
 
+def body_limit(path: str) -> int:
+    """The longest body (bytes) ``path`` accepts (see :data:`API_BODY_BYTES`)."""
+    if path == "/v1/reports":
+        return REPORTS_BODY_BYTES
+    if path.startswith("/v1/"):
+        return API_BODY_BYTES
+    return FORM_BODY_BYTES
+
+
 async def _json_object(request: Request, shape: str, *, optional: bool = False
                        ) -> dict[str, Any]:
     """The body as a JSON object; anything else is ``input_invalid`` naming ``shape``."""
     raw = await request.body()
     if optional and not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise InvalidInput(f"the body must be a JSON object {shape}") from None
+    body = json_body(raw, shape)
     if not isinstance(body, dict):
         raise InvalidInput(f"the body must be a JSON object {shape}")
     return body
@@ -100,8 +116,9 @@ def _int_param(request: Request, name: str, default: int, minimum: int) -> int:
         number = int(value)
     except ValueError:
         raise InvalidInput(f"`{name}` must be an integer, got {value[:40]!r}") from None
-    if number < minimum:
-        raise InvalidInput(f"`{name}` must be at least {minimum}")
+    if not minimum <= number <= QUERY_INT_MAX:
+        raise InvalidInput(f"`{name}` must be an integer from {minimum} to {QUERY_INT_MAX}",
+                           detail={"parameter": name})
     return number
 
 
@@ -195,7 +212,8 @@ class HarbourService:
                 Route("/metrics", self.metrics, methods=["GET"]),
                 *self.console.routes,
             ],
-            middleware=[Middleware(RequestIdMiddleware)],
+            middleware=[Middleware(RequestIdMiddleware), Middleware(BodyLimit,
+                                                                     limit_of=body_limit)],
             exception_handlers={
                 MarqueError: self._on_error,
                 HTTPException: api_http_errors("/v1/", "/.well-known/", "/metrics")},
@@ -244,11 +262,17 @@ class HarbourService:
         return JSONResponse(found, status_code=201 if created else 200)
 
     async def list_requests(self, request: Request) -> Response:
-        """``GET /v1/requests[?state=S]``: newest first; a requester sees only their own."""
+        """``GET /v1/requests[?state=S&limit=N&cursor=C]``: ``{requests, next}``, newest
+        first, a page at a time; a requester sees only their own."""
         principal = await self._principal(request)
         state = request.query_params.get("state") or None
-        found = await self._in_thread(self.harbourmaster.list_requests, principal, state)
-        return JSONResponse({"requests": found})
+        # More than a page's worth is answered with a full page: next continues.
+        limit = min(_int_param(request, "limit", REQUESTS_PAGE, 1), REQUESTS_PAGE_MAX)
+        cursor = request.query_params.get("cursor") or None
+        found = await self._in_thread(
+            lambda: self.harbourmaster.requests_page(principal, state, limit=limit,
+                                                     cursor=cursor))
+        return JSONResponse(found)
 
     async def get_request(self, request: Request) -> Response:
         """``GET /v1/requests/{id}`` (a ``rq_`` id, or the caller's own request id)."""

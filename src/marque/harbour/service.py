@@ -71,7 +71,13 @@ from marque.harbour.request_change import RequestChange, marque_change, stored_c
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
-from marque.harbour.views import pilot_object, request_object
+from marque.harbour.views import (
+    page_cursor,
+    pilot_object,
+    read_cursor,
+    request_object,
+    request_objects,
+)
 from marque.token import unverified_claims
 
 S = RequestState
@@ -84,6 +90,10 @@ PREVIEW_SAMPLE_ROWS = 5
 SKEW_SECONDS = 60.0
 #: The most logbook entries one page holds.
 MAX_LOGBOOK_PAGE = 1000
+#: The longest reason an approval, a rejection or an expiry may carry (as a request's own).
+REASON_CHARS = 4096
+#: The largest sequence number a logbook read may start after (the stores' 64-bit column).
+MAX_SEQ = 2**63 - 1
 
 _READERS = (Role.APPROVER, Role.AUDITOR, Role.ADMIN)
 
@@ -202,7 +212,24 @@ class Harbourmaster:
         """Requests newest first (a requester sees only their own), optionally of one state."""
         _require(principal, Role.REQUESTER, *_READERS)
         only = None if any(principal.has(role) for role in _READERS) else principal.name
-        return [self._object(r) for r in self.store.list_requests(state, principal=only)]
+        return request_objects(self.store, self.store.list_requests(state, principal=only))
+
+    def requests_page(self, principal: Principal, state: str | None = None, *,
+                      limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """One page of :meth:`list_requests`: ``{requests, next}``, at most ``limit``
+        requests after ``cursor`` (None: the newest); ``next`` is the cursor of the page
+        after, or None on the last page."""
+        _require(principal, Role.REQUESTER, *_READERS)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit must be at least 1")
+        before = None if cursor is None else read_cursor(cursor)
+        only = None if any(principal.has(role) for role in _READERS) else principal.name
+        found = self.store.list_requests(state, principal=only, limit=limit + 1,
+                                         before=before)
+        shown = found[:limit]
+        more = len(found) > limit
+        return {"requests": request_objects(self.store, shown),
+                "next": page_cursor(shown[-1]) if more else None}
 
     def get_request(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:
         """One request object: by ``rq_`` id, or the caller's own request id (its active
@@ -477,13 +504,13 @@ class Harbourmaster:
 
     def approve(self, principal: Principal, id: str, reason: str | None) -> dict[str, Any]:
         """An approver's approval; completing the Checkpoint revalidates and issues."""
-        return self._resolve(principal, id, "approve", reason)
+        return self._resolve(principal, id, "approve", _bounded(reason))
 
     def reject(self, principal: Principal, id: str, reason: str) -> dict[str, Any]:
         """An approver's rejection (a reason is required): the request ends ``rejected``."""
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidInput("a reject needs a reason: say why, so the requester can act on it")
-        return self._resolve(principal, id, "reject", reason)
+        return self._resolve(principal, id, "reject", _bounded(reason))
 
     def _sealed(self, request: Request) -> tuple[Checkpoint, list[Resolution]]:
         assert request.checkpoint_cid is not None
@@ -639,6 +666,7 @@ class Harbourmaster:
         _require(principal, Role.ADMIN)
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidInput("expiring a request needs a reason")
+        _bounded(reason)
         request = self._find(principal, id)
         now = self._now()
         if request.state is S.AWAITING_APPROVAL:
@@ -757,8 +785,8 @@ class Harbourmaster:
                 kind: str = "") -> dict[str, Any]:
         """A page of the logbook: ``{entries, next_after}``."""
         _require(principal, Role.AUDITOR, Role.ADMIN)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise InvalidInput("after must be a sequence number of at least 0")
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= MAX_SEQ:
+            raise InvalidInput(f"after must be a sequence number from 0 to {MAX_SEQ}")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInput("limit must be at least 1")
         entries = self.store.logbook_entries(after=after, limit=min(limit, MAX_LOGBOOK_PAGE),
@@ -789,6 +817,14 @@ class Harbourmaster:
         """``{harbour_id, store: "ok"}``; the store's own error if it cannot be read."""
         self.store.logbook_head()
         return {"harbour_id": self.store.harbour_id, "store": "ok"}
+
+
+def _bounded(reason: str | None) -> str | None:
+    """``reason``, if it is no longer than :data:`REASON_CHARS`; else ``input_invalid``."""
+    if reason is not None and len(reason) > REASON_CHARS:
+        raise InvalidInput(f"a reason is at most {REASON_CHARS} characters; this one has "
+                           f"{len(reason)}", detail={"limit": REASON_CHARS})
+    return reason
 
 
 def _already_decided(principal: Principal, request: Request, mine: Resolution,

@@ -7,32 +7,79 @@ read from its stored reports (the latest word per nonce and attempt).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
-from marque.harbour.store.base import HarbourStore, PilotRecord, Request
+from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestParts
 
 _ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code")
+#: A page of ``GET /v1/requests``: its default size, and the most one page holds.
+REQUESTS_PAGE = 100
+REQUESTS_PAGE_MAX = 500
 
 
-def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
-    """The request object of the service contract for ``request``."""
+def page_cursor(request: Request) -> str:
+    """The opaque cursor of a listing page that ends with ``request``: where the next page
+    starts (base64url of ``[created_at, id]``; a caller only hands it back)."""
+    text = json.dumps([request.created_at, request.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode("ascii")).decode("ascii").rstrip("=")
+
+
+def read_cursor(cursor: str) -> tuple[float, str]:
+    """A cursor from :func:`page_cursor` back as ``(created_at, id)``; ``input_invalid``
+    for anything else."""
+    bad = InvalidInput("`cursor` is not a cursor this Harbourmaster gave: pass the `next` "
+                       "of the page before, unchanged", detail={"parameter": "cursor"})
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= 256:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        found = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise bad from None
+    if (not isinstance(found, list) or len(found) != 2
+            or not isinstance(found[0], int | float) or isinstance(found[0], bool)
+            or not isinstance(found[1], str) or not found[1].startswith("rq_")
+            or found[0] != found[0] or abs(found[0]) == float("inf")):
+        raise bad
+    return float(found[0]), found[1]
+
+
+def request_objects(store: HarbourStore, requests: Sequence[Request]) -> list[dict[str, Any]]:
+    """The request objects of ``requests``, in order, their parts read together (a
+    bounded number of queries for the whole list)."""
+    parts = store.request_parts(requests)
+    return [request_object(store, request, parts) for request in requests]
+
+
+def request_object(store: HarbourStore, request: Request,
+                   parts: RequestParts | None = None) -> dict[str, Any]:
+    """The request object of the service contract for ``request`` (its Checkpoint,
+    Resolutions and reports from ``parts`` when given, else read from ``store``)."""
+    if parts is None:
+        parts = store.request_parts([request])
     checkpoint = None
     resolutions: list[dict[str, Any]] = []
     if request.checkpoint_cid is not None:
-        sealed = store.get_checkpoint(request.checkpoint_cid)
+        sealed = parts.checkpoints.get(request.checkpoint_cid)
+        if sealed is None:  # a request names only a stored Checkpoint: this says so
+            sealed = store.get_checkpoint(request.checkpoint_cid)
         checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
                       "expires_at": sealed.expires_at}
         resolutions = [
             {"resolution_cid": r.resolution_cid, "approver": r.approver,
              "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
-            for r in store.resolutions(request.checkpoint_cid)
+            for r in parts.resolutions.get(request.checkpoint_cid, [])
         ]
     executions: list[dict[str, Any]] = []
     receipt = None
     if request.marque_id is not None:
-        reports = store.reports(request.marque_id)
+        reports = parts.reports.get(request.marque_id, [])
         executions = latest_attempts(r.body for r in reports)
         receipt = effect_receipt(r.body for r in reports)
     routing = None

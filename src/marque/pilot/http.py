@@ -33,7 +33,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from marque.crash import crash_point
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
-from marque.httpcommon import RequestIdMiddleware, api_http_errors, problem, request_id_of
+from marque.httpcommon import (
+    BodyLimit,
+    RequestIdMiddleware,
+    api_http_errors,
+    json_body,
+    problem,
+    request_id_of,
+)
 from marque.outcome import Outcome
 from marque.pilot.core import Pilot
 from marque.token import unverified_claims
@@ -41,6 +48,10 @@ from marque.token import unverified_claims
 NDJSON = "application/x-ndjson"
 #: Executions and reads run here, never on the event loop.
 WORKER_THREADS = 64
+#: The longest request body any endpoint accepts (bytes); a longer one is
+#: ``payload_too_large`` before any of it is parsed. A marque's payload is at most a
+#: million bytes (a third more in base64url), and a preview token's no larger.
+BODY_BYTES = 4 * 1024 * 1024
 
 
 class _LedgerGauges:
@@ -109,7 +120,8 @@ class PilotService:
                                 HTTPException: api_http_errors("/")},
         )
         #: The ASGI app to serve (an instance, so servers see an ASGI 3 app, not a method).
-        self.app: ASGIApp = _Asgi(self._front)
+        #: Every body is bounded before anything reads it, the executions' own path included.
+        self.app: ASGIApp = BodyLimit(_Asgi(self._front), lambda path: BODY_BYTES)
 
     async def _front(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/executions`` straight to its handler; everything else through
@@ -206,10 +218,7 @@ class PilotService:
         await response(scope, receive, send)
 
     async def _execution(self, body: bytes, query: bytes, request_id: str) -> Response:
-        try:
-            parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            parsed = None
+        parsed = json_body(body, "{marque, nonce, proof}")
         if not isinstance(parsed, dict):
             return problem(InvalidInput("the body must be a JSON object {marque, nonce, proof}"),
                            request_id)
@@ -248,10 +257,7 @@ class PilotService:
         """``POST /v1/previews {preview}``: run a preview token's change, always rolled back."""
         from marque.pilot.preview import run_preview
 
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            body = None
+        body = json_body(await request.body(), "{preview: <token>}")
         token = body.get("preview") if isinstance(body, dict) else None
         if not isinstance(token, str):
             return problem(InvalidInput("the body must be a JSON object {preview: <token>}"))

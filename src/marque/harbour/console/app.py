@@ -155,7 +155,7 @@ class Console:
         self.templates.filters.update(when=_when, iso=_iso, pretty=_pretty, cell=_cell,
                                       tone=views.tone_of)
         self.templates.globals.update(OUTCOMES=views.OUTCOMES, STATES=views.STATES,
-                                      Tone=views.Tone)
+                                      Tone=views.Tone, nav_for=views.nav_for)
         digest = hashlib.sha256()
         for asset in sorted(STATIC.iterdir()):
             digest.update(asset.read_bytes())
@@ -171,6 +171,7 @@ class Console:
             Route("/requests/{id}/reject", self.reject, methods=["POST"]),
             Route("/pilots", self.pilots, methods=["GET"]),
             Route("/logbook", self.logbook, methods=["GET"]),
+            Route("/favicon.ico", self.favicon, methods=["GET"]),
             Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
         ]
 
@@ -234,6 +235,12 @@ class Console:
         console_csrf.check_token(viewer.session.csrf_secret, viewer.session.session_hash,
                                  form.get("csrf"))
         return form
+
+    async def favicon(self, request: Request) -> Response:
+        """``GET /favicon.ico``: the anchor, as SVG (where browsers look for an icon first)."""
+        return Response((STATIC / "favicon.svg").read_bytes(), media_type="image/svg+xml",
+                        headers={"Cache-Control": "public, max-age=86400",
+                                 "X-Content-Type-Options": "nosniff"})
 
     # -- login and logout ----------------------------------------------------------------
 

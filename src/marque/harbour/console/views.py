@@ -32,7 +32,8 @@ from marque.token import unverified_claims
 if TYPE_CHECKING:
     from marque.harbour.service import Harbourmaster
 
-__all__ = ["OUTCOMES", "STATES", "Tone", "queue_view", "request_view", "tone_of"]
+__all__ = ["NAV", "OUTCOMES", "STATES", "Tone", "nav_for", "queue_view", "request_view",
+           "tone_of"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,21 @@ STATE_ORDER = ("awaiting_approval", "reconciliation", "rollback_failed", "execut
                "rolling_back", "prepared", "preparing", "verified", "failed", "rejected",
                "expired", "rolled_back")
 _READERS = (Role.APPROVER, Role.AUDITOR, Role.ADMIN)
+#: The console's sections, and the roles whose principals the core lets read each
+#: (``list_requests``, ``list_pilots``, ``logbook``: DESIGN §11.7). A link is shown only to a
+#: viewer who may open it; the core still decides on every page.
+NAV: tuple[tuple[str, str, str, tuple[Role, ...]], ...] = (
+    ("queue", "/", "Requests", (Role.REQUESTER, *_READERS)),
+    ("pilots", "/pilots", "Pilots", _READERS),
+    ("logbook", "/logbook", "Logbook", (Role.AUDITOR, Role.ADMIN)),
+)
+
+
+def nav_for(principal: Principal) -> list[dict[str, str]]:
+    """The sections ``principal`` may open: ``[{section, href, label}]``, in order."""
+    return [{"section": section, "href": href, "label": label}
+            for section, href, label, roles in NAV
+            if any(principal.has(role) for role in roles)]
 
 
 def tone_of(name: str | None, table: dict[str, Tone] | None = None) -> Tone:

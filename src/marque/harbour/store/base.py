@@ -17,6 +17,7 @@ and the state can never disagree.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +161,16 @@ class Report:
     body: dict[str, Any]
     request: str | None
     received_at: float
+
+
+@dataclass(frozen=True)
+class RequestParts:
+    """Several requests' Checkpoints (by CID), Resolutions (by Checkpoint CID) and reports
+    (by marque id); what is not there has none."""
+
+    checkpoints: dict[str, Checkpoint]
+    resolutions: dict[str, list[Resolution]]
+    reports: dict[str, list[Report]]
 
 
 @dataclass(frozen=True)
@@ -343,8 +354,12 @@ class HarbourStore(abc.ABC):
 
     @abc.abstractmethod
     def list_requests(self, state: RequestState | str | None = None,
-                      principal: str | None = None) -> list[Request]:
-        """Requests, newest first, optionally of one state and one principal."""
+                      principal: str | None = None, *, limit: int | None = None,
+                      before: tuple[float, str] | None = None) -> list[Request]:
+        """Requests, newest first (by ``created_at``, then ``id``), optionally of one state
+        and one principal; at most ``limit`` of them, and only those that come after
+        ``before`` — the ``(created_at, id)`` of the last request of the page before —
+        in that order (a page of a keyset walk: requests added meanwhile never shift it)."""
 
     @abc.abstractmethod
     def transition(self, id: str, expected_version: int, to: RequestState | str, *,
@@ -457,6 +472,14 @@ class HarbourStore(abc.ABC):
     @abc.abstractmethod
     def reports(self, marque_id: str) -> list[Report]:
         """The reports received for a marque, in arrival order."""
+
+    @abc.abstractmethod
+    def request_parts(self, requests: Sequence[Request]) -> RequestParts:
+        """What the request objects of ``requests`` show besides their rows — their
+        Checkpoints, Resolutions and reports — read together, in a fixed number of
+        queries whatever the number of requests (a listing page is one read, not three
+        per request). The same lists, in the same order, as :meth:`get_checkpoint`,
+        :meth:`resolutions` and :meth:`reports` give."""
 
     # -- logbook -----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from marque.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -45,6 +46,7 @@ from marque.harbour.store.base import (
     Report,
     Request,
     RequestDraft,
+    RequestParts,
     Resolution,
 )
 from marque.harbour.store.schema import ACTIVE_PREDICATE
@@ -69,6 +71,15 @@ _CARRIED: dict[RequestState, tuple[frozenset[RequestState], RequestState]] = {
 Journal = list[tuple[str, str, str, dict[str, Any]]]
 #: The Pilot's ledger has lost track of these: only stamps can settle them now.
 _PINNED = (S.PREPARED, S.EXECUTING)
+
+
+#: Values bound in one ``IN (…)`` list: a page of requests is one chunk, well under
+#: SQLite's limit on a statement's parameters.
+_IN_CHUNK = 500
+
+
+def _chunks(values: list[str]) -> list[list[str]]:
+    return [values[i:i + _IN_CHUNK] for i in range(0, len(values), _IN_CHUNK)]
 
 
 def _request(row: tuple[Any, ...]) -> Request:
@@ -198,18 +209,27 @@ class RequestRecords(HarbourStore):
         return [_request(row) for row in rows]
 
     def list_requests(self, state: RequestState | str | None = None,
-                      principal: str | None = None) -> list[Request]:
-        where, params = [], []
+                      principal: str | None = None, *, limit: int | None = None,
+                      before: tuple[float, str] | None = None) -> list[Request]:
+        where: list[str] = []
+        params: list[Any] = []
         if state is not None:
             where.append("state = ?")
             params.append(_state(state).value)
         if principal is not None:
             where.append("principal = ?")
             params.append(principal)
+        if before is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            params.extend((float(before[0]), float(before[0]), str(before[1])))
         clause = (" WHERE " + " AND ".join(where)) if where else ""
+        bound = ""
+        if limit is not None:
+            bound = " LIMIT ?"
+            params.append(int(limit))
         with self.reading() as tx:
             rows = tx.execute(f"SELECT {_COLUMNS} FROM requests{clause} "
-                              "ORDER BY created_at DESC, id DESC", params)
+                              f"ORDER BY created_at DESC, id DESC{bound}", params)
         return [_request(row) for row in rows]
 
     # -- moving ------------------------------------------------------------------------
@@ -592,6 +612,36 @@ class RequestRecords(HarbourStore):
                               "received_at FROM reports WHERE marque_id = ? "
                               "ORDER BY received_at, nonce, attempt", (marque_id,))
         return [Report(r[0], r[1], int(r[2]), r[3], loads(r[4]), r[5], r[6]) for r in rows]
+
+    def request_parts(self, requests: Sequence[Request]) -> RequestParts:
+        cids = sorted({r.checkpoint_cid for r in requests if r.checkpoint_cid is not None})
+        marques = sorted({r.marque_id for r in requests if r.marque_id is not None})
+        checkpoints: dict[str, Checkpoint] = {}
+        resolutions: dict[str, list[Resolution]] = {}
+        reports: dict[str, list[Report]] = {}
+        if not cids and not marques:
+            return RequestParts(checkpoints, resolutions, reports)
+        with self.reading() as tx:
+            for chunk in _chunks(cids):
+                marks = ", ".join("?" for _ in chunk)
+                for row in tx.execute("SELECT checkpoint_cid, request, body, expires_at, "
+                                      f"created_at FROM checkpoints WHERE checkpoint_cid IN "
+                                      f"({marks})", chunk):
+                    checkpoints[row[0]] = Checkpoint(checkpoint_cid=row[0], request=row[1],
+                                                     body=loads(row[2]), expires_at=row[3],
+                                                     created_at=row[4])
+                for row in tx.execute(f"SELECT {_RESOLUTION_COLUMNS} FROM resolutions WHERE "
+                                      f"checkpoint_cid IN ({marks}) "
+                                      "ORDER BY at, resolution_cid", chunk):
+                    resolutions.setdefault(row[1], []).append(_resolution(row))
+            for chunk in _chunks(marques):
+                marks = ", ".join("?" for _ in chunk)
+                for r in tx.execute("SELECT marque_id, nonce, attempt, status, body, request, "
+                                    f"received_at FROM reports WHERE marque_id IN ({marks}) "
+                                    "ORDER BY received_at, nonce, attempt", chunk):
+                    reports.setdefault(r[0], []).append(
+                        Report(r[0], r[1], int(r[2]), r[3], loads(r[4]), r[5], r[6]))
+        return RequestParts(checkpoints, resolutions, reports)
 
     # -- a Pilot's ledger changed incarnation -------------------------------------------------
 
