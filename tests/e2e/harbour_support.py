@@ -108,22 +108,32 @@ class Harbour:
 
 
 class HarbourServer:
-    """A ``marque harbour serve`` process on a free loopback port."""
+    """A ``marque harbour serve`` process on a free loopback port.
+
+    Its stderr goes to a file beside its home (never a pipe nobody reads: a service that
+    logged more than a pipe holds would stop mid-test); :meth:`logged` reads it."""
 
     def __init__(self, home: Path, *, port: int = 0, args: tuple[str, ...] = ()) -> None:
-        self.proc = subprocess.Popen(
-            [str(MARQUE), "harbour", "serve", "--home", str(home), "--listen",
-             f"127.0.0.1:{port}", "--json", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env())
+        self.log = Path(tempfile.mkstemp(prefix="harbour-serve-", suffix=".log",
+                                         dir=Path(home).parent)[1])
+        with self.log.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [str(MARQUE), "harbour", "serve", "--home", str(home), "--listen",
+                 f"127.0.0.1:{port}", "--json", *args],
+                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                text=True, env=cli_env())
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(timeout=TIMEOUT)
-            raise AssertionError(self.proc.stderr.read() if self.proc.stderr else "no output")
+            raise AssertionError(self.logged() or "no output")
         self.ready: dict[str, Any] = json.loads(line)
         self.url: str = self.ready["url"]
         self.harbour_id: str = self.ready["harbour_id"]
+
+    def logged(self) -> str:
+        """What the service wrote to stderr so far."""
+        return self.log.read_text(errors="replace")
 
     def call(self, method: str, path: str, token: str | None = None,
              **kwargs: Any) -> httpx.Response:
@@ -139,9 +149,8 @@ class HarbourServer:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         status = self.proc.wait(timeout=60)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         return status
 
 
