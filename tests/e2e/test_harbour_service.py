@@ -266,6 +266,15 @@ def test_a_requester_cannot_see_another_requesters_request_or_marque(setup: Setu
         "GET", f"/v1/requests/{rq}/logbook", "carol").json()
     assert {e["subject"] for e in own["entries"]} == {rq}
     assert [e["kind"] for e in own["entries"]][-1] == "marque.issued"
+    assert own["next_after"] is None  # the whole of it: nothing follows
+    # A page at a time, never a silent cut: the pages together are the whole.
+    first = setup.call("GET", f"/v1/requests/{rq}/logbook?limit=1", "alice").json()
+    assert first["entries"] == own["entries"][:1] and first["next_after"] is not None
+    rest = setup.call("GET", f"/v1/requests/{rq}/logbook?after={first['next_after']}",
+                      "alice").json()
+    assert first["entries"] + rest["entries"] == own["entries"] and rest["next_after"] is None
+    assert_problem(setup.call("GET", f"/v1/requests/{rq}/logbook?after=-1", "alice"), 400,
+                   "input_invalid")
     marque = setup.call("GET", f"/v1/requests/{rq}/marque", "alice")
     assert marque.status_code == 200, marque.text
     claims = unverified_claims(marque.json()["marque"])

@@ -49,6 +49,9 @@ def test_entries_of_one_subject_in_order(store: HarbourStore) -> None:
     assert [e.body["n"] for e in store.logbook_of("rq_a")] == [1, 3, 5]
     assert [e.seq for e in store.logbook_of("rq_b", limit=2)] == [1, 3]
     assert store.logbook_of("rq_none") == []
+    # Paged by seq: what follows the last entry of a page.
+    assert [e.body["n"] for e in store.logbook_of("rq_a", limit=1, after=2)] == [3]
+    assert [e.body["n"] for e in store.logbook_of("rq_a", after=6)] == []
 
 
 def test_threads_appending_at_once_leave_one_chain(store: HarbourStore) -> None:

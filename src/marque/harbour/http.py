@@ -314,10 +314,13 @@ class HarbourService:
         return JSONResponse(found)
 
     async def request_logbook(self, request: Request) -> Response:
-        """``GET /v1/requests/{id}/logbook``: the request's own logbook entries."""
+        """``GET /v1/requests/{id}/logbook?after=SEQ&limit=N``: a page of the request's own
+        logbook entries, ``{id, entries, next_after}``."""
         principal = await self._principal(request)
+        after = _int_param(request, "after", 0, 0)
+        limit = min(_int_param(request, "limit", LOGBOOK_PAGE_MAX, 1), LOGBOOK_PAGE_MAX)
         found = await self._in_thread(self.harbourmaster.request_logbook, principal,
-                                      request.path_params["id"])
+                                      request.path_params["id"], after, limit)
         return JSONResponse(found)
 
     # -- pilots and reports ----------------------------------------------------------

@@ -794,13 +794,23 @@ class Harbourmaster:
         return {"entries": [e.to_dict() for e in entries],
                 "next_after": entries[-1].seq if entries else after}
 
-    def request_logbook(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:
-        """The logbook entries about one request, for anyone who may see the request
-        (its requester included): ``{id, entries}``, oldest first."""
+    def request_logbook(self, principal: Principal, id_or_request_id: str, after: int = 0,
+                        limit: int = MAX_LOGBOOK_PAGE) -> dict[str, Any]:
+        """A page of the logbook entries about one request, for anyone who may see the
+        request (its requester included): ``{id, entries, next_after}``, oldest first;
+        ``next_after`` is None when no entry follows the page (never a silent cut)."""
         _require(principal, Role.REQUESTER, *_READERS)
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= MAX_SEQ:
+            raise InvalidInput(f"after must be a sequence number from 0 to {MAX_SEQ}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit must be at least 1")
         request = self._find(principal, id_or_request_id)
-        entries = self.store.logbook_of(request.id, limit=MAX_LOGBOOK_PAGE)
-        return {"id": request.id, "entries": [e.to_dict() for e in entries]}
+        page = min(limit, MAX_LOGBOOK_PAGE)
+        entries = self.store.logbook_of(request.id, limit=page + 1, after=after)
+        more = len(entries) > page
+        entries = entries[:page]
+        return {"id": request.id, "entries": [e.to_dict() for e in entries],
+                "next_after": entries[-1].seq if more else None}
 
     def logbook_head(self, principal: Principal) -> dict[str, Any]:
         """The logbook's head, signed with the issuer key: ``{seq, hash, at, signed}``."""

@@ -112,11 +112,13 @@ def logbook_page(hm: Harbourmaster, principal: Principal, *, before: int | None 
 
 
 def request_entries(hm: Harbourmaster, principal: Principal, request_id: str
-                    ) -> list[dict[str, Any]] | None:
-    """The logbook entries about one request, oldest first (for anyone who may see the
-    request); None if the core refuses them."""
+                    ) -> tuple[list[dict[str, Any]] | None, bool]:
+    """The first page of logbook entries about one request, oldest first (for anyone who may
+    see the request), and whether more follow (the page says so and links to the logbook
+    filtered by the request: nothing is dropped silently); None if the core refuses them."""
     try:
-        entries: list[dict[str, Any]] = hm.request_logbook(principal, request_id)["entries"]
+        page = hm.request_logbook(principal, request_id)
     except Forbidden:
-        return None
-    return entries
+        return None, False
+    entries: list[dict[str, Any]] = page["entries"]
+    return entries, page["next_after"] is not None

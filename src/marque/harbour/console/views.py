@@ -386,7 +386,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
     stored = hm.store.get_request(request["id"])
     decide, why_not = can_decide(hm, principal, request)
     approved, needed = _approvals(request)
-    entries = console_logbook.request_entries(hm, principal, request["id"])
+    entries, entries_more = console_logbook.request_entries(hm, principal, request["id"])
     return {
         "compensates": _compensates(hm, principal, request.get("rolls_back")),
         "request": request, "tone": tone_of(request["state"]),
@@ -405,6 +405,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
         "no_longer_holds": hm.no_longer_holds(request["id"]) if decide else [],
         "executions": _executions(hm, request, timelines=timelines),
         "entries": entries, "live": request["state"] in LIVE_STATES,
+        "entries_more": entries_more,
     }
 
 

@@ -494,9 +494,10 @@ class HarbourStore(abc.ABC):
         """Entries with ``seq > after``, in order, at most ``limit``."""
 
     @abc.abstractmethod
-    def logbook_of(self, subject: str, limit: int = 1000) -> list[LogbookEntry]:
-        """The entries about ``subject`` (a request id, a Pilot id…), in order, at most
-        ``limit``."""
+    def logbook_of(self, subject: str, limit: int = 1000, *,
+                   after: int = 0) -> list[LogbookEntry]:
+        """The entries about ``subject`` (a request id, a Pilot id…) after ``seq`` ``after``,
+        in order, at most ``limit`` (a page: the caller continues from the last one)."""
 
     @abc.abstractmethod
     def logbook_head(self) -> dict[str, Any]:

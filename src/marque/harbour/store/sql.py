@@ -241,11 +241,12 @@ class SqlHarbourStore(SessionRecords, RequestRecords):
                 (int(after), len(kind_prefix), kind_prefix, int(limit)))
         return [_entry(row) for row in rows]
 
-    def logbook_of(self, subject: str, limit: int = 1000) -> list[LogbookEntry]:
+    def logbook_of(self, subject: str, limit: int = 1000, *,
+                   after: int = 0) -> list[LogbookEntry]:
         with self.reading() as tx:
             rows = tx.execute(
-                f"SELECT {_LOGBOOK_COLUMNS} FROM logbook WHERE subject = ? ORDER BY seq "
-                "LIMIT ?", (subject, int(limit)))
+                f"SELECT {_LOGBOOK_COLUMNS} FROM logbook WHERE subject = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?", (subject, int(after), int(limit)))
         return [_entry(row) for row in rows]
 
     def logbook_head(self) -> dict[str, Any]:
