@@ -256,6 +256,19 @@ def test_list_requests_filters_by_state_and_principal(store: HarbourStore) -> No
     assert [r.id for r in store.list_requests(S.FAILED, "alice")] == [c.id]
 
 
+def test_count_requests_counts_each_state_and_principal(store: HarbourStore) -> None:
+    """count_requests is the number of requests per state (none: left out), of everyone or
+    of one principal."""
+    assert store.count_requests() == {}
+    store.create_request(make_draft("n-a", principal="alice"), now=T0)
+    store.create_request(make_draft("n-b", principal="bob"), now=T0)
+    c, _ = store.create_request(make_draft("n-c", principal="alice"), now=T0)
+    walk(store, c, "failed")
+    assert store.count_requests() == {"preparing": 2, "failed": 1}
+    assert store.count_requests("alice") == {"preparing": 1, "failed": 1}
+    assert store.count_requests("nobody") == {}
+
+
 def test_list_requests_pages_by_created_at_then_id(store: HarbourStore) -> None:
     """A page is at most ``limit`` requests after ``before``; two made at the same moment
     are ordered by id, so a walk sees each request once."""

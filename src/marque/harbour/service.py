@@ -214,6 +214,12 @@ class Harbourmaster:
         only = None if any(principal.has(role) for role in _READERS) else principal.name
         return request_objects(self.store, self.store.list_requests(state, principal=only))
 
+    def request_counts(self, principal: Principal) -> dict[str, int]:
+        """How many of the requests this principal may see each state holds."""
+        _require(principal, Role.REQUESTER, *_READERS)
+        only = None if any(principal.has(role) for role in _READERS) else principal.name
+        return self.store.count_requests(only)
+
     def requests_page(self, principal: Principal, state: str | None = None, *,
                       limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
         """One page of :meth:`list_requests`: ``{requests, next}``, at most ``limit``

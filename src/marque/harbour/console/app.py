@@ -302,7 +302,8 @@ class Console:
         if state is not None and state not in {s.value for s in RequestState}:
             raise InvalidInput(f"there is no request state {state[:40]!r}: choose one of the "
                                "states listed", detail={"state": state[:40]})
-        found = await self._run(views.queue_view, self.hm, viewer.principal, state)
+        cursor = request.query_params.get("cursor") or None
+        found = await self._run(views.queue_view, self.hm, viewer.principal, state, cursor)
         return self.render(request, "queue.html", viewer=viewer, section="queue", q=found)
 
     async def _request(self, request: Request, viewer: Viewer, status: int = 200, *,

@@ -17,7 +17,6 @@ a human must look.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -177,22 +176,31 @@ def _row(request: dict[str, Any]) -> dict[str, Any]:
             "executions": len(request.get("executions") or [])}
 
 
-def queue_view(hm: Harbourmaster, principal: Principal, state: str | None) -> dict[str, Any]:
-    """The queue: what waits for this viewer, counts per state, and the (filtered) list."""
-    everything = hm.list_requests(principal)
-    shown = hm.list_requests(principal, state) if state else everything
-    counts = Counter(r["state"] for r in everything)
+#: How many requests the queue's "All requests" table shows a page.
+QUEUE_PAGE = 50
+
+
+def queue_view(hm: Harbourmaster, principal: Principal, state: str | None,
+               cursor: str | None = None) -> dict[str, Any]:
+    """The queue: what waits for this viewer, counts per state, and one page of the
+    (filtered) list, newest first (``next``: the cursor of the page after, or None).
+
+    The lists of work (waiting for an approval, ready to run, needing a human) are read
+    whole, by state: nothing waiting is ever on a page the viewer did not open."""
+    counts = hm.request_counts(principal)
+    page = hm.requests_page(principal, state, limit=QUEUE_PAGE, cursor=cursor)
     # Only what an approval could still turn into a marque: a Checkpoint that expired, or
     # whose config, Pilot or target changed, waits for nobody (an approval would fail it).
-    waiting = [_row(r) for r in everything
-               if r["state"] == RequestState.AWAITING_APPROVAL.value
-               and can_decide(hm, principal, r)[0] and not hm.no_longer_holds(r["id"])]
-    ready = [_row(r) for r in everything
-             if r["state"] == RequestState.PREPARED.value and r["principal"] == principal.name]
-    needs_human = [_row(r) for r in everything
-                   if r["state"] in ("reconciliation", "rollback_failed")]
+    waiting = [_row(r) for r in hm.list_requests(principal, RequestState.AWAITING_APPROVAL.value)
+               if can_decide(hm, principal, r)[0] and not hm.no_longer_holds(r["id"])]
+    ready = [_row(r) for r in hm.list_requests(principal, RequestState.PREPARED.value)
+             if r["principal"] == principal.name]
+    needs_human = [_row(r) for name in ("reconciliation", "rollback_failed")
+                   for r in hm.list_requests(principal, name)]
     return {
-        "state": state, "rows": [_row(r) for r in shown], "total": len(everything),
+        "state": state, "rows": [_row(r) for r in page["requests"]],
+        "next": page["next"], "first_page": cursor is None,
+        "total": sum(counts.values()),
         "counts": [(name, counts.get(name, 0), tone_of(name)) for name in STATE_ORDER],
         "waiting": waiting, "ready": ready, "needs_human": needs_human,
         "is_approver": principal.has(Role.APPROVER),

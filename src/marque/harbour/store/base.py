@@ -362,6 +362,11 @@ class HarbourStore(abc.ABC):
         in that order (a page of a keyset walk: requests added meanwhile never shift it)."""
 
     @abc.abstractmethod
+    def count_requests(self, principal: str | None = None) -> dict[str, int]:
+        """How many requests each state holds (states with none left out), optionally of
+        one principal: one query, whatever the number of requests."""
+
+    @abc.abstractmethod
     def transition(self, id: str, expected_version: int, to: RequestState | str, *,
                    actor: str, now: float | None = None, reason: str | None = None,
                    body: dict[str, Any] | None = None, kind: str | None = None,

@@ -232,6 +232,14 @@ class RequestRecords(HarbourStore):
                               f"ORDER BY created_at DESC, id DESC{bound}", params)
         return [_request(row) for row in rows]
 
+    def count_requests(self, principal: str | None = None) -> dict[str, int]:
+        clause, params = ("", ()) if principal is None else (" WHERE principal = ?",
+                                                             (principal,))
+        with self.reading() as tx:
+            rows = tx.execute(f"SELECT state, COUNT(*) FROM requests{clause} GROUP BY state",
+                              params)
+        return {str(state): int(n) for state, n in rows}
+
     # -- moving ------------------------------------------------------------------------
 
     def transition(self, id: str, expected_version: int, to: RequestState | str, *,
