@@ -188,12 +188,16 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
             ssl_keyfile=str(tls_key) if tls_key else None,
         ))
         harbour_id = harbourmaster.store.harbour_id
-        if as_json:
-            emit_json({"url": url, "harbour_id": harbour_id, "console": f"{url}/"})
-        else:
-            err.say(f"Harbourmaster {literal(harbour_id)} serving on {literal(url)}")
-            err.say(f"Console: {literal(url + '/')}")
-        sys.stdout.flush()
+
+        def announce() -> None:
+            if as_json:
+                emit_json({"url": url, "harbour_id": harbour_id, "console": f"{url}/"})
+            else:
+                err.say(f"Harbourmaster {literal(harbour_id)} serving on {literal(url)}")
+                err.say(f"Console: {literal(url + '/')}")
+            sys.stdout.flush()
+
+        server.on_started = announce
         sweep = ReconciliationSweep(harbourmaster)
         sweep.start()
         retry = PreparationRetry(harbourmaster)

@@ -110,7 +110,20 @@ def _server_class() -> type:
     class Server(uvicorn.Server):
         """uvicorn's server, minus re-raising the stop signal after a graceful shutdown:
         the Pilot must still be closed (reports flushed, ledger released) and the
-        process then exits 0, as an orderly stop."""
+        process then exits 0, as an orderly stop.
+
+        ``on_started`` (if given) runs once the server listens *and* its signal handlers
+        are in place: a caller told "listening" before then could stop it with a SIGTERM
+        that the default action, not the graceful shutdown, would answer."""
+
+        def __init__(self, config: Any, on_started: Callable[[], None] | None = None) -> None:
+            super().__init__(config)
+            self.on_started = on_started
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.on_started is not None and self.started:
+                self.on_started()
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -223,8 +236,8 @@ def _serve(home: Path, sock: socket.socket, tls_cert: Path | None, tls_key: Path
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
     )
-    server = _server_class()(server_config)
-    ready({"pilot_id": running.pilot_id, "incarnation": running.incarnation})
+    server = _server_class()(server_config, on_started=lambda: ready(
+        {"pilot_id": running.pilot_id, "incarnation": running.incarnation}))
     try:
         server.run(sockets=[sock])
     finally:
