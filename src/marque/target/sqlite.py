@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from marque.change import Change
@@ -44,6 +45,12 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
 )
+from marque.target.row_images import (
+    ImageUnavailable,
+    explain_images,
+    finish_capture,
+    start_capture,
+)
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -60,6 +67,33 @@ _DENIED_ACTIONS = frozenset({
 
 def _deny_transaction_control(action: int, *_: object) -> int:
     return sqlite3.SQLITE_DENY if action in _DENIED_ACTIONS else sqlite3.SQLITE_OK
+
+
+class _ImageSession:
+    """The derived queries of row images (:mod:`marque.target.row_images`), in the
+    preview's transaction: only they may read the schema's pragmas."""
+
+    dialect = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
+        self.conn.set_authorizer(None)
+        try:
+            cur = self.conn.execute(sql, tuple(params))
+            return [d[0] for d in cur.description or ()], list(cur.fetchall())
+        except sqlite3.Error as exc:
+            raise ImageUnavailable(
+                f"the derived row-image query failed ({' '.join(str(exc).split())}): "
+                "previewed by count only") from exc
+        finally:
+            self.conn.set_authorizer(_deny_transaction_control)
+
+    def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        _, rows = self.query("SELECT name, pk FROM pragma_table_info(?, ?) WHERE pk > 0 "
+                             "ORDER BY pk", (name, schema or "main"))
+        return [str(r[0]) for r in rows]
 
 
 class _TargetConnection(sqlite3.Connection):
@@ -335,13 +369,16 @@ class SqliteTarget(SqlTarget):
             conn.set_authorizer(_deny_transaction_control)
             conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
                                       _PROGRESS_STEPS)
+            images = _ImageSession(conn)
             for index, statement in enumerate(change.statements):
                 if mode == "explain":
                     plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
                                         tuple(statement.params)).fetchall()
                     results.append({"sql": statement.sql, "rows": None, "sample": None,
-                                    "plan": [str(r[-1]) for r in plan]})
+                                    "plan": [str(r[-1]) for r in plan],
+                                    "row_images": explain_images(statement.sql, "sqlite")})
                     continue
+                capture = start_capture(images, statement.sql, statement.params)
                 cur = conn.execute(statement.sql, tuple(statement.params))
                 sample = None
                 if cur.description is not None:
@@ -354,7 +391,8 @@ class SqliteTarget(SqlTarget):
                 if not conn.in_transaction:
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None})
+                                "plan": None,
+                                "row_images": finish_capture(capture, images, count)})
         except sqlite3.Error as exc:
             name = getattr(exc, "sqlite_errorname", None)
             if name == "SQLITE_INTERRUPT":
