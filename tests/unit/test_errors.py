@@ -40,6 +40,8 @@ OWN_CODES = {
     "already_approved": 2, "already_rejected": 2,
     # a Pilot's execution reports (docs/harbour-service.md)
     "report_signature_invalid": 2,
+    # an approval of a preview over its budget (docs/harbour.md, "Row images")
+    "preview_over_budget": 3,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
