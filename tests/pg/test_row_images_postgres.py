@@ -102,6 +102,17 @@ def test_what_cannot_be_imaged_says_why(target: PostgresTarget) -> None:
     assert serial["status"] == "unavailable" and "sequence" in serial["reason"]
     sub = _images(target, "DELETE FROM accounts WHERE id IN (SELECT acct FROM holdings)")
     assert sub["status"] == "unavailable" and "subquery" in sub["reason"]
+    several = _images(target, "UPDATE accounts a SET balance = 0 FROM holdings h "
+                      "WHERE h.acct = a.id")
+    assert several["status"] == "unavailable" and "several tables" in several["reason"]
+    with psycopg.connect(target.dsn, autocommit=True) as conn:
+        version = conn.info.server_version
+    if version >= 150000:
+        merged = _images(target, "MERGE INTO accounts a USING holdings h "
+                         "ON h.acct = a.id AND h.sym = 'Y' "
+                         "WHEN MATCHED THEN UPDATE SET balance = 0")
+        assert merged == {"status": "unavailable",
+                          "reason": "MERGE is previewed by count only"}
 
 
 def test_past_the_cap_a_sample_and_the_exact_count(target: PostgresTarget) -> None:

@@ -41,7 +41,8 @@ from sqlglot import exp
 from marque.cid import MAX_SAFE_INT, cid
 
 __all__ = ["ROW_DIFF_VERSION", "ROW_IMAGE_CAP", "ImageSession", "Capture", "ImageUnavailable",
-           "start_capture", "finish_capture", "explain_images", "unavailable", "diff_body",
+           "start_capture", "finish_capture", "explain_images", "writes_rows",
+           "unavailable", "diff_body",
            "diff_cid", "before_state"]
 
 #: The version of the diff's content-id preimage (:func:`diff_body`).
@@ -435,13 +436,20 @@ def finish_capture(capture: Capture | dict[str, Any] | None, session: ImageSessi
         return unavailable(str(exc))
 
 
-def explain_images(sql: str, dialect: str) -> dict[str, Any] | None:
-    """A statement's ``row_images`` under an ``explain`` preview: nothing ran, so none."""
+def writes_rows(sql: str, dialect: str) -> bool:
+    """Whether ``sql`` may write rows (anything the parser cannot read as one statement
+    that is not a write counts as one)."""
     try:
         parsed = sqlglot.parse(sql, read=dialect)
     except Exception:  # as in _plan: unreadable means "may write"
-        parsed = []
-    if len(parsed) == 1 and parsed[0] is not None and not isinstance(parsed[0], _WRITE_KINDS):
+        return True
+    return not (len(parsed) == 1 and parsed[0] is not None
+                and not isinstance(parsed[0], _WRITE_KINDS))
+
+
+def explain_images(sql: str, dialect: str) -> dict[str, Any] | None:
+    """A statement's ``row_images`` under an ``explain`` preview: nothing ran, so none."""
+    if not writes_rows(sql, dialect):
         return None
     return unavailable("an explain preview executes nothing, so no row was read")
 

@@ -50,6 +50,7 @@ from marque.target.row_images import (
     explain_images,
     finish_capture,
     start_capture,
+    writes_rows,
 )
 
 # Progress handler granularity, in SQLite VM instructions.
@@ -360,9 +361,13 @@ class SqliteTarget(SqlTarget):
         results: list[dict[str, Any]] = []
         index = 0
         try:
-            # Deferred: an explain preview never takes the write lock; a rollback one
-            # takes it at its first write, bounded by the lock (busy) timeout.
-            conn.execute("BEGIN")
+            # Deferred: an explain preview never takes the write lock, nor a read. A rollback
+            # preview of writes takes it at once (bounded by the lock timeout): its row
+            # images read before the first write, and a read lock that then has to become
+            # a write lock could fail at once instead of waiting its turn.
+            conn.execute("BEGIN IMMEDIATE" if mode != "explain" and not change.read_only
+                         and any(writes_rows(s.sql, "sqlite") for s in change.statements)
+                         else "BEGIN")
             if change.read_only:
                 # As its execution will: a read approval is previewed read-only too.
                 conn.execute("PRAGMA query_only = 1")
