@@ -24,6 +24,10 @@ def target(tmp_path: Path) -> SqliteTarget:
         CREATE TABLE holdings (acct INT, sym TEXT, qty INT, PRIMARY KEY (sym, acct));
         INSERT INTO holdings VALUES (1, 'X', 5), (1, 'Y', 6), (2, 'X', 7);
         CREATE TABLE events (msg TEXT);
+        CREATE TABLE tags (name TEXT NOT NULL UNIQUE, v INT);
+        INSERT INTO tags VALUES ('red', 1), ('blue', 2);
+        CREATE TABLE loose (name TEXT UNIQUE, v INT);
+        INSERT INTO loose VALUES ('a', 1);
         INSERT INTO events VALUES ('a'), ('b');
         CREATE TABLE big (id INTEGER PRIMARY KEY, v INT);
         WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g
@@ -121,3 +125,15 @@ def test_the_diff_content_id_follows_the_rows(target: SqliteTarget) -> None:
     second = _preview(target, statement)
     assert diff_cid(second) != diff_cid(first)
     assert second[0]["row_images"]["before_cid"] != first[0]["row_images"]["before_cid"]
+
+
+def test_a_unique_index_over_not_null_columns_keys_a_table_without_a_primary_key(
+        target: SqliteTarget) -> None:
+    """The schema's own declaration names the rows; a unique index that admits NULLs
+    does not, so that table is count only."""
+    images = _images(target, "UPDATE tags SET v = v + 1")
+    assert images["status"] == "captured" and images["key"] == ["name"]
+    assert [(r["key"], r["after"]["v"]) for r in images["rows"]] == [
+        ({"name": "blue"}, 3), ({"name": "red"}, 2)]
+    nullable = _images(target, "UPDATE loose SET v = 2")
+    assert nullable["status"] == "unavailable" and "no primary key" in nullable["reason"]

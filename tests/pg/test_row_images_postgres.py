@@ -25,6 +25,10 @@ def target(pg_dsn: str) -> Iterator[PostgresTarget]:
                      "PRIMARY KEY (sym, acct))")
         conn.execute("INSERT INTO holdings VALUES (1, 'X', 5), (1, 'Y', 6), (2, 'X', 7)")
         conn.execute("CREATE TABLE events (msg text)")
+        conn.execute("CREATE TABLE tags (name text NOT NULL UNIQUE, v int)")
+        conn.execute("INSERT INTO tags VALUES ('red', 1), ('blue', 2)")
+        conn.execute("CREATE TABLE loose (name text UNIQUE, v int)")
+        conn.execute("INSERT INTO loose VALUES ('a', 1)")
         conn.execute("INSERT INTO events VALUES ('a'), ('b')")
         conn.execute("CREATE TABLE serials (id serial PRIMARY KEY, v int)")
         conn.execute("CREATE TABLE big (id int PRIMARY KEY, v int)")
@@ -122,3 +126,15 @@ def test_past_the_cap_a_sample_and_the_exact_count(target: PostgresTarget) -> No
     assert images["shown"] == ROW_IMAGE_CAP == len(images["rows"])
     assert images["rows"][0]["key"] == {"id": 1}
     assert all(r["after"]["v"] == 1 for r in images["rows"])
+
+
+def test_a_unique_index_over_not_null_columns_keys_a_table_without_a_primary_key(
+        target: PostgresTarget) -> None:
+    """The schema's own declaration names the rows; a unique index that admits NULLs
+    does not, so that table is count only."""
+    images = _images(target, "UPDATE tags SET v = v + 1")
+    assert images["status"] == "captured" and images["key"] == ["name"]
+    assert [(r["key"], r["after"]["v"]) for r in images["rows"]] == [
+        ({"name": "blue"}, 3), ({"name": "red"}, 2)]
+    nullable = _images(target, "UPDATE loose SET v = 2")
+    assert nullable["status"] == "unavailable" and "no primary key" in nullable["reason"]

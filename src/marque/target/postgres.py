@@ -152,11 +152,18 @@ class _ImageSession:
                 "only") from exc
 
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        # The primary key; else a unique index over NOT NULL columns (not partial, no
+        # expressions), which names each row just as well: the fewest columns, then by name.
         _, rows = self.query(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary "
-            "ORDER BY array_position(i.indkey::int2[], a.attnum)", (table_sql,))
-        return [str(r[0]) for r in rows]
+            "SELECT array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
+            "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL "
+            "AND i.indexprs IS NULL GROUP BY i.indexrelid, i.indisprimary "
+            "HAVING bool_and(a.attnotnull) "
+            "ORDER BY i.indisprimary DESC, count(*), i.indexrelid::regclass::text LIMIT 1",
+            (table_sql,))
+        return [str(c) for c in rows[0][0]] if rows else []
 
 
 class _Cursors:

@@ -11,7 +11,9 @@ always rolled back — the engine runs, around the statement exactly as approved
   CONFLICT``, SQLite's ``OR IGNORE``);
 * after it: a ``SELECT`` of those keys, giving the new images.
 
-Rows are keyed by the table's primary key. Whatever cannot be imaged soundly is
+Rows are keyed by the table's primary key, or where it has none by a unique
+index over NOT NULL columns (the schema's own declaration that each row is
+named by them). Whatever cannot be imaged soundly is
 said per statement, never guessed: ``{"status": "unavailable", "reason": …}`` —
 a table without a primary key, several tables, a ``WITH``, a ``WHERE`` with a
 subquery or a function the parser does not know, keys the database makes
@@ -68,7 +70,8 @@ class ImageSession(Protocol):
         the preview's transaction usable and raises :class:`ImageUnavailable`."""
 
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
-        """The primary-key columns of a table, in key order ([] when it has none)."""
+        """The columns that name a table's rows, in key order: its primary key, else a
+        unique index over NOT NULL columns ([] when it has neither)."""
 
 
 def unavailable(reason: str) -> dict[str, Any]:
@@ -271,7 +274,8 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
     schema, name = _table_name(table)
     key = session.primary_key(_bare(table).sql(dialect=session.dialect), schema, name)
     if not key:
-        return f"table {name} has no primary key: previewed by count only"
+        return (f"table {name} has no primary key (nor a unique index over NOT NULL "
+                "columns): previewed by count only")
     kind = "update" if isinstance(node, exp.Update) else "delete"
     if kind == "update":
         assigned = {e.this.name.lower() for e in node.expressions if isinstance(e, exp.EQ)}
@@ -313,7 +317,8 @@ def _plan_insert(node: exp.Insert, params: Sequence[Any], session: ImageSession)
     bare = _bare(target)
     key = session.primary_key(bare.sql(dialect=session.dialect), schema, name)
     if not key:
-        return f"table {name} has no primary key: previewed by count only"
+        return (f"table {name} has no primary key (nor a unique index over NOT NULL "
+                "columns): previewed by count only")
     if columns is None:
         try:
             columns = session.query(

@@ -92,9 +92,24 @@ class _ImageSession:
             self.conn.set_authorizer(_deny_transaction_control)
 
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        where = (name, schema or "main")
         _, rows = self.query("SELECT name, pk FROM pragma_table_info(?, ?) WHERE pk > 0 "
-                             "ORDER BY pk", (name, schema or "main"))
-        return [str(r[0]) for r in rows]
+                             "ORDER BY pk", where)
+        if rows:
+            return [str(r[0]) for r in rows]
+        # No primary key: a unique index over NOT NULL columns (not partial, no
+        # expressions) names each row just as well; the fewest columns, then by name.
+        _, indexes = self.query('SELECT name FROM pragma_index_list(?, ?) WHERE "unique" = 1 '
+                                "AND partial = 0 ORDER BY name", where)
+        keys: list[list[str]] = []
+        for (index,) in indexes:
+            _, columns = self.query(
+                'SELECT ii.name, ti."notnull" FROM pragma_index_info(?, ?) ii LEFT JOIN '
+                "pragma_table_info(?, ?) ti ON ti.name = ii.name ORDER BY ii.seqno",
+                (index, schema or "main", *where))
+            if columns and all(c[0] is not None and c[1] for c in columns):
+                keys.append([str(c[0]) for c in columns])
+        return min(keys, key=len) if keys else []
 
 
 class _TargetConnection(sqlite3.Connection):
