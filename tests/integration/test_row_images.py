@@ -137,3 +137,13 @@ def test_a_unique_index_over_not_null_columns_keys_a_table_without_a_primary_key
         ({"name": "blue"}, 3), ({"name": "red"}, 2)]
     nullable = _images(target, "UPDATE loose SET v = 2")
     assert nullable["status"] == "unavailable" and "no primary key" in nullable["reason"]
+
+
+def test_keys_the_database_makes_are_read_back_by_the_statements_own_returning(
+        target: SqliteTarget) -> None:
+    """An INTEGER PRIMARY KEY the insert leaves to SQLite: RETURNING names it."""
+    images = _images(target, "INSERT INTO accounts (owner, balance) VALUES (?, 5) RETURNING id",
+                     "fay")
+    assert images["status"] == "captured"
+    assert [(r["op"], r["after"]) for r in images["rows"]] == [
+        ("insert", {"id": 4, "owner": "fay", "balance": 5})]

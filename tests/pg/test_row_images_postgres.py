@@ -138,3 +138,17 @@ def test_a_unique_index_over_not_null_columns_keys_a_table_without_a_primary_key
         ({"name": "blue"}, 3), ({"name": "red"}, 2)]
     nullable = _images(target, "UPDATE loose SET v = 2")
     assert nullable["status"] == "unavailable" and "no primary key" in nullable["reason"]
+
+
+def test_keys_the_database_makes_are_read_back_by_the_statements_own_returning(
+        target: PostgresTarget) -> None:
+    """A sequence's keys cannot be named before the insert, but RETURNING names them after:
+    the new rows are read back by those keys (the statement itself is unchanged)."""
+    images = _images(target, "INSERT INTO serials (v) VALUES (%s), (%s) RETURNING id", 10, 20)
+    assert images["status"] == "captured" and images["total"] == 2
+    assert [(r["op"], r["after"]["v"]) for r in images["rows"]] == [("insert", 10),
+                                                                    ("insert", 20)]
+    starred = _images(target, "INSERT INTO serials (v) SELECT 7 RETURNING *")
+    assert [r["after"]["v"] for r in starred["rows"]] == [7]
+    unnamed = _images(target, "INSERT INTO serials (v) VALUES (1) RETURNING v")
+    assert unnamed["status"] == "unavailable"

@@ -564,8 +564,10 @@ class PostgresTarget(SqlTarget):
                 cur = conn.cursor()
                 cur.execute(statement.sql, params)
                 sample = None
+                returned = None
                 if cur.description is not None:
                     rows = cur.fetchall()  # all of them: the count must be exact
+                    returned = ([d.name for d in cur.description], rows)
                     count = len(rows)
                     sample = {"columns": [d.name for d in cur.description],
                               "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
@@ -575,7 +577,7 @@ class PostgresTarget(SqlTarget):
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
                                 "plan": None,
-                                "row_images": finish_capture(capture, images, count)})
+                                "row_images": finish_capture(capture, images, count, returned)})
         except psycopg.Error as exc:
             if exc.sqlstate == "57014":
                 what = (f"statement {index} ran past the statement timeout "

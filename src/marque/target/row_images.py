@@ -9,7 +9,9 @@ always rolled back — the engine runs, around the statement exactly as approved
   binding the same parameter values the ``WHERE``'s placeholders take, or a
   ``SELECT`` of the keys an ``INSERT``'s ``VALUES`` name (``INSERT``, ``ON
   CONFLICT``, SQLite's ``OR IGNORE``);
-* after it: a ``SELECT`` of those keys, giving the new images.
+* after it: a ``SELECT`` of those keys, giving the new images — or, for an
+  ``INSERT`` whose keys the database makes, of the keys its own ``RETURNING``
+  gave.
 
 Rows are keyed by the table's primary key, or where it has none by a unique
 index over NOT NULL columns (the schema's own declaration that each row is
@@ -110,7 +112,7 @@ def _sorted(orders: Any) -> list[str]:
 
 @dataclass
 class _Plan:
-    kind: str  # update | delete | insert | upsert
+    kind: str  # update | delete | insert | upsert | returned (an insert keyed by RETURNING)
     table: exp.Table  # without its alias
     key: list[str]
     before_sql: str | None
@@ -147,9 +149,22 @@ class Capture:
                                     [row[i] for i in index])
         return out
 
-    def finish(self, session: ImageSession, rowcount: int) -> dict[str, Any]:
+    def finish(self, session: ImageSession, rowcount: int,
+               returned: tuple[list[str], list[tuple[Any, ...]]] | None = None
+               ) -> dict[str, Any]:
         """Read the after-images and build the statement's ``row_images``."""
         plan = self._plan
+        if plan.kind == "returned":
+            # Keys the database made, named by the statement's own RETURNING.
+            if returned is None or len(returned[1]) != rowcount:
+                raise ImageUnavailable("the statement's RETURNING did not name every "
+                                       "inserted row: previewed by count only")
+            mark = "%s" if session.dialect == "postgres" else "?"
+            named = self._keyed(*returned)
+            plan = _Plan("insert", plan.table, plan.key, None, [],
+                         insert_keys=[([mark] * len(plan.key), list(raw))
+                                      for _, _, raw in named.values()])
+            self._plan = plan
         before = self._keyed(self._columns, self._before)
         order = _sorted(before)
         if plan.kind in ("update", "delete") and len(before) != rowcount:
@@ -291,6 +306,24 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
                  list(params[skip:skip + count]))
 
 
+def _returned_keys(node: exp.Insert, table: exp.Table, key: list[str],
+                   alternative: str) -> _Plan | None:
+    """A plain INSERT whose own RETURNING gives every key column (or ``*``): the new
+    rows are read back by the keys it returns."""
+    returning = node.args.get("returning")
+    if returning is None or node.args.get("conflict") is not None or alternative:
+        return None
+    named: set[str] = set()
+    for item in returning.expressions:
+        if isinstance(item, exp.Star):
+            return _Plan("returned", table, key, None, [])
+        if isinstance(item, exp.Column) and not item.table:
+            named.add(item.name.lower())
+    if all(k.lower() in named for k in key):
+        return _Plan("returned", table, key, None, [])
+    return None
+
+
 def _literal_key(value: exp.Expression) -> bool:
     if isinstance(value, exp.Neg):
         value = value.this
@@ -311,14 +344,16 @@ def _plan_insert(node: exp.Insert, params: Sequence[Any], session: ImageSession)
     if alternative and alternative != "IGNORE":
         return f"INSERT OR {alternative} is previewed by count only"
     values = node.expression
-    if not isinstance(values, exp.Values):
-        return "an INSERT … SELECT makes keys the preview cannot name: previewed by count only"
     schema, name = _table_name(target)
     bare = _bare(target)
     key = session.primary_key(bare.sql(dialect=session.dialect), schema, name)
     if not key:
         return (f"table {name} has no primary key (nor a unique index over NOT NULL "
                 "columns): previewed by count only")
+    if not isinstance(values, exp.Values):
+        return _returned_keys(node, bare, key, alternative) or (
+            "an INSERT … SELECT makes keys the preview cannot name (unless it returns "
+            "them): previewed by count only")
     if columns is None:
         try:
             columns = session.query(
@@ -327,8 +362,9 @@ def _plan_insert(node: exp.Insert, params: Sequence[Any], session: ImageSession)
             return str(exc)
     lowered = [c.lower() for c in columns]
     if any(k.lower() not in lowered for k in key):
-        return ("the database makes the inserted rows' keys (a default or a sequence): "
-                "previewed by count only")
+        return _returned_keys(node, bare, key, alternative) or (
+            "the database makes the inserted rows' keys (a default or a sequence): "
+            "previewed by count only")
     conflict = node.args.get("conflict")
     updates = False
     if conflict is not None:
@@ -399,6 +435,8 @@ def _select_keys(session: ImageSession, plan: _Plan, keys: list[list[Any]]
 def _select_insert_keys(session: ImageSession, plan: _Plan
                         ) -> tuple[list[str], list[tuple[Any, ...]]]:
     assert plan.insert_keys is not None
+    if not plan.insert_keys:
+        return [], []
     sql, params = _key_filter(plan, session, plan.insert_keys)
     return session.query(sql, params)
 
@@ -431,12 +469,15 @@ def start_capture(session: ImageSession, sql: str, params: Sequence[Any]
 
 
 def finish_capture(capture: Capture | dict[str, Any] | None, session: ImageSession,
-                   rowcount: int) -> dict[str, Any] | None:
-    """After the statement ran: its ``row_images`` (see :func:`start_capture`)."""
+                   rowcount: int,
+                   returned: tuple[list[str], list[tuple[Any, ...]]] | None = None,
+                   ) -> dict[str, Any] | None:
+    """After the statement ran: its ``row_images`` (see :func:`start_capture`);
+    ``returned`` is what the statement's own ``RETURNING`` gave (columns, every row)."""
     if not isinstance(capture, Capture):
         return capture
     try:
-        return capture.finish(session, rowcount)
+        return capture.finish(session, rowcount, returned)
     except ImageUnavailable as exc:
         return unavailable(str(exc))
 

@@ -401,8 +401,10 @@ class SqliteTarget(SqlTarget):
                 capture = start_capture(images, statement.sql, statement.params)
                 cur = conn.execute(statement.sql, tuple(statement.params))
                 sample = None
+                returned = None
                 if cur.description is not None:
                     rows = cur.fetchall()  # all of them: the count must be exact
+                    returned = ([d[0] for d in cur.description], rows)
                     count = len(rows)
                     sample = {"columns": [d[0] for d in cur.description],
                               "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
@@ -412,7 +414,7 @@ class SqliteTarget(SqlTarget):
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
                                 "plan": None,
-                                "row_images": finish_capture(capture, images, count)})
+                                "row_images": finish_capture(capture, images, count, returned)})
         except sqlite3.Error as exc:
             name = getattr(exc, "sqlite_errorname", None)
             if name == "SQLITE_INTERRUPT":
