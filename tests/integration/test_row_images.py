@@ -102,6 +102,10 @@ def test_what_cannot_be_imaged_says_why(target: SqliteTarget) -> None:
     assert sub["status"] == "unavailable" and "subquery" in sub["reason"]
     (read,) = _preview(target, Statement("SELECT * FROM accounts"))
     assert read["row_images"] is None
+    replaced = _images(target, "REPLACE INTO accounts (id, owner, balance) VALUES (1, 'x', 1)")
+    assert replaced["status"] == "unavailable" and "only the rows of" in replaced["reason"]
+    ddl = _images(target, "CREATE TABLE other (id INT)")
+    assert ddl["status"] == "unavailable"
 
 
 def test_past_the_cap_a_sample_and_the_exact_count(target: SqliteTarget) -> None:

@@ -106,6 +106,11 @@ def test_what_cannot_be_imaged_says_why(target: PostgresTarget) -> None:
     assert serial["status"] == "unavailable" and "sequence" in serial["reason"]
     sub = _images(target, "DELETE FROM accounts WHERE id IN (SELECT acct FROM holdings)")
     assert sub["status"] == "unavailable" and "subquery" in sub["reason"]
+    (cte,) = target.preview(Change((Statement(
+        "WITH d AS (DELETE FROM accounts WHERE id = 3 RETURNING *) SELECT * FROM d"),)),
+        mode="rollback", sample_rows=5, statement_timeout_ms=5_000)
+    assert cte["row_images"]["status"] == "unavailable"
+    assert "data-modifying WITH" in cte["row_images"]["reason"]
     several = _images(target, "UPDATE accounts a SET balance = 0 FROM holdings h "
                       "WHERE h.acct = a.id")
     assert several["status"] == "unavailable" and "several tables" in several["reason"]

@@ -262,8 +262,13 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
     if len(parsed) != 1 or parsed[0] is None:
         return "the statement could not be parsed to derive its row images"
     node = parsed[0]
+    if isinstance(node, exp.Query) and not node.args.get("into"):
+        if any(True for _ in node.find_all(*_WRITE_KINDS)):
+            return "a query with a data-modifying WITH is previewed by count only"
+        return ""  # a query: no rows of its own to image
     if not isinstance(node, _WRITE_KINDS):
-        return ""
+        return ("only the rows of INSERT, UPDATE and DELETE are imaged: this statement is "
+                "previewed by count only")
     if isinstance(node, exp.Merge):
         return "MERGE is previewed by count only"
     if node.args.get("with") or node.args.get("with_"):
@@ -489,8 +494,9 @@ def writes_rows(sql: str, dialect: str) -> bool:
         parsed = sqlglot.parse(sql, read=dialect)
     except Exception:  # as in _plan: unreadable means "may write"
         return True
-    return not (len(parsed) == 1 and parsed[0] is not None
-                and not isinstance(parsed[0], _WRITE_KINDS))
+    return not (len(parsed) == 1 and isinstance(parsed[0], exp.Query)
+                and not parsed[0].args.get("into")
+                and not any(True for _ in parsed[0].find_all(*_WRITE_KINDS)))
 
 
 def explain_images(sql: str, dialect: str) -> dict[str, Any] | None:
