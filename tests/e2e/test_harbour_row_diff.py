@@ -58,10 +58,10 @@ class DiffStack:
         self.bob = self.harbour.add("bob", "approver")
         pilot_token = self.harbour.add("p1", "pilot")
         self.server = HarbourServer(self.harbour.home)
-        port = free_port()
+        self.port = free_port()
         cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", pilot_token, "--url", f"http://127.0.0.1:{port}")
-        self.bank.start(listen=f"127.0.0.1:{port}")
+                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
+        self.bank.start(listen=f"127.0.0.1:{self.port}")
         self.count = 0
 
     def ask(self, target: str, sql: str, *params: Any, max_rows: int = 500) -> dict[str, Any]:
@@ -222,3 +222,29 @@ def test_an_approval_never_applies_to_rows_it_did_not_see(stack: DiffStack,
     assert again["preview"]["diff_cid"] != asked["preview"]["diff_cid"]
     assert again["checkpoint"]["cid"] != asked["checkpoint"]["cid"]
     assert again["resolutions"] == []
+
+
+def test_a_pilot_away_at_approval_issues_nothing_and_keeps_the_approval(
+        tmp_path: Path, pg_admin_dsn: str) -> None:
+    """The approval that completes a Checkpoint cannot re-preview (the Pilot is down): it is
+    answered pilot_unavailable, no marque is issued, the approval stays; once the Pilot is
+    back, the same approval again issues the marque."""
+    pg_name, pg_dsn = create_database(pg_admin_dsn)
+    stack = DiffStack(tmp_path, pg_dsn)
+    try:
+        asked = stack.ask("bank", "UPDATE accounts SET balance = balance - 1 WHERE id = 3")
+        stack.bank.stop()
+        away = cli("approve", asked["id"], "--reason", "ok", "--json", token=stack.bob,
+                   harbour=stack.server.url)
+        assert away.returncode == 7, away
+        assert away.json["error"]["code"] == "pilot_unavailable", away.json
+        shown = stack.show(asked["id"], "--json").json
+        assert shown["state"] == "awaiting_approval" and shown["marque"] is None
+        assert [r["approver"] for r in shown["resolutions"]] == ["bob"]
+        stack.bank.start(listen=f"127.0.0.1:{stack.port}")
+        again = cli("approve", asked["id"], "--reason", "ok", "--json", token=stack.bob,
+                    harbour=stack.server.url)
+        assert again.returncode == 0 and again.json["state"] == "prepared", again
+    finally:
+        stack.stop()
+        drop_database(pg_admin_dsn, pg_name)
