@@ -52,6 +52,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── AccountConfigInvalid account_config_invalid
     │   ├── DelegationRejected   delegation_rejected
     │   ├── RequestExpired       request_expired
+    │   ├── PreviewOverBudget    preview_over_budget   its preview touched more than max_rows
     │   └── EffectUnsupported    effect_unsupported    capability cannot realise the policy
     ├── NotApplied            an error received before or at COMMIT (exit 4)
     │   ├── MaxRowsExceeded      max_rows_exceeded
@@ -355,6 +356,12 @@ class SelfApproval(Refusal, code="self_approval"):
 
 class RevalidationFailed(Refusal, code="revalidation_failed"):
     pass
+
+
+class PreviewOverBudget(Refusal, code="preview_over_budget"):
+    """An approval of a request whose stored preview touched more rows than its budget's
+    ``max_rows``: its execution could only claim an attempt and abort, so it is not
+    approvable; a narrower change or a larger budget is a new request."""
 
 
 class AccountDenied(Refusal, code="account_denied"):

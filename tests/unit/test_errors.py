@@ -42,6 +42,8 @@ OWN_CODES = {
     "report_signature_invalid": 2, "report_key_changed": 2,
     # the services' body limits (docs/harbour-service.md, docs/service.md: "Limits")
     "payload_too_large": 2,
+    # an approval of a preview over its budget (docs/harbour.md, "Row images")
+    "preview_over_budget": 3,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,

@@ -38,6 +38,7 @@ from marque.cli.common import (
     when,
 )
 from marque.cli.issue import ISOLATION_LEVELS
+from marque.cli.row_diff import print_row_images
 from marque.errors import HarbourUnavailable, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.lifecycle import RequestState
 
@@ -189,8 +190,14 @@ def _print_preview(preview: dict[str, Any] | None) -> None:
     within = "within" if preview.get("within_max_rows") else "OVER"
     out.say(f"  preview ({one_line(preview.get('mode'))}): {preview.get('total_rows')} row(s), "
             f"{within} max_rows {preview.get('max_rows')}")
+    if preview.get("within_max_rows") is False:
+        out.say("  [red]not approvable[/]: executing it would claim an attempt and abort with "
+                "max_rows_exceeded (preview_over_budget)")
+    if preview.get("diff_cid"):
+        out.say(f"  diff {one_line(preview['diff_cid'])}")
     for statement in preview.get("statements") or []:
         out.say(f"    {statement.get('rows')} row(s): {one_line(statement.get('sql'))}")
+        print_row_images(statement.get("row_images"))
         sample = statement.get("sample") or {}
         if sample.get("columns"):
             out.say("      " + " | ".join(one_line(c) for c in sample["columns"]))

@@ -55,6 +55,7 @@ from marque.timefmt import iso_time
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "CHECKPOINT_VERSION_0_1",
     "RESOLUTION_VERSION",
     "CONFIG_CHANGED",
     "INCARNATION_CHANGED",
@@ -77,7 +78,11 @@ __all__ = [
     "parse_time",
 ]
 
-CHECKPOINT_VERSION: Final = "marque-checkpoint/0.1"
+#: The version of a Checkpoint that names its preview's diff (``diff_cid``).
+CHECKPOINT_VERSION: Final = "marque-checkpoint/0.2"
+#: The version of a Checkpoint over a preview without row images: still read, still
+#: sealed when the preview names no diff, so every body sealed before keeps its CID.
+CHECKPOINT_VERSION_0_1: Final = "marque-checkpoint/0.1"
 RESOLUTION_VERSION: Final = "marque-resolution/0.1"
 
 #: What :func:`revalidate` names when the adopted routing config is not the Checkpoint's.
@@ -99,6 +104,7 @@ _CHECKPOINT_KEYS = frozenset({
     "version", "logical_request_scope", "intent_fingerprint", "change_cid", "preview_cid",
     "routing", "environment", "expires_at",
 })
+_CHECKPOINT_KEYS_0_2 = _CHECKPOINT_KEYS | {"diff_cid"}
 _ROUTING_KEYS = frozenset({"config_cid", "outcome", "approvals"})
 _ENVIRONMENT_KEYS = frozenset({"pilot_id", "incarnation", "target"})
 _RESOLUTION_KEYS = frozenset({"version", "checkpoint_cid", "decision", "approver", "reason", "at"})
@@ -199,12 +205,17 @@ class Checkpoint:
     incarnation: str
     target: str
     expires_at: str
+    #: The CID of the preview's row images (``marque-row-diff/0.1``), None when the
+    #: preview has none: a body with it is version 0.2, one without it 0.1.
+    diff_cid: str | None = None
     cid: str = field(init=False)
 
     def __post_init__(self) -> None:
         for name in ("logical_request_scope", "intent_fingerprint", "change_cid",
                      "preview_cid", "config_cid"):
             _cid_field(getattr(self, name), name)
+        if self.diff_cid is not None:
+            _cid_field(self.diff_cid, "diff_cid")
         if not is_json_int(self.approvals) or not 1 <= self.approvals <= MAX_SAFE_INT:
             raise InvalidInput("routing.approvals must be an integer of at least 1")
         for name in ("pilot_id", "incarnation", "target"):
@@ -214,9 +225,10 @@ class Checkpoint:
 
     @property
     def body(self) -> dict[str, Any]:
-        """The sealed body of DESIGN §11.4, exactly; ``cid`` is its CID."""
-        return {
-            "version": CHECKPOINT_VERSION,
+        """The sealed body of DESIGN §11.4, exactly; ``cid`` is its CID. Version 0.2
+        (with ``diff_cid``) when the preview names its diff, else the 0.1 body."""
+        body: dict[str, Any] = {
+            "version": CHECKPOINT_VERSION_0_1 if self.diff_cid is None else CHECKPOINT_VERSION,
             "logical_request_scope": self.logical_request_scope,
             "intent_fingerprint": self.intent_fingerprint,
             "change_cid": self.change_cid,
@@ -227,6 +239,9 @@ class Checkpoint:
                             "target": self.target},
             "expires_at": self.expires_at,
         }
+        if self.diff_cid is not None:
+            body["diff_cid"] = self.diff_cid
+        return body
 
     @property
     def expires_at_epoch(self) -> int:
@@ -241,9 +256,12 @@ class Checkpoint:
         any deviation, or a body that no longer hashes to its stored CID, is
         :class:`InvalidInput`.
         """
-        data = _members(body, _CHECKPOINT_KEYS, "checkpoint")
-        if data["version"] != CHECKPOINT_VERSION:
-            raise InvalidInput(f"checkpoint version must be {CHECKPOINT_VERSION}")
+        version = body.get("version") if isinstance(body, Mapping) else None
+        if version not in (CHECKPOINT_VERSION, CHECKPOINT_VERSION_0_1):
+            raise InvalidInput(f"checkpoint version must be {CHECKPOINT_VERSION} (or "
+                               f"{CHECKPOINT_VERSION_0_1})")
+        data = _members(body, _CHECKPOINT_KEYS_0_2 if version == CHECKPOINT_VERSION
+                        else _CHECKPOINT_KEYS, "checkpoint")
         routing = _members(data["routing"], _ROUTING_KEYS, "checkpoint.routing")
         if routing["outcome"] != _DELEGATE:
             raise InvalidInput("checkpoint.routing.outcome must be delegate: only a deferred "
@@ -260,7 +278,10 @@ class Checkpoint:
             incarnation=environment["incarnation"],
             target=environment["target"],
             expires_at=data["expires_at"],
+            diff_cid=data.get("diff_cid") if version == CHECKPOINT_VERSION else None,
         )
+        if version == CHECKPOINT_VERSION and checkpoint.diff_cid is None:
+            raise InvalidInput("a marque-checkpoint/0.2 body names its diff_cid")
         # The rebuilt body must hash like the stored one byte for byte: a member
         # changed in place (or a CID that never matched) is refused here.
         _check_stored_cid("checkpoint", cid(dict(data)), stored_cid)
@@ -280,8 +301,12 @@ def seal_checkpoint(
     incarnation: str,
     target: str,
     expires_at: float,
+    diff_cid: str | None = None,
 ) -> Checkpoint:
     """Seal the Checkpoint of a delegated request; ``expires_at`` is epoch seconds (floored).
+
+    ``diff_cid`` is the preview's (its row images' CID); a preview without one seals
+    a version 0.1 body.
 
     ``approvals`` is the routing decision's count of distinct approvers. Raises
     :class:`InvalidInput` for a malformed CID, an empty name or a bad time.
@@ -297,6 +322,7 @@ def seal_checkpoint(
         incarnation=incarnation,
         target=target,
         expires_at=_time_text(expires_at, "expires_at"),
+        diff_cid=diff_cid,
     )
 
 

@@ -70,6 +70,7 @@ from marque.harbour.reports import ingest
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
+from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget, sealed_diff_cid
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
 from marque.harbour.views import (
     page_cursor,
@@ -445,7 +446,7 @@ class Harbourmaster:
             preview_cid=preview_cid, config_cid=decision.config_cid,
             approvals=decision.approvals, pilot_id=pilot.pilot_id,
             incarnation=pilot.incarnation, target=request.target,
-            expires_at=now + self.checkpoint_ttl_seconds)
+            expires_at=now + self.checkpoint_ttl_seconds, diff_cid=sealed_diff_cid(preview))
         try:
             return self.store.seal_checkpoint(
                 request.id, request.version, checkpoint_cid=checkpoint.cid,
@@ -542,6 +543,8 @@ class Harbourmaster:
         if request.state is not S.AWAITING_APPROVAL:
             raise Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                            detail={"id": request.id, "state": request.state.value})
+        if decision == "approve":
+            refuse_over_budget(request)
         now = self._now()
         if decision == "approve" and not self._self_approval(request):
             refuse_shared_key(principal.key_thumbprint, request.principal,
@@ -635,6 +638,15 @@ class Harbourmaster:
                 require_revalidated(checkpoint, **check)
             except RevalidationFailed as exc:
                 return self._end(request, S.FAILED, exc.code, exc.message, actor=actor)
+        # The approvals are for the rows the approvers saw: if they moved since, none carries.
+        moved = diff_changes(self, request, self.store.get_pilot(request.pilot_id),
+                             PREVIEW_SAMPLE_ROWS)
+        if moved is not None:
+            return self._end(
+                request, S.FAILED, RevalidationFailed.code,
+                f"checkpoint {checkpoint.cid} no longer holds ({DIFF_CHANGED}: {moved}); no "
+                "marque is issued — ask for the change again to get a new preview and "
+                "Checkpoint", actor=actor)
         max_ttl = (request.routing or {}).get("max_ttl_seconds")
         return self._issue(request, marque_change(request.change, request.preview),
                            approval=approval_for_checkpoint(checkpoint, counted),

@@ -17,6 +17,7 @@ from marque.cid import cid
 from marque.errors import MarqueError, PreviewFailed
 from marque.harbour.identity import RequestIdentity, request_identity
 from marque.harbour.routing import Decision, RoutingConfig, evaluate
+from marque.target.row_images import diff_cid
 
 if TYPE_CHECKING:
     from marque.harbour.store.base import PilotRecord
@@ -110,4 +111,16 @@ def _preview_mismatch(preview: Any, change: Change, pilot: PilotRecord, target: 
         return "another Pilot or ledger incarnation"
     if preview.get("target") != target:
         return "another target"
+    if "diff_cid" in preview and preview["diff_cid"] != _diff_cid_of(preview):
+        return "its diff_cid does not match its row images"
     return ""
+
+
+def _diff_cid_of(preview: dict[str, Any]) -> str | None:
+    statements = preview.get("statements")
+    if not isinstance(statements, list) or not all(isinstance(s, dict) for s in statements):
+        return None
+    try:
+        return diff_cid(statements)
+    except MarqueError:
+        return None

@@ -4,10 +4,12 @@ A preview token (signed by a trusted issuer, ``typ: marque-preview+jwt``) asks
 this Pilot to run a change's statements on one of its targets. Under the
 target's preview mode from ``pilot.json`` (``previews``; default
 ``rollback``) the statements run in a transaction that is always rolled back,
-giving the exact rows per statement and samples of any result set, or only
-``EXPLAIN`` runs. A preview never claims a nonce, stamps or spends budget; the
-token's ``jti`` is remembered so it runs once, and each preview is logged to
-the Pilot's logbook (``preview.run``).
+giving the exact rows per statement, samples of any result set and the
+changed rows' before- and after-images (:mod:`marque.target.row_images`,
+named together by ``diff_cid``), or only ``EXPLAIN`` runs. A preview never
+claims a nonce, stamps or spends budget; the token's ``jti`` is remembered
+so it runs once, and each preview is logged to the Pilot's logbook
+(``preview.run``).
 
 A preview token whose ``change`` is an Effect Set (``{effect_set: …}``,
 DESIGN §7) is answered with the Effect Set's preview instead
@@ -27,6 +29,7 @@ from marque.pilot.config import PREVIEW_MODES
 from marque.pilot.continuity import refuse_if_replaced
 from marque.pilot.core import Pilot
 from marque.service_tokens import verify_preview_token
+from marque.target.row_images import diff_cid
 from marque.timefmt import iso_time
 
 PREVIEW_VERSION = "marque-preview/0.1"
@@ -83,6 +86,8 @@ def run_preview(
         "total_rows": total_rows,
         "max_rows": read.max_rows,
         "within_max_rows": within,
+        # The row images' own content id: what a Checkpoint seals as the diff approved.
+        "diff_cid": diff_cid(statements),
         "elapsed_ms": elapsed_ms,
         "at": iso_time(now),
     }

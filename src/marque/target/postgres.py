@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -72,6 +73,12 @@ from marque.target.base import (
     SqlTarget,
     TargetAttempt,
     _jsonable,
+)
+from marque.target.row_images import (
+    ImageUnavailable,
+    explain_images,
+    finish_capture,
+    start_capture,
 )
 
 _ISOLATION = {
@@ -122,6 +129,41 @@ def _message(*parts: str) -> str:
 @functools.lru_cache(maxsize=512)
 def _kept_message(*parts: str) -> str:
     return "".join(parts)
+
+
+
+class _ImageSession:
+    """The derived queries of row images (:mod:`marque.target.row_images`), each in a
+    savepoint of the preview's transaction: one that fails leaves the preview going."""
+
+    dialect = "postgres"
+
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+        self.conn = conn
+
+    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
+        try:
+            with self.conn.transaction():  # a savepoint: the preview's transaction is open
+                cur = self.conn.execute(sql, tuple(params) or None)
+                return [d.name for d in cur.description or ()], list(cur.fetchall())
+        except psycopg.Error as exc:
+            raise ImageUnavailable(
+                f"the derived row-image query failed ({reason(exc)}): previewed by count "
+                "only") from exc
+
+    def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        # The primary key; else a unique index over NOT NULL columns (not partial, no
+        # expressions), which names each row just as well: the fewest columns, then by name.
+        _, rows = self.query(
+            "SELECT array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
+            "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL "
+            "AND i.indexprs IS NULL GROUP BY i.indexrelid, i.indisprimary "
+            "HAVING bool_and(a.attnotnull) "
+            "ORDER BY i.indisprimary DESC, count(*), i.indexrelid::regclass::text LIMIT 1",
+            (table_sql,))
+        return [str(c) for c in rows[0][0]] if rows else []
 
 
 class _Cursors:
@@ -503,6 +545,7 @@ class PostgresTarget(SqlTarget):
                 conn.execute("SET TRANSACTION READ ONLY")
             conn.execute("SELECT set_config('statement_timeout', %s, true)",
                          (f"{statement_timeout_ms}ms",))
+            images = _ImageSession(conn)
             for index, statement in enumerate(change.statements):
                 params = tuple(statement.params) or None
                 if mode == "explain":
@@ -514,13 +557,17 @@ class PostgresTarget(SqlTarget):
                         plan = json.loads(plan)
                     estimate = plan[0]["Plan"].get("Plan Rows") if plan else None
                     results.append({"sql": statement.sql, "rows": estimate, "sample": None,
-                                    "plan": plan})
+                                    "plan": plan,
+                                    "row_images": explain_images(statement.sql, "postgres")})
                     continue
+                capture = start_capture(images, statement.sql, statement.params)
                 cur = conn.cursor()
                 cur.execute(statement.sql, params)
                 sample = None
+                returned = None
                 if cur.description is not None:
                     rows = cur.fetchall()  # all of them: the count must be exact
+                    returned = ([d.name for d in cur.description], rows)
                     count = len(rows)
                     sample = {"columns": [d.name for d in cur.description],
                               "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
@@ -529,7 +576,8 @@ class PostgresTarget(SqlTarget):
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None})
+                                "plan": None,
+                                "row_images": finish_capture(capture, images, count, returned)})
         except psycopg.Error as exc:
             if exc.sqlstate == "57014":
                 what = (f"statement {index} ran past the statement timeout "

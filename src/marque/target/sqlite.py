@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from marque.change import Change
@@ -44,6 +45,13 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
 )
+from marque.target.row_images import (
+    ImageUnavailable,
+    explain_images,
+    finish_capture,
+    start_capture,
+    writes_rows,
+)
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -60,6 +68,48 @@ _DENIED_ACTIONS = frozenset({
 
 def _deny_transaction_control(action: int, *_: object) -> int:
     return sqlite3.SQLITE_DENY if action in _DENIED_ACTIONS else sqlite3.SQLITE_OK
+
+
+class _ImageSession:
+    """The derived queries of row images (:mod:`marque.target.row_images`), in the
+    preview's transaction: only they may read the schema's pragmas."""
+
+    dialect = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
+        self.conn.set_authorizer(None)
+        try:
+            cur = self.conn.execute(sql, tuple(params))
+            return [d[0] for d in cur.description or ()], list(cur.fetchall())
+        except sqlite3.Error as exc:
+            raise ImageUnavailable(
+                f"the derived row-image query failed ({' '.join(str(exc).split())}): "
+                "previewed by count only") from exc
+        finally:
+            self.conn.set_authorizer(_deny_transaction_control)
+
+    def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        where = (name, schema or "main")
+        _, rows = self.query("SELECT name, pk FROM pragma_table_info(?, ?) WHERE pk > 0 "
+                             "ORDER BY pk", where)
+        if rows:
+            return [str(r[0]) for r in rows]
+        # No primary key: a unique index over NOT NULL columns (not partial, no
+        # expressions) names each row just as well; the fewest columns, then by name.
+        _, indexes = self.query('SELECT name FROM pragma_index_list(?, ?) WHERE "unique" = 1 '
+                                "AND partial = 0 ORDER BY name", where)
+        keys: list[list[str]] = []
+        for (index,) in indexes:
+            _, columns = self.query(
+                'SELECT ii.name, ti."notnull" FROM pragma_index_info(?, ?) ii LEFT JOIN '
+                "pragma_table_info(?, ?) ti ON ti.name = ii.name ORDER BY ii.seqno",
+                (index, schema or "main", *where))
+            if columns and all(c[0] is not None and c[1] for c in columns):
+                keys.append([str(c[0]) for c in columns])
+        return min(keys, key=len) if keys else []
 
 
 class _TargetConnection(sqlite3.Connection):
@@ -326,26 +376,35 @@ class SqliteTarget(SqlTarget):
         results: list[dict[str, Any]] = []
         index = 0
         try:
-            # Deferred: an explain preview never takes the write lock; a rollback one
-            # takes it at its first write, bounded by the lock (busy) timeout.
-            conn.execute("BEGIN")
+            # Deferred: an explain preview never takes the write lock, nor a read. A rollback
+            # preview of writes takes it at once (bounded by the lock timeout): its row
+            # images read before the first write, and a read lock that then has to become
+            # a write lock could fail at once instead of waiting its turn.
+            conn.execute("BEGIN IMMEDIATE" if mode != "explain" and not change.read_only
+                         and any(writes_rows(s.sql, "sqlite") for s in change.statements)
+                         else "BEGIN")
             if change.read_only:
                 # As its execution will: a read approval is previewed read-only too.
                 conn.execute("PRAGMA query_only = 1")
             conn.set_authorizer(_deny_transaction_control)
             conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
                                       _PROGRESS_STEPS)
+            images = _ImageSession(conn)
             for index, statement in enumerate(change.statements):
                 if mode == "explain":
                     plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
                                         tuple(statement.params)).fetchall()
                     results.append({"sql": statement.sql, "rows": None, "sample": None,
-                                    "plan": [str(r[-1]) for r in plan]})
+                                    "plan": [str(r[-1]) for r in plan],
+                                    "row_images": explain_images(statement.sql, "sqlite")})
                     continue
+                capture = start_capture(images, statement.sql, statement.params)
                 cur = conn.execute(statement.sql, tuple(statement.params))
                 sample = None
+                returned = None
                 if cur.description is not None:
                     rows = cur.fetchall()  # all of them: the count must be exact
+                    returned = ([d[0] for d in cur.description], rows)
                     count = len(rows)
                     sample = {"columns": [d[0] for d in cur.description],
                               "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
@@ -354,7 +413,8 @@ class SqliteTarget(SqlTarget):
                 if not conn.in_transaction:
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None})
+                                "plan": None,
+                                "row_images": finish_capture(capture, images, count, returned)})
         except sqlite3.Error as exc:
             name = getattr(exc, "sqlite_errorname", None)
             if name == "SQLITE_INTERRUPT":

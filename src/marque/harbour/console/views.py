@@ -24,8 +24,10 @@ from marque.errors import NotFound
 from marque.harbour.console import logbook as console_logbook
 from marque.harbour.console import pilots as console_pilots
 from marque.harbour.console.highlight import highlight_sql
+from marque.harbour.console.row_images import row_images_view
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
+from marque.harbour.row_diff import over_budget
 from marque.token import unverified_claims
 
 if TYPE_CHECKING:
@@ -231,13 +233,14 @@ def _preview(preview: dict[str, Any] | None) -> dict[str, Any] | None:
             "html": highlight_sql(str(statement.get("sql") or "")),
             "rows": statement.get("rows"), "plan": statement.get("plan"),
             "columns": list(sample.get("columns") or []),
-            "sample": [list(row) for row in sample.get("rows") or []]})
+            "sample": [list(row) for row in sample.get("rows") or []],
+            "row_images": row_images_view(statement.get("row_images"))})
     return {"mode": preview.get("mode"), "total_rows": preview.get("total_rows"),
             "max_rows": preview.get("max_rows"),
             "within_max_rows": preview.get("within_max_rows"),
             "elapsed_ms": preview.get("elapsed_ms"), "at": preview.get("at"),
             "preview_cid": preview.get("preview_cid"), "pilot": preview.get("pilot"),
-            "statements": statements}
+            "diff_cid": preview.get("diff_cid"), "statements": statements}
 
 
 #: How an Effect Set row's (or receipt's) state is shown: ``unknown`` is unknown — needing a
@@ -411,6 +414,9 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
         "approved": approved, "needed": needed,
         "can_decide": decide, "why_not": why_not, "marque": _marque(hm, request),
         "no_longer_holds": hm.no_longer_holds(request["id"]) if decide else [],
+        # Offered a reject only: an approval of it is refused (preview_over_budget).
+        "over_budget": None if "effect_set" in (request.get("change") or {})
+        else over_budget(request.get("preview")),
         "executions": _executions(hm, request, timelines=timelines),
         "entries": entries, "live": request["state"] in LIVE_STATES,
         "entries_more": entries_more,

@@ -1,0 +1,60 @@
+"""How ``marque requests show`` prints a preview's row images: key, column, before, after.
+
+A compact table per statement — one line per changed cell of an updated row,
+one per column of an inserted or deleted row, each marked — and, past the
+Pilot's cap, the plain words "showing N of K rows". A statement whose rows
+could not be imaged says why. ``--json`` prints the object itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from marque.cli.common import one_line, out
+
+__all__ = ["print_row_images", "cell"]
+
+_OP_MARK = {"update": "~", "insert": "+", "delete": "-"}
+
+
+def cell(value: Any) -> str:
+    """One value as the table shows it: JSON, so text and numbers and null stay apart."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, dict):
+        return ", ".join(f"{k}={cell(v)}" for k, v in key.items())
+    return cell(key)
+
+
+def print_row_images(images: Any, indent: str = "      ") -> None:
+    """Print one statement's ``row_images`` (nothing for a statement that writes no rows)."""
+    if not isinstance(images, dict):
+        return
+    if images.get("status") != "captured":
+        out.say(f"{indent}rows not shown: {one_line(images.get('reason'))}")
+        return
+    rows = images.get("rows") or []
+    total = images.get("total")
+    if images.get("truncated"):
+        out.say(f"{indent}showing {len(rows):,} of {total:,} rows of "
+                f"{one_line(images.get('table'))} (the rest are counted, not shown)")
+    else:
+        out.say(f"{indent}{total} row(s) of {one_line(images.get('table'))}, by key "
+                f"{one_line(', '.join(images.get('key') or []))}:")
+    out.say(f"{indent}  op key | column | before → after")
+    for row in rows:
+        op = row.get("op")
+        before, after = row.get("before") or {}, row.get("after") or {}
+        columns = (row.get("changed") or []) if op == "update" else sorted(before or after)
+        mark = _OP_MARK.get(str(op), "?")
+        key = _key_text(row.get("key"))
+        if op == "update" and not columns:
+            out.say(f"{indent}  {mark} {one_line(key)} | (no column changes)")
+        for column in columns:
+            old = "·" if op == "insert" else cell(before.get(column))
+            new = "·" if op == "delete" else cell(after.get(column))
+            out.say(f"{indent}  {mark} {one_line(key)} | {one_line(column)} | "
+                    f"{one_line(old)} → {one_line(new)}")
