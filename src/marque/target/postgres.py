@@ -62,6 +62,7 @@ from marque.errors import (
 )
 from marque.outcome import Status
 from marque.pgpool import Pool, checkout, make_pool, reason
+from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_APPLIED,
@@ -72,7 +73,9 @@ from marque.target.base import (
     SqlTarget,
     TargetAttempt,
     _jsonable,
+    not_previewed,
 )
+from marque.target.caveat_catalog import PostgresCatalog
 
 _ISOLATION = {
     "read_committed": "READ COMMITTED",
@@ -503,8 +506,13 @@ class PostgresTarget(SqlTarget):
                 conn.execute("SET TRANSACTION READ ONLY")
             conn.execute("SELECT set_config('statement_timeout', %s, true)",
                          (f"{statement_timeout_ms}ms",))
+            catalog = PostgresCatalog(conn)
             for index, statement in enumerate(change.statements):
                 params = tuple(statement.params) or None
+                caveats, previewable = statement_caveats(statement.sql, "postgres", catalog)
+                if not previewable:
+                    results.append(not_previewed(statement.sql, caveats))
+                    continue
                 if mode == "explain":
                     # EXPLAIN without ANALYZE plans the statement and executes nothing.
                     row = conn.execute("EXPLAIN (FORMAT JSON) " + statement.sql,
@@ -514,7 +522,7 @@ class PostgresTarget(SqlTarget):
                         plan = json.loads(plan)
                     estimate = plan[0]["Plan"].get("Plan Rows") if plan else None
                     results.append({"sql": statement.sql, "rows": estimate, "sample": None,
-                                    "plan": plan})
+                                    "plan": plan, "preview_caveats": caveats})
                     continue
                 cur = conn.cursor()
                 cur.execute(statement.sql, params)
@@ -529,7 +537,7 @@ class PostgresTarget(SqlTarget):
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None})
+                                "plan": None, "preview_caveats": caveats})
         except psycopg.Error as exc:
             if exc.sqlstate == "57014":
                 what = (f"statement {index} ran past the statement timeout "

@@ -34,6 +34,7 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
+from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_COLUMNS,
@@ -43,7 +44,9 @@ from marque.target.base import (
     SqlTarget,
     TargetAttempt,
     _jsonable,
+    not_previewed,
 )
+from marque.target.caveat_catalog import SqliteCatalog
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000
@@ -335,12 +338,18 @@ class SqliteTarget(SqlTarget):
             conn.set_authorizer(_deny_transaction_control)
             conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
                                       _PROGRESS_STEPS)
+            catalog = SqliteCatalog(conn, _deny_transaction_control)
             for index, statement in enumerate(change.statements):
+                caveats, previewable = statement_caveats(statement.sql, "sqlite", catalog)
+                if not previewable:
+                    results.append(not_previewed(statement.sql, caveats))
+                    continue
                 if mode == "explain":
                     plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
                                         tuple(statement.params)).fetchall()
                     results.append({"sql": statement.sql, "rows": None, "sample": None,
-                                    "plan": [str(r[-1]) for r in plan]})
+                                    "plan": [str(r[-1]) for r in plan],
+                                    "preview_caveats": caveats})
                     continue
                 cur = conn.execute(statement.sql, tuple(statement.params))
                 sample = None
@@ -354,7 +363,7 @@ class SqliteTarget(SqlTarget):
                 if not conn.in_transaction:
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None})
+                                "plan": None, "preview_caveats": caveats})
         except sqlite3.Error as exc:
             name = getattr(exc, "sqlite_errorname", None)
             if name == "SQLITE_INTERRUPT":
