@@ -57,12 +57,13 @@ class PostgresCatalog:
             "FROM pg_attribute a, t WHERE a.attrelid = t.oid AND a.attnum > 0 "
             "AND NOT a.attisdropped AND a.attidentity <> '' "
             "UNION "
-            "SELECT a.attname, c.oid::regclass::text FROM pg_attrdef d "
-            "JOIN t ON d.adrelid = t.oid "
+            "SELECT a.attname, quote_ident(n.nspname) || '.' || quote_ident(c.relname) "
+            "FROM pg_attrdef d JOIN t ON d.adrelid = t.oid "
             "JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
             "JOIN pg_depend dep ON dep.classid = 'pg_attrdef'::regclass "
             "AND dep.objid = d.oid AND dep.refclassid = 'pg_class'::regclass "
             "JOIN pg_class c ON c.oid = dep.refobjid AND c.relkind = 'S' "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "ORDER BY 1, 2",
             {"schema": table.schema, "name": table.name})
         return [(str(r[0]), str(r[1])) for r in rows if r[1] is not None]
