@@ -13,7 +13,7 @@ from typing import Any
 from marque.harbour.executions import latest_attempts
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request
 
-_ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code")
+_ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code", "caveats")
 
 
 def request_object(store: HarbourStore, request: Request) -> dict[str, Any]:
