@@ -207,13 +207,23 @@ def _preview(preview: dict[str, Any] | None) -> dict[str, Any] | None:
             "html": highlight_sql(str(statement.get("sql") or "")),
             "rows": statement.get("rows"), "plan": statement.get("plan"),
             "columns": list(sample.get("columns") or []),
-            "sample": [list(row) for row in sample.get("rows") or []]})
+            "sample": [list(row) for row in sample.get("rows") or []],
+            "caveats": _caveats(statement)})
     return {"mode": preview.get("mode"), "total_rows": preview.get("total_rows"),
             "max_rows": preview.get("max_rows"),
             "within_max_rows": preview.get("within_max_rows"),
             "elapsed_ms": preview.get("elapsed_ms"), "at": preview.get("at"),
             "preview_cid": preview.get("preview_cid"), "pilot": preview.get("pilot"),
-            "statements": statements}
+            "statements": statements,
+            "caveats": [{"statement": s["index"], **c} for s in statements
+                        for c in s["caveats"]]}
+
+
+def _caveats(statement: dict[str, Any]) -> list[dict[str, str]]:
+    """A statement's preview caveats as shown: code and message (docs/harbour.md)."""
+    found = statement.get("preview_caveats")
+    return [{"code": str(c.get("code")), "message": str(c.get("message"))}
+            for c in (found if isinstance(found, list) else []) if isinstance(c, dict)]
 
 
 #: How an Effect Set row's (or receipt's) state is shown: ``unknown`` is unknown — needing a
