@@ -24,9 +24,10 @@ columns default from a sequence, how volatile a function is. Catalog readers
 live with the engines (``target/caveat_catalog.py``); this module runs no SQL.
 
 Like the routing classifier, this errs towards saying more: SQL that does not
-parse yields no caveat from the text, but the statement is still previewed
-(and routed as ``other``); a function the catalog does not know is a caveat of
-its own.
+parse, or that ``sqlglot`` keeps as an opaque command this module does not
+recognise, is an ``unanalysed`` caveat (and is still previewed); a procedure
+``CALL`` is read as a function call and a ``DO`` block as volatile code; a
+function the catalog does not know is a caveat of its own.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 __all__ = [
     "CAVEAT_CODES", "SEQUENCE_ADVANCED", "NOTIFY", "VOLATILE_FUNCTION", "UNKNOWN_FUNCTION",
+    "UNANALYSED",
     "NON_TRANSACTIONAL_DDL", "TRIGGERS", "FOREIGN_TABLE", "Catalog", "FunctionCall",
     "Insert", "StatementShape", "TableName", "caveat_codes", "shape", "statement_caveats",
 ]
@@ -54,12 +56,13 @@ SEQUENCE_ADVANCED: Final = "sequence_advanced"
 NOTIFY: Final = "notify"
 VOLATILE_FUNCTION: Final = "volatile_function"
 UNKNOWN_FUNCTION: Final = "unknown_function"
+UNANALYSED: Final = "unanalysed"
 NON_TRANSACTIONAL_DDL: Final = "non_transactional_ddl"
 TRIGGERS: Final = "triggers"
 FOREIGN_TABLE: Final = "foreign_table"
 #: Every caveat code, in the order a statement's caveats are listed.
-CAVEAT_CODES: Final = (NON_TRANSACTIONAL_DDL, SEQUENCE_ADVANCED, NOTIFY, VOLATILE_FUNCTION,
-                       UNKNOWN_FUNCTION, TRIGGERS, FOREIGN_TABLE)
+CAVEAT_CODES: Final = (NON_TRANSACTIONAL_DDL, UNANALYSED, SEQUENCE_ADVANCED, NOTIFY,
+                       VOLATILE_FUNCTION, UNKNOWN_FUNCTION, TRIGGERS, FOREIGN_TABLE)
 
 #: Function volatility as a :class:`Catalog` reports it.
 VOLATILE: Final = "volatile"
@@ -132,6 +135,9 @@ class StatementShape:
     non_transactional: str | None = None
     #: ``ALTER TYPE … ADD VALUE``: transactional only on PostgreSQL 12 and later.
     adds_enum_value: bool = False
+    #: The text could not be read (it does not parse, or is an opaque command nothing
+    #: here recognises): what it does beyond its row count cannot be told.
+    unread: bool = False
 
 
 class Catalog(Protocol):
@@ -267,8 +273,8 @@ def _function(node: exp.Func, dialect: str) -> FunctionCall | None:
 
 def shape(sql: str, dialect: str) -> StatementShape:
     """What ``sql`` (one statement) says about itself in ``dialect`` (``postgres`` or
-    ``sqlite``). Never raises: text that does not parse has an empty shape (apart
-    from a non-transactional kind recognised by its leading words)."""
+    ``sqlite``). Never raises: text that cannot be read is ``unread`` (unless its
+    leading words name a non-transactional kind, which is all its caveat needs)."""
     try:
         words = _words(sql, dialect)
     except Exception:  # sqlglot raises several error types on odd input
@@ -284,13 +290,53 @@ def shape(sql: str, dialect: str) -> StatementShape:
     touched: list[TableName] = []
     inserts: list[Insert] = []
     functions: list[FunctionCall] = []
+    unread = not parsed
     for statement in parsed:
+        if isinstance(statement, exp.Command):
+            # Kept whole by sqlglot: only its leading words say what it is.
+            unread |= not _read_command(statement, words, dialect, functions)
+            continue
         try:
             _read_statement(statement, dialect, written, touched, inserts, functions)
         except Exception:  # an AST shape not foreseen: say what was found so far
-            continue
+            unread = True
+    if non_transactional is not None or adds_enum_value or _plain_command(words):
+        unread = False  # recognised by its words, which is all its caveat needs
     return StatementShape(tuple(written), tuple(touched), tuple(inserts), tuple(functions),
-                          non_transactional, adds_enum_value)
+                          non_transactional, adds_enum_value, unread)
+
+
+_CALLED = re.compile(r'\s*((?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)'
+                     r'(?:\s*\.\s*(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*))?)\s*\(')
+# Opaque commands whose whole effect is their own, rolled back with the preview.
+_PLAIN_COMMANDS = (("CREATE", "FUNCTION"), ("CREATE", "PROCEDURE"), ("CREATE", "OR"),
+                   ("REINDEX",), ("CLUSTER",), ("ALTER", "TYPE"), ("COMMENT",))
+
+
+def _read_command(statement: exp.Command, words: Sequence[str], dialect: str,
+                  functions: list[FunctionCall]) -> bool:
+    """Read an opaque command; False when nothing says what it does."""
+    head = str(statement.this).upper()
+    rest = statement.expression
+    text = str(rest.this) if isinstance(rest, exp.Literal) else ""
+    if head == "CALL":
+        # A procedure runs code the preview cannot list: read it like a function call.
+        match = _CALLED.match(text)
+        if match is None:
+            return False
+        parts = [p.strip() for p in match.group(1).split(".")]
+        names = [p[1:-1] if p.startswith('"') else p.lower() for p in parts]
+        schema, name = (names[0], names[1]) if len(names) == 2 else (None, names[0])
+        _add(functions, FunctionCall(name, schema))
+        return True
+    if head == "DO":
+        _add(functions, FunctionCall("DO", builtin=True))
+        return True
+    return _plain_command(words)
+
+
+def _plain_command(words: Sequence[str]) -> bool:
+    return any(tuple(words[:len(prefix)]) == prefix for prefix in _PLAIN_COMMANDS)
 
 
 def _add(items: list[Any], item: Any) -> None:
@@ -362,6 +408,12 @@ def statement_caveats(sql: str, dialect: str, catalog: Catalog | None) -> tuple[
             f"{kind} cannot run inside a transaction: it was not previewed, and the Pilot, "
             "which runs every change in one transaction, will fail on it too",
             statement_kind=kind, previewed=False))
+    if found.unread:
+        out.append(caveat(
+            UNANALYSED,
+            "the statement could not be read here (it does not parse in the "
+            f"{dialect} dialect, or is a command nothing here recognises): what it does "
+            "beyond its row count could not be told"))
     sequences = _sequences(found, dialect, catalog)
     if sequences:
         names = ", ".join(dict.fromkeys(s["sequence"] for s in sequences))
@@ -436,6 +488,9 @@ def _functions(found: StatementShape, catalog: Catalog | None) -> tuple[list[str
             continue
         if call.reads_clock:
             _add(volatile, call.shown())
+            continue
+        if call.name == "DO" and call.builtin:
+            _add(volatile, "DO block")
             continue
         if catalog is None:
             continue

@@ -141,9 +141,16 @@ def test_postgres_statements_are_classified_from_their_text() -> None:
     assert found[1]["detail"] == {"channels": ["jobs"]}
 
 
-def test_sql_that_does_not_parse_is_still_previewable() -> None:
-    """No caveat can be read from text sqlglot cannot parse; the statement still runs."""
-    assert statement_caveats("THIS IS NOT SQL ((", "sqlite", None) == ([], True)
+def test_sql_that_cannot_be_read_is_unanalysed_and_still_previewable() -> None:
+    """Text sqlglot cannot parse, or an opaque command nothing recognises, is named as
+    unanalysed (never as free of caveats); the statement still runs."""
+    found, previewable = statement_caveats("THIS IS NOT SQL ((", "sqlite", None)
+    assert ([c["code"] for c in found], previewable) == (["unanalysed"], True)
+    found, _ = statement_caveats("CREATE EXTENSION file_fdw", "postgres", None)
+    assert [c["code"] for c in found] == ["unanalysed"]
+    for plain in ("CLUSTER t USING i", "REINDEX TABLE t", "ALTER TYPE m RENAME TO n",
+                  "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $$SELECT 1$$"):
+        assert statement_caveats(plain, "postgres", None)[0] == [], plain
 
 
 def test_caveat_codes_of_a_preview_are_distinct_and_closed() -> None:

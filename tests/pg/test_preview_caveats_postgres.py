@@ -119,6 +119,16 @@ def test_volatile_user_and_unknown_functions(target: PostgresTarget) -> None:
     assert found[0]["detail"] == {"functions": ["ops.nowhere()"]}
 
 
+def test_a_procedure_call_and_a_do_block_are_volatile_code(target: PostgresTarget) -> None:
+    """CALL runs a procedure (volatile in the catalog) and DO runs a block: both named."""
+    _sql(target, "CREATE PROCEDURE ops_touch() LANGUAGE sql AS $$SELECT 1$$")
+    call, block = _preview(target, "CALL ops_touch()",
+                           "DO $$BEGIN PERFORM 1; END$$")
+    assert call["preview_caveats"][0]["code"] == "volatile_function"
+    assert call["preview_caveats"][0]["detail"] == {"functions": ["ops_touch()"]}
+    assert block["preview_caveats"][0]["detail"] == {"functions": ["DO block"]}
+
+
 def test_non_transactional_ddl_is_not_run_and_never_fails_the_preview(
         target: PostgresTarget) -> None:
     """CREATE INDEX CONCURRENTLY cannot run in a transaction: the preview names it, runs the
