@@ -60,6 +60,9 @@ def test_triggers_on_a_written_table_are_listed_by_name(env: Env) -> None:
     assert select["preview_caveats"] == []
     assert result["caveats"] == ["triggers"]
     assert update["rows"] == 1  # the trigger's audit row is not in the count: hence the caveat
+    assert env.pilot.logbook is not None
+    (logged,) = env.pilot.logbook.entries("preview.run")
+    assert logged["body"]["caveats"] == ["triggers"]
 
 
 def test_volatile_functions_are_named_deterministic_ones_are_not(env: Env) -> None:

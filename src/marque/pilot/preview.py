@@ -102,6 +102,7 @@ def run_preview(
             {"jti": read.jti, "issuer": read.issuer, "target": read.target, "mode": mode,
              "change_cid": preview["change_cid"], "total_rows": total_rows,
              "within_max_rows": within, "preview_cid": preview["preview_cid"],
+             "caveats": preview["caveats"],
              "pilot": preview["pilot"]},
         )
     return preview
