@@ -164,3 +164,16 @@ def test_caveat_codes_of_a_preview_are_distinct_and_closed() -> None:
     assert caveat_codes(preview) == ["triggers", "notify"]
     assert caveat_codes({"version": "actql-effect-preview/0.1"}) == []
     assert set(caveat_codes(preview)) <= set(CAVEAT_CODES)
+
+
+def test_an_explain_preview_names_caveats_too(env: Env) -> None:
+    """In explain mode nothing runs, yet the catalog still tells of the table's triggers."""
+    _bank(env, "CREATE TRIGGER t1 AFTER UPDATE ON accounts BEGIN SELECT 1; END")
+    token = issue_preview_token(
+        env.issuer, change=Change((Statement("UPDATE accounts SET balance = 1"),)),
+        pilot_id=env.pilot.pilot_id, incarnation=env.pilot.incarnation, target="bank")
+    result = run_preview(env.pilot, token, modes={"bank": "explain"})
+    assert result["mode"] == "explain"
+    assert result["caveats"] == ["triggers"]
+    assert result["statements"][0]["preview_caveats"][0]["detail"]["tables"][0][
+        "triggers"] == ["t1"]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.harbour_support import request_body
+from e2e.harbour_support import request_body, routing_toml, writes_delegated
 
 from .test_effects_postgres import PG_ROUTING, PgStack
 
@@ -56,3 +56,20 @@ def test_a_trigger_caveat_needs_two_approvers_on_postgres(stack: PgStack) -> Non
     outcome = stack.execute(marque.json()["marque"], "n1")
     assert outcome["status"] == "applied", outcome
     assert stack.balances() == {1: 90, 2: 100, 3: 100}
+
+
+def test_ddl_that_cannot_run_in_a_transaction_is_named_not_a_server_error(
+        stack: PgStack) -> None:
+    """CREATE INDEX CONCURRENTLY through both services: the request waits for approval with
+    a preview that did not run the statement and says why — never a 500."""
+    stack.harbour.set_routing(routing_toml(writes_delegated(1)))
+    asked = stack.call("POST", "/v1/requests", stack.alice, json=request_body(
+        "CREATE INDEX CONCURRENTLY accounts_balance ON accounts (balance)",
+        request_id="caveat-ddl"))
+    assert asked.status_code == 201, asked.text
+    request = asked.json()
+    assert request["state"] == "awaiting_approval", request
+    (statement,) = request["preview"]["statements"]
+    assert statement["rows"] is None and request["preview"]["total_rows"] is None
+    assert [c["code"] for c in statement["preview_caveats"]] == ["non_transactional_ddl"]
+    assert statement["preview_caveats"][0]["detail"]["previewed"] is False
