@@ -135,7 +135,9 @@ def print_request(request: dict[str, Any]) -> None:
     if routing:
         out.say(f"  routing: {one_line(routing.get('outcome'))}"
                 + (f", {routing.get('approvals')} approval(s) needed"
-                   if routing.get("approvals") else ""))
+                   if routing.get("approvals") else "")
+                + (", at least two when the preview has caveats"
+                   if routing.get("caveats") == "two_approvers" else ""))
     _print_preview(request.get("preview"))
     checkpoint = request.get("checkpoint")
     if checkpoint:
@@ -195,8 +197,14 @@ def _print_preview(preview: dict[str, Any] | None) -> None:
                 "max_rows_exceeded (preview_over_budget)")
     if preview.get("diff_cid"):
         out.say(f"  diff {one_line(preview['diff_cid'])}")
+    if preview.get("caveats"):
+        out.say("  [yellow]This preview may not show everything:[/] "
+                + ", ".join(one_line(c) for c in preview["caveats"]))
     for statement in preview.get("statements") or []:
         out.say(f"    {statement.get('rows')} row(s): {one_line(statement.get('sql'))}")
+        for caveat in statement.get("preview_caveats") or []:
+            out.say(f"      [yellow]caveat {one_line(caveat.get('code'))}[/]: "
+                    f"{literal(caveat.get('message'))}")
         print_row_images(statement.get("row_images"))
         sample = statement.get("sample") or {}
         if sample.get("columns"):

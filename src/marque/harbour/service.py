@@ -68,7 +68,7 @@ from marque.harbour.preparation import DEFAULT_RETRY, RetrySchedule, defer, retr
 from marque.harbour.principals import Principal, Role
 from marque.harbour.reports import ingest
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
-from marque.harbour.routing import ALLOW, DELEGATE, Decision, parse_config
+from marque.harbour.routing import ALLOW, DELEGATE, Decision, approvals_with_caveats, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget, sealed_diff_cid
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
@@ -439,6 +439,7 @@ class Harbourmaster:
     def _seal(self, request: Request, pilot: PilotRecord, decision: Decision,
               preview: dict[str, Any], change_cid: str, preview_cid: str) -> Request:
         """Seal the Checkpoint over ``preview`` (``awaiting_approval``), or lose the race."""
+        decision = approvals_with_caveats(decision, preview)  # two_approvers, DESIGN §11.3
         now = self._now()
         checkpoint = seal_checkpoint(
             logical_request_scope=request.logical_request_scope,

@@ -17,7 +17,7 @@ from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestParts
 
-_ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code")
+_ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code", "caveats")
 #: A page of ``GET /v1/requests``: its default size, and the most one page holds.
 REQUESTS_PAGE = 100
 REQUESTS_PAGE_MAX = 500

@@ -11,6 +11,11 @@ claims a nonce, stamps or spends budget; the token's ``jti`` is remembered
 so it runs once, and each preview is logged to the Pilot's logbook
 (``preview.run``).
 
+Each statement carries its ``preview_caveats`` (``marque.preview_caveats``):
+what the rolled-back preview cannot show — a sequence it advanced for good, a
+notification, a volatile function, triggers, a foreign table, DDL that cannot
+run in a transaction (not run at all) — and ``caveats`` lists their codes.
+
 A preview token whose ``change`` is an Effect Set (``{effect_set: …}``,
 DESIGN §7) is answered with the Effect Set's preview instead
 (:func:`marque.pilot.effects.preview_effects`): the rows it changes read from
@@ -28,6 +33,7 @@ from marque.effects.request import EffectPreviewRequest
 from marque.pilot.config import PREVIEW_MODES
 from marque.pilot.continuity import refuse_if_replaced
 from marque.pilot.core import Pilot
+from marque.preview_caveats import caveat_codes
 from marque.service_tokens import verify_preview_token
 from marque.target.row_images import diff_cid
 from marque.timefmt import iso_time
@@ -83,6 +89,9 @@ def run_preview(
         "target": read.target,
         "change_cid": read.change.change_cid,
         "statements": statements,
+        # What a rolled-back preview cannot show (each statement names its own); inside
+        # the object, so preview_cid — what approvers approve — covers them.
+        "caveats": caveat_codes({"statements": statements}),
         "total_rows": total_rows,
         "max_rows": read.max_rows,
         "within_max_rows": within,
@@ -98,6 +107,7 @@ def run_preview(
             {"jti": read.jti, "issuer": read.issuer, "target": read.target, "mode": mode,
              "change_cid": preview["change_cid"], "total_rows": total_rows,
              "within_max_rows": within, "preview_cid": preview["preview_cid"],
+             "caveats": preview["caveats"],
              "pilot": preview["pilot"]},
         )
     return preview

@@ -140,7 +140,9 @@ class Target(abc.ABC):
     def preview(
         self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
     ) -> list[dict[str, Any]]:
-        """Preview ``change`` (DESIGN §10): one ``{sql, rows, sample, plan}`` per statement.
+        """Preview ``change`` (DESIGN §10): one ``{sql, rows, sample, plan, preview_caveats}``
+        per statement (``marque.preview_caveats``; a statement that cannot run in a
+        transaction is not run, and its caveat says so).
 
         ``rollback`` runs the statements in a transaction that is always rolled
         back; ``explain`` only asks the planner. Never stamps. A statement
@@ -428,6 +430,16 @@ class SqlTarget(RowTarget, Target):
             return self._reconcile_txn(attempt, self._stamp_row(attempt, STAMP_TOMBSTONE))
         except Exception as exc:  # the target could not be asked: nothing is known
             return Evidence(Status.INDETERMINATE, reason=f"target unavailable: {exc}")
+
+
+def not_previewed(sql: str, caveats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The preview entry of a statement that was not run (its caveats say why): no rows,
+    no sample, no plan — never a guess."""
+    return {"sql": sql, "rows": None, "sample": None, "plan": None, "preview_caveats": caveats,
+            # As row_images.unavailable says it: nothing ran, so no row was imaged.
+            "row_images": {"status": "unavailable",
+                           "reason": "the statement was not run in the preview (its caveats "
+                                     "say why), so none of its rows were imaged"}}
 
 
 def _jsonable(value: Any) -> Any:

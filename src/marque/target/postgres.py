@@ -63,6 +63,7 @@ from marque.errors import (
 )
 from marque.outcome import Status
 from marque.pgpool import Pool, checkout, make_pool, reason
+from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_APPLIED,
@@ -73,7 +74,9 @@ from marque.target.base import (
     SqlTarget,
     TargetAttempt,
     _jsonable,
+    not_previewed,
 )
+from marque.target.caveat_catalog import PostgresCatalog
 from marque.target.row_images import (
     ImageUnavailable,
     explain_images,
@@ -546,8 +549,13 @@ class PostgresTarget(SqlTarget):
             conn.execute("SELECT set_config('statement_timeout', %s, true)",
                          (f"{statement_timeout_ms}ms",))
             images = _ImageSession(conn)
+            catalog = PostgresCatalog(conn)
             for index, statement in enumerate(change.statements):
                 params = tuple(statement.params) or None
+                caveats, previewable = statement_caveats(statement.sql, "postgres", catalog)
+                if not previewable:
+                    results.append(not_previewed(statement.sql, caveats))
+                    continue
                 if mode == "explain":
                     # EXPLAIN without ANALYZE plans the statement and executes nothing.
                     row = conn.execute("EXPLAIN (FORMAT JSON) " + statement.sql,
@@ -558,7 +566,8 @@ class PostgresTarget(SqlTarget):
                     estimate = plan[0]["Plan"].get("Plan Rows") if plan else None
                     results.append({"sql": statement.sql, "rows": estimate, "sample": None,
                                     "plan": plan,
-                                    "row_images": explain_images(statement.sql, "postgres")})
+                                    "row_images": explain_images(statement.sql, "postgres"),
+                                    "preview_caveats": caveats})
                     continue
                 capture = start_capture(images, statement.sql, statement.params)
                 cur = conn.cursor()
@@ -577,7 +586,8 @@ class PostgresTarget(SqlTarget):
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
                                 "plan": None,
-                                "row_images": finish_capture(capture, images, count, returned)})
+                                "row_images": finish_capture(capture, images, count, returned),
+                                "preview_caveats": caveats})
         except psycopg.Error as exc:
             if exc.sqlstate == "57014":
                 what = (f"statement {index} ran past the statement timeout "

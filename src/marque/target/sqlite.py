@@ -35,6 +35,7 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
+from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_COLUMNS,
@@ -44,7 +45,9 @@ from marque.target.base import (
     SqlTarget,
     TargetAttempt,
     _jsonable,
+    not_previewed,
 )
+from marque.target.caveat_catalog import SqliteCatalog
 from marque.target.row_images import (
     ImageUnavailable,
     explain_images,
@@ -390,13 +393,19 @@ class SqliteTarget(SqlTarget):
             conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
                                       _PROGRESS_STEPS)
             images = _ImageSession(conn)
+            catalog = SqliteCatalog(conn, _deny_transaction_control)
             for index, statement in enumerate(change.statements):
+                caveats, previewable = statement_caveats(statement.sql, "sqlite", catalog)
+                if not previewable:
+                    results.append(not_previewed(statement.sql, caveats))
+                    continue
                 if mode == "explain":
                     plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
                                         tuple(statement.params)).fetchall()
                     results.append({"sql": statement.sql, "rows": None, "sample": None,
                                     "plan": [str(r[-1]) for r in plan],
-                                    "row_images": explain_images(statement.sql, "sqlite")})
+                                    "row_images": explain_images(statement.sql, "sqlite"),
+                                    "preview_caveats": caveats})
                     continue
                 capture = start_capture(images, statement.sql, statement.params)
                 cur = conn.execute(statement.sql, tuple(statement.params))
@@ -414,7 +423,8 @@ class SqliteTarget(SqlTarget):
                     raise PreviewFailed(f"statement {index} ended the preview's transaction")
                 results.append({"sql": statement.sql, "rows": count, "sample": sample,
                                 "plan": None,
-                                "row_images": finish_capture(capture, images, count, returned)})
+                                "row_images": finish_capture(capture, images, count, returned),
+                                "preview_caveats": caveats})
         except sqlite3.Error as exc:
             name = getattr(exc, "sqlite_errorname", None)
             if name == "SQLITE_INTERRUPT":

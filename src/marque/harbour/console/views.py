@@ -234,13 +234,23 @@ def _preview(preview: dict[str, Any] | None) -> dict[str, Any] | None:
             "rows": statement.get("rows"), "plan": statement.get("plan"),
             "columns": list(sample.get("columns") or []),
             "sample": [list(row) for row in sample.get("rows") or []],
-            "row_images": row_images_view(statement.get("row_images"))})
+            "row_images": row_images_view(statement.get("row_images")),
+            "caveats": _caveats(statement)})
     return {"mode": preview.get("mode"), "total_rows": preview.get("total_rows"),
             "max_rows": preview.get("max_rows"),
             "within_max_rows": preview.get("within_max_rows"),
             "elapsed_ms": preview.get("elapsed_ms"), "at": preview.get("at"),
             "preview_cid": preview.get("preview_cid"), "pilot": preview.get("pilot"),
-            "diff_cid": preview.get("diff_cid"), "statements": statements}
+            "diff_cid": preview.get("diff_cid"), "statements": statements,
+            "caveats": [{"statement": s["index"], **c} for s in statements
+                        for c in s["caveats"]]}
+
+
+def _caveats(statement: dict[str, Any]) -> list[dict[str, str]]:
+    """A statement's preview caveats as shown: code and message (docs/harbour.md)."""
+    found = statement.get("preview_caveats")
+    return [{"code": str(c.get("code")), "message": str(c.get("message"))}
+            for c in (found if isinstance(found, list) else []) if isinstance(c, dict)]
 
 
 #: How an Effect Set row's (or receipt's) state is shown: ``unknown`` is unknown — needing a

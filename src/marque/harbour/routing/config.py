@@ -13,6 +13,7 @@ A config is a list of ``[[entry]]`` tables::
     approvals = 2                         # delegate only: distinct approvers (default 1)
     self_approval = false                 # delegate only (default false)
     max_ttl   = "2h"                      # delegate only: Ns, Nm, Nh or Nd (default: no cap)
+    caveats   = "two_approvers"           # delegate only: "show" (default) or "two_approvers"
     except = [                            # optional: tuples this entry does not select
       { principal = ["bob"], target = "*", resource = "*", operation = ["ddl"] },
     ]
@@ -40,7 +41,16 @@ names sorted and de-duplicated (an ``operation`` list naming all four is
 ``"*"``), exclusions in file order, and for a delegate entry its effective
 ``approvals``, ``self_approval`` and ``max_ttl_seconds`` (``null`` for no cap)
 — so spelling a default out, or ``"120m"`` for ``"2h"``, does not change the
-identity, while any change of meaning does.
+identity, while any change of meaning does. ``caveats`` appears in the
+canonical form only when it is not the default ``"show"``, so every config
+written before it existed keeps its CID.
+
+**Caveats.** ``caveats = "two_approvers"`` asks for at least two distinct
+approvers whenever the request's stored preview names a caveat
+(``marque.preview_caveats``): routing decides before the preview exists, so the
+Harbourmaster applies it when it seals the Checkpoint from the preview
+(:func:`~marque.harbour.routing.decide.approvals_with_caveats`). ``"show"``
+only shows them.
 """
 
 from __future__ import annotations
@@ -71,6 +81,9 @@ __all__ = [
     "ALLOW",
     "DENY",
     "DELEGATE",
+    "CAVEATS_SHOW",
+    "CAVEATS_TWO_APPROVERS",
+    "CAVEAT_POLICIES",
     "OUTCOMES",
     "Entry",
     "RoutingConfig",
@@ -89,7 +102,12 @@ OUTCOMES: Final = (ALLOW, DENY, DELEGATE)
 
 _TOP_KEYS = frozenset({"version", "entry"})
 _SELECTOR_KEYS = frozenset(DIMENSIONS)
-_DELEGATE_KEYS = frozenset({"approvals", "self_approval", "max_ttl"})
+_DELEGATE_KEYS = frozenset({"approvals", "self_approval", "max_ttl", "caveats"})
+#: What a delegate entry does when the preview names caveats: only show them (the
+#: default), or require at least two distinct approvers.
+CAVEATS_SHOW: Final = "show"
+CAVEATS_TWO_APPROVERS: Final = "two_approvers"
+CAVEAT_POLICIES: Final = (CAVEATS_SHOW, CAVEATS_TWO_APPROVERS)
 _ENTRY_KEYS = _SELECTOR_KEYS | _DELEGATE_KEYS | {"except", "outcome"}
 _DURATION = re.compile(r"([1-9][0-9]{0,15})([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -195,6 +213,7 @@ class Entry:
     approvals: int = 0
     self_approval: bool = False
     max_ttl_seconds: int | None = None
+    caveats: str = CAVEATS_SHOW
 
     def contains(self, point: Point) -> bool:
         """Whether this entry selects ``point`` (and does not except it)."""
@@ -209,6 +228,8 @@ class Entry:
             out["approvals"] = self.approvals
             out["self_approval"] = self.self_approval
             out["max_ttl_seconds"] = self.max_ttl_seconds
+            if self.caveats != CAVEATS_SHOW:
+                out["caveats"] = self.caveats
         return out
 
 
@@ -267,7 +288,12 @@ def _entry(index: int, raw: object) -> Entry:
                        f"{_kind(self_approval)}")
     max_ttl = table.get("max_ttl")
     max_ttl_seconds = None if max_ttl is None else parse_duration(max_ttl, f"{where}.max_ttl")
-    return Entry(index, region, outcome, approvals, self_approval, max_ttl_seconds)
+    caveats = table.get("caveats", CAVEATS_SHOW)
+    if not isinstance(caveats, str) or caveats not in CAVEAT_POLICIES:
+        shown = repr(caveats) if isinstance(caveats, str) else _kind(caveats)
+        raise _invalid(f"{where}.caveats",
+                       f"must be one of {', '.join(CAVEAT_POLICIES)}, got {shown}")
+    return Entry(index, region, outcome, approvals, self_approval, max_ttl_seconds, caveats)
 
 
 def _check_overlaps(entries: tuple[Entry, ...]) -> None:

@@ -10,7 +10,8 @@ the config's entries; the request's decision combines them:
 3. else any tuple is **delegated** → ``delegate``, with the strictest terms
    of every delegate entry involved: the largest ``approvals``,
    ``self_approval`` only if *every* one allows it, and the smallest
-   ``max_ttl`` any of them sets;
+   ``max_ttl`` any of them sets, and ``caveats = "two_approvers"`` if any one
+   sets it (applied once the preview is known: :func:`approvals_with_caveats`);
 4. else → ``allow``.
 
 The same strictest-terms rule settles one tuple that two delegate entries
@@ -32,7 +33,7 @@ as it is, never re-derived from a config that may since have changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from marque.errors import AccountConfigInvalid, AccountDenied, AccountNoMatch, InvalidInput
@@ -43,11 +44,21 @@ from marque.harbour.routing.classify import (
     classify,
     table_resource,
 )
-from marque.harbour.routing.config import ALLOW, DELEGATE, DENY, Entry, RoutingConfig
+from marque.harbour.routing.config import (
+    ALLOW,
+    CAVEATS_SHOW,
+    CAVEATS_TWO_APPROVERS,
+    DELEGATE,
+    DENY,
+    Entry,
+    RoutingConfig,
+)
 from marque.harbour.routing.overlap import Other, Point, resource_atoms
+from marque.preview_caveats import caveat_codes
 
 __all__ = ["NO_MATCH", "TupleDecision", "Decision", "evaluate", "evaluate_accesses",
-           "evaluate_effects", "EFFECT_OPERATIONS", "require_permitted"]
+           "evaluate_effects", "EFFECT_OPERATIONS", "require_permitted",
+           "approvals_with_caveats"]
 
 #: The operation each Effect Set member kind is routed as (DESIGN §7, §11.3).
 EFFECT_OPERATIONS: Final = {"create": "write", "update": "write", "upsert": "write",
@@ -68,6 +79,7 @@ class _Terms:
     approvals: int = 0
     self_approval: bool = True
     max_ttl_seconds: int | None = None
+    caveats: str = CAVEATS_SHOW
 
     def combine(self, other: _Terms) -> _Terms:
         ttls = [t for t in (self.max_ttl_seconds, other.max_ttl_seconds) if t is not None]
@@ -75,11 +87,13 @@ class _Terms:
             approvals=max(self.approvals, other.approvals),
             self_approval=self.self_approval and other.self_approval,
             max_ttl_seconds=min(ttls) if ttls else None,
+            caveats=(CAVEATS_TWO_APPROVERS if CAVEATS_TWO_APPROVERS in
+                     (self.caveats, other.caveats) else CAVEATS_SHOW),
         )
 
     @classmethod
     def of(cls, entry: Entry) -> _Terms:
-        return cls(entry.approvals, entry.self_approval, entry.max_ttl_seconds)
+        return cls(entry.approvals, entry.self_approval, entry.max_ttl_seconds, entry.caveats)
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,8 @@ class Decision:
     target: str
     tuples: tuple[TupleDecision, ...]
     all_read: bool
+    #: A delegate's policy for a preview with caveats (``show`` or ``two_approvers``).
+    caveats: str = CAVEATS_SHOW
 
     @property
     def permitted(self) -> bool:
@@ -143,6 +159,7 @@ class Decision:
             "principal": self.principal,
             "target": self.target,
             "all_read": self.all_read,
+            "caveats": self.caveats,
             "tuples": [t.to_dict() for t in self.tuples],
         }
 
@@ -220,7 +237,7 @@ def evaluate_accesses(
     if worst == DELEGATE:
         return Decision(DELEGATE, None, terms.approvals, terms.self_approval,
                         terms.max_ttl_seconds, config.config_cid, principal, target,
-                        tuple(tuples), all_read)
+                        tuple(tuples), all_read, terms.caveats)
     return Decision(ALLOW, None, 0, False, None, config.config_cid, principal, target,
                     tuple(tuples), all_read)
 
@@ -262,6 +279,17 @@ def evaluate_effects(
             raise InvalidInput(f"unknown Effect Set member kind {kind!r}")
         accesses.append([Access(EFFECT_OPERATIONS[kind], table_resource(table, dialect))])
     return evaluate_accesses(config, principal, target, accesses)
+
+
+def approvals_with_caveats(decision: Decision, preview: Any) -> Decision:
+    """The decision a delegated request's Checkpoint is sealed with once its preview is
+    known: ``approvals`` raised to at least 2 when the decision says
+    ``caveats = "two_approvers"`` and the preview names any caveat
+    (:func:`~marque.preview_caveats.caveat_codes`); otherwise ``decision`` itself."""
+    if decision.outcome == DELEGATE and decision.caveats == CAVEATS_TWO_APPROVERS \
+            and caveat_codes(preview) and decision.approvals < 2:
+        return replace(decision, approvals=2)
+    return decision
 
 
 def require_permitted(decision: Decision) -> Decision:
