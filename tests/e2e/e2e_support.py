@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from marque.token import unverified_claims
 
 MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call
+#: How long a cached default-TTL marque (15 minutes) is reused before a fresh one is issued.
+TOKEN_REUSE_S = 300.0
 
 OUTCOME_KEYS = {
     "marque_id", "nonce", "status", "attempt", "rows_affected", "replayed", "pilot", "error",
@@ -135,7 +138,8 @@ class World:
         # Tokens issued for this incarnation, by their `marque issue` arguments. Copies
         # of a world share it (same keys, same incarnation, independent ledgers), so a
         # test suite does not pay one CLI run per identical marque.
-        self.token_cache: dict[tuple[Any, ...], str] = {}
+        #: Default-TTL marques already issued, with when (monotonic): reused while young.
+        self.token_cache: dict[tuple[Any, ...], tuple[float, str]] = {}
 
     # -- setup ----------------------------------------------------------------
 
@@ -257,15 +261,18 @@ class World:
             args += ["--ttl", ttl]
         key = (incarnation or self.incarnation, tuple(sql), tuple(params), executions,
                max_rows, attempts)
-        if ttl is not None or key not in self.token_cache:  # short-lived: always fresh
+        cached = self.token_cache.get(key)
+        # A default marque lives 15 minutes; one cached longer than a few could expire in a
+        # slow run (a whole suite on a loaded machine), so it is issued anew.
+        if ttl is not None or cached is None or time.monotonic() - cached[0] > TOKEN_REUSE_S:
             res = self.run(*args)
             assert res.returncode == 0, res
             token = res.stdout.strip()
             assert token.count(".") == 2 and "\n" not in token, res.stdout
             if ttl is None:  # a short-lived token must never stand in for a default one
-                self.token_cache[key] = token
+                self.token_cache[key] = (time.monotonic(), token)
         else:
-            token = self.token_cache[key]
+            token = cached[1]
         self._issued += 1
         path = self.root / f"marque-{self._issued}.jws"
         path.write_text(token + "\n")
