@@ -30,8 +30,47 @@ SWEEP_SECONDS = 30.0
 CONSOLE_SESSION_BOUNDS = (60, 7 * 86_400)
 
 
-class ReconciliationSweep:
-    """A thread that settles requests in ``reconciliation`` from stamps, periodically.
+class _Periodic:
+    """A daemon thread that runs :meth:`round` every ``every`` seconds until stopped; a round
+    that fails is logged and the next one comes anyway (each must outlive a bad moment of
+    the store). ``first_at_once`` runs the first round at start instead of after a period."""
+
+    name = "marque-harbour-periodic"
+    first_at_once = False
+
+    def __init__(self, harbourmaster: Harbourmaster, every: float) -> None:
+        self._harbourmaster = harbourmaster
+        self._every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def start(self) -> None:
+        """Begin the rounds."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the round in progress, if any."""
+        self._stop.set()
+        self._thread.join(timeout=GRACEFUL_SECONDS)
+
+    def round(self) -> None:
+        """One round of the work."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        if not self.first_at_once and self._stop.wait(self._every):
+            return
+        while not self._stop.is_set():
+            try:
+                self.round()
+            except Exception:
+                log.exception("%s: a round failed", self.name)
+            self._stop.wait(self._every)
+
+
+class ReconciliationSweep(_Periodic):
+    """A thread that settles requests in ``reconciliation`` from stamps, periodically (the
+    first sweep waits one period).
 
     Several processes of one Harbourmaster may sweep at once: settling is the
     core's compare-and-set on the request's version, so the loser re-reads and
@@ -39,21 +78,10 @@ class ReconciliationSweep:
     they are until a later sweep.
     """
 
+    name = "marque-harbour-sweep"
+
     def __init__(self, harbourmaster: Harbourmaster, every: float = SWEEP_SECONDS) -> None:
-        self._harbourmaster = harbourmaster
-        self._every = every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="marque-harbour-sweep",
-                                        daemon=True)
-
-    def start(self) -> None:
-        """Begin sweeping (the first sweep waits one period)."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the sweep in progress, if any."""
-        self._stop.set()
-        self._thread.join(timeout=GRACEFUL_SECONDS)
+        super().__init__(harbourmaster, every)
 
     def sweep(self) -> int:
         """Offer every request in ``reconciliation`` to its stamps once; how many were tried."""
@@ -67,48 +95,30 @@ class ReconciliationSweep:
                 log.info("reconciliation of %s not settled: %s", stored.id, exc.message)
         return len(waiting)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            try:
-                self.sweep()
-            except Exception:  # the sweep must outlive a bad moment of the store
-                log.exception("reconciliation sweep failed")
+    def round(self) -> None:
+        self.sweep()
 
 
-class PreparationRetry:
+class PreparationRetry(_Periodic):
     """A thread that tries again the previews of requests left ``preparing`` because their
-    Pilot could not be reached, as their schedule comes due (``harbour.preparation``).
+    Pilot could not be reached, as their schedule comes due (``harbour.preparation``). The
+    first look comes at once: a restart picks up what a dead process left.
 
     Each attempt is claimed by a compare-and-set on the request's version, so several
     processes may run this at once and each attempt is made by one; an attempt this
     process dies in is claimed again by another (or by this one restarted).
     """
 
+    name = "marque-harbour-preparation"
+    first_at_once = True
+
     def __init__(self, harbourmaster: Harbourmaster) -> None:
-        self._harbourmaster = harbourmaster
         # Often enough for the shortest delay to be kept to within about half of it.
         shortest = min(harbourmaster.retry_schedule.delays, default=5.0)
-        self._every = max(0.2, min(5.0, shortest / 2))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="marque-harbour-preparation",
-                                        daemon=True)
+        super().__init__(harbourmaster, max(0.2, min(5.0, shortest / 2)))
 
-    def start(self) -> None:
-        """Begin (the first look comes at once: a restart picks up what a dead process left)."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the attempt in progress, if any."""
-        self._stop.set()
-        self._thread.join(timeout=GRACEFUL_SECONDS)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._harbourmaster.retry_preparations()
-            except Exception:  # it must outlive a bad moment of the store
-                log.exception("retrying preparations failed")
-            self._stop.wait(self._every)
+    def round(self) -> None:
+        self._harbourmaster.retry_preparations()
 
 
 def retry_schedule(text: str) -> RetrySchedule:
