@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -78,8 +77,12 @@ class WriteBehind:
         failures = 0
         while True:
             self._wake.wait()
-            if self._gather and not self._stopping.is_set():
-                time.sleep(self._gather)
+            if self._gather:
+                # Waited on the stop event, as the retry pause is: a stop cuts it short,
+                # and no sleep call can fail here and end the thread with what it holds
+                # unrecorded (under libfaketime with a real monotonic clock, as the
+                # clock-skew soak runs Pilots, Python's time.sleep fails with EINVAL).
+                self._stopping.wait(self._gather)
             self._wake.clear()
             if self._stopping.is_set():
                 return

@@ -44,7 +44,9 @@ def load_scenarios() -> dict[str, Registered]:
 def run_one(row: Registered, *, count: int, seed: int, out: Path, full: bool,
             pg_admin_dsn: str | None) -> ScenarioResult:
     """One row, in its own directory, never raising: a harness error is a violation too."""
-    workdir = out / row.name
+    # Absolute: every world passes its paths to child processes started in the world's
+    # own directory, where a path relative to ours would name nothing.
+    workdir = out.absolute() / row.name
     workdir.mkdir(parents=True, exist_ok=True)
     history = History(workdir / "history.jsonl")
     ctx = RunContext(row.name, count, seed, workdir, history, full=full,
@@ -106,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = {name: rows[name] for name in wanted}
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = args.out or Path("soak-results") / stamp
+    # Made absolute here, once: the Pilots a row starts run in the row's directory, and a
+    # home relative to this process's directory would be "not a Pilot home" there.
+    out = (args.out or Path("soak-results") / stamp).absolute()
     if out.exists() and any(out.iterdir()):
         # A row's world must be its own: an old world under it would be checked as this run's.
         print(f"{out} is not empty: give --out a new directory", file=sys.stderr)

@@ -1,7 +1,7 @@
 """The fast form of rows 9–11 (ledger loss, clock skew, Harbourmaster down) for make test.
 
 Each row runs with a few cases — every variant of row 9 once or more, row
-10's boundary grid once over (it is fixed) with a few clock jumps, row 11
+10's boundary grid once over (it is fixed) with a crash jump at each of its points, row 11
 through at least one Pilot kill at the outbox step — and the checker must
 find nothing. One more test shows the row-specific target check is not
 vacuous: a second effect row for an operation is caught.
@@ -19,8 +19,10 @@ from soak.scenarios._loss import target_checks
 from soak.world import SoakWorld
 
 ROWS = load_scenarios()
-#: Cases per row in the fast form (row 10: the six edge offsets of its grid, four jumps).
-FAST = {"ledger_loss": 6, "clock_skew": 58, "harbour_down": 36}
+#: Cases per row in the fast form (row 10: the six edge offsets of its grid, and seven
+#: jumps, so that a crash jump dies at each of its five points: the last of them,
+#: after_outcome_recorded, is reached only once the settler records behind the answer).
+FAST = {"ledger_loss": 6, "clock_skew": 61, "harbour_down": 36}
 
 
 @pytest.mark.parametrize("name", sorted(FAST))

@@ -59,7 +59,8 @@ class SoakWorld:
 
     def __init__(self, root: Path, *, target_dsn: str | None = None,
                  ledger_dsn: str | None = None, settings: dict[str, Any] | None = None) -> None:
-        self.root = root
+        # Absolute: `pilot serve` runs with the world as its directory (see PilotProcess).
+        self.root = root = root.absolute()
         root.mkdir(parents=True, exist_ok=True)
         self.home = root / "pilot"
         self.target_dsn = target_dsn or f"sqlite:///{(root / 'target.db').resolve()}"

@@ -184,6 +184,12 @@ def faketime_env(offset_seconds: float) -> dict[str, str]:
     ``gettimeofday`` and ``clock_gettime(CLOCK_REALTIME)`` — what Python's
     ``time.time()`` reads — and leaves the monotonic clock alone, as a wall
     clock that is wrong (or stepped by NTP) would.
+
+    One side effect no wrong clock has: with the monotonic clock left alone,
+    libfaketime (0.9.10) garbles ``clock_nanosleep(CLOCK_MONOTONIC,
+    TIMER_ABSTIME)``, so Python 3.11's ``time.sleep`` fails with ``EINVAL`` in
+    such a process. A Pilot path that must run under it waits on an event, not
+    a sleep (the settler does); a row that drives another one sees it fail.
     """
     if not FAKETIME_LIB.exists():
         raise RuntimeError(f"{FAKETIME_LIB} is missing: apt-get install faketime "

@@ -36,7 +36,8 @@ class TokenWorld:
 
     def __init__(self, root: Path, *, ledger_dsn: str | None = None,
                  pilot_id: str = PILOT_ID) -> None:
-        self.root = root
+        # Absolute: the Pilot it serves runs with the world as its directory.
+        self.root = root = root.absolute()
         self.home = root / "pilot"
         self.bank = root / "bank.db"
         self.pilot_id = pilot_id

@@ -185,7 +185,9 @@ def _jump_crash(ctx: RunContext, world: SoakWorld, index: int, violations: list[
     died = pilot.wait_dead(3.0)
     if died is None:
         pilot.kill()
-        violations.append(f"jump-{index}: crash point {point} never reached")
+        said = pilot.stderr().strip().splitlines()
+        violations.append(f"jump-{index}: crash point {point} never reached"
+                          + (f" (the Pilot's last log line: {said[-1]})" if said else ""))
         return
     ctx.history.record("fault", op=op.op, point=point, offset=first, jump=jump)
     if unknown_owner:
