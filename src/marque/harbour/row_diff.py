@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from marque.change import Budget
 from marque.cid import is_cid
 from marque.errors import PreviewOverBudget
 from marque.harbour.request_change import stored_change
@@ -77,11 +76,7 @@ def diff_changes(hm: Harbourmaster, request: Request, pilot: PilotRecord,
     if sealed_diff_cid(approved) is None or approved.get("mode") != "rollback":
         return None
     change = stored_change(request.change)
-    token = hm.issuer.preview_token(
-        pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
-        change=change.preview_change(request.logical_request_scope),
-        sample_rows=sample_rows,
-        max_rows=Budget.from_claim(request.budget).max_rows)
+    token = hm.preview_token(request, change, pilot, sample_rows)
     client = hm.pilot_client_factory(pilot.url)
     try:
         try:

@@ -416,16 +416,20 @@ class Harbourmaster:
         return self._seal(request, pilot, decision, preview,
                           change.marque_change(preview).change_cid, preview_cid)
 
+    def preview_token(self, request: Request, change: RequestChange, pilot: PilotRecord,
+                      sample_rows: int) -> str:
+        """A preview token for ``request``'s change on ``pilot``, bounded by its budget."""
+        return self.issuer.preview_token(
+            pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
+            change=change.preview_change(request.logical_request_scope),
+            sample_rows=sample_rows, max_rows=Budget.from_claim(request.budget).max_rows)
+
     def _preview(self, request: Request, change: RequestChange, pilot: PilotRecord,
                  decision: Decision) -> tuple[dict[str, Any], str]:
         """The change's preview from its Pilot, checked to be this request's:
         ``(the preview to store, the preview_cid to seal)``. A refusal in
         ``change.preview_refusals`` or a foreign preview ends the request ``failed``."""
-        token = self.issuer.preview_token(
-            pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
-            change=change.preview_change(request.logical_request_scope),
-            sample_rows=PREVIEW_SAMPLE_ROWS,
-            max_rows=Budget.from_claim(request.budget).max_rows)
+        token = self.preview_token(request, change, pilot, PREVIEW_SAMPLE_ROWS)
         client = self.pilot_client_factory(pilot.url)
         try:
             return change.previewed(client.preview(token), pilot, request.target)
