@@ -36,6 +36,14 @@ CHECKOUT_TIMEOUT_SECONDS = 10.0
 FIRST_WAIT_SECONDS = 0.25
 #: libpq's connect timeout (seconds; libpq's minimum is 2).
 CONNECT_TIMEOUT_SECONDS = 5
+#: How long the pool keeps retrying, in the background, to replace a connection it
+#: lost. psycopg_pool counts such a replacement in the pool's size while it backs
+#: off (1 s, 2 s, 4 s, … up to five minutes by default), so after a server restart a
+#: pool could look full of connections that were still waiting out their backoff,
+#: and a caller waited the whole checkout timeout though the server was back.
+#: Giving up soon frees the slot: the next caller that waits grows the pool at once
+#: (and checkout() asks the server itself, so a server still down is said at once).
+RECONNECT_GIVE_UP_SECONDS = 1.5
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -107,6 +115,7 @@ def make_pool(
         kwargs=kwargs,
         configure=configure,
         timeout=CHECKOUT_TIMEOUT_SECONDS,
+        reconnect_timeout=RECONNECT_GIVE_UP_SECONDS,
         open=True,
         name=name,
     )

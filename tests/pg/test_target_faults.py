@@ -548,3 +548,38 @@ def test_first_execution_after_ledger_restart_applies(
         assert world.balances() == {1: 90, 2: 99, 3: 100}
     finally:
         world.close()
+
+
+def test_execution_after_every_pooled_connection_died_applies(
+    cluster_world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A crash kills every idle pooled connection, not one: the first message is resent
+    (COMMIT was never sent) on a connection the pool has checked, not on the next dead one."""
+    world = cluster_world
+    # Never ping on checkout, as for a connection back less than the idle-check time ago
+    # (the soak met this: a crash, a restart and the next call within half a second).
+    monkeypatch.setattr("marque.pgpool.IDLE_CHECK_SECONDS", 3600.0)
+    slow = ("UPDATE accounts SET balance = balance - 1 + 0 * (SELECT count(*) FROM "
+            "pg_sleep(0.5)) WHERE id = 3")
+    pilot = world.pilot  # opened once, before the threads share it
+    tokens = [world.issue(slow) for _ in range(3)]
+    outcomes: list[Any] = []
+    workers = [threading.Thread(target=lambda t=t, i=i: outcomes.append(
+        world.execute(t, f"grow-{i}", pilot=pilot))) for i, t in enumerate(tokens)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [o.status for o in outcomes] == ["applied"] * 3  # three connections now idle
+    with psycopg.connect(world.target_dsn, autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend') AS k").fetchone()
+    assert killed is not None and killed[0] >= 3
+
+    after = world.execute(world.issue("UPDATE accounts SET balance = balance - 1 WHERE id = 2"),
+                          "after")
+
+    assert (after.status, after.attempt, after.error) == ("applied", 1, None)
+    assert world.balances() == {1: 100, 2: 99, 3: 97}

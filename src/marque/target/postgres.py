@@ -347,8 +347,13 @@ class PostgresTarget(SqlTarget):
                     raise
                 # A pooled connection that died idle. COMMIT was never sent, so
                 # nothing of this attempt can have committed: resend once, fresh.
-                self._connections().putconn(conn.conn)
+                # What killed it (a server restart, a proxy) killed its idle siblings
+                # too, and the next one handed out could be as dead: have the pool
+                # check every idle connection first, so the resend gets a live one.
+                pool = self._connections()
+                pool.putconn(conn.conn)
                 conn.returned = True
+                pool.check()
                 conn.conn = self._checkout()
                 conn.cursors = self._cursors_of(conn.conn)
                 conn.returned = False
