@@ -394,3 +394,17 @@ def test_merge_on_a_declared_key_and_what_it_cannot_image(engine: Engine) -> Non
     holding = _images(engine, "MERGE INTO accounts a USING holdings h "
                       "ON h.acct = a.id AND h.sym = 'Y' WHEN MATCHED THEN UPDATE SET balance = 0")
     assert [(r["key"], r["after"]["balance"]) for r in holding["rows"]] == [({"id": 1}, "0")]
+
+
+def test_a_sqlite_primary_key_holding_null_twice_is_never_merged(engine: Engine) -> None:
+    """SQLite lets a non-INTEGER primary key hold NULL, in several rows: those rows share a
+    key, and the statement is count only rather than a diff that shows one of them."""
+    if engine.name != "sqlite":
+        pytest.skip("SQLite only: PostgreSQL's primary keys are NOT NULL")
+    engine.run("CREATE TABLE sloppy (a TEXT PRIMARY KEY, v INT)")
+    engine.run("INSERT INTO sloppy VALUES (NULL, 1), (NULL, 2), ('k', 3)")
+    images = _images(engine, "UPDATE sloppy SET v = 0 WHERE a IS NULL")
+    assert images["status"] == "unavailable" and "not unique" in images["reason"]
+    assert "code" not in images
+    keyed = _images(engine, "UPDATE sloppy SET v = 0 WHERE a = 'k'")
+    assert keyed["status"] == "captured" and keyed["key_source"] == "primary_key"

@@ -25,7 +25,8 @@ two rows. Whatever cannot be imaged soundly is
 said per statement, never guessed: ``{"status": "unavailable", "reason": …}`` —
 a table without a primary key, several tables, a ``WITH``, a ``WHERE`` with a
 subquery or a function the parser does not know, keys the database makes
-(defaults, sequences), a change of the key itself, ``MERGE``, ``REPLACE``.
+(defaults, sequences), a change of the key itself, ``REPLACE``. A ``MERGE``
+(PostgreSQL 15+) is imaged by :mod:`marque.target.merge_images`.
 The count a statement reports must equal the rows the images account for; if
 it does not (another transaction changed rows between the two reads, a trigger,
 a conflict on another constraint) the images are dropped as unavailable.
@@ -157,7 +158,8 @@ def _not_a_key(plan: _Plan, key: list[Any], repeated: bool) -> ImageUnavailable:
         return ImageUnavailable(
             f"the {plan.key_source.replace('_', ' ')} row key ({names}) of "
             f"{plan.table.sql()} is not unique: two rows hold {shown}, so a diff keyed by "
-            "it could merge them; previewed by count only", code="declared_key_not_unique")
+            "it could merge them; previewed by count only",
+            code="declared_key_not_unique" if plan.key_source == "declared" else None)
     return ImageUnavailable(
         f"a row of {plan.table.sql()} holds NULL in its {plan.key_source.replace('_', ' ')} "
         f"row key ({names}): {shown}, which names no row; previewed by count only",
@@ -187,9 +189,10 @@ class Capture:
         for row in rows:
             key = [_value(row[i]) for i in index]
             order = _key_order(key)
-            if order in out or None in key:
-                # Only a declared key can do this (the schema's keys are unique and NOT
-                # NULL); merged into one row, two rows would make a wrong diff.
+            declared = self._plan.key_source == "declared"
+            if order in out or (declared and None in key):
+                # A declared key can do this (and a SQLite primary key, which admits NULLs);
+                # merged into one row, two rows would make a wrong diff.
                 raise _not_a_key(self._plan, key, order in out)
             out[order] = (key, {c: _value(v) for c, v in zip(columns, row, strict=True)},
                           [row[i] for i in index])
