@@ -107,7 +107,7 @@ def target_add(home: Path, name: str, dsn: str, no_check: bool, as_json: bool) -
 @home_option
 @click.argument("name")
 @click.argument("table")
-@click.argument("columns", required=False, metavar="COL[,COL…]")
+@click.argument("columns", required=False, metavar="COLUMNS")
 @click.option("--remove", is_flag=True, help="Withdraw the row key declared for TABLE.")
 @click.option("--no-check", is_flag=True,
               help="Do not ask the target whether TABLE and its columns exist.")
@@ -115,7 +115,7 @@ def target_add(home: Path, name: str, dsn: str, no_check: bool, as_json: bool) -
 @guarded
 def target_row_key(home: Path, name: str, table: str, columns: str | None, remove: bool,
                    no_check: bool, as_json: bool) -> None:
-    """Declare the columns that name the rows of TABLE on target NAME.
+    """Declare the COLUMNS (COL[,COL…]) that name the rows of TABLE on target NAME.
 
     A rollback preview keys its row images by a table's primary key, else by a
     unique index over NOT NULL columns; a table with neither is previewed by
@@ -128,7 +128,8 @@ def target_row_key(home: Path, name: str, table: str, columns: str | None, remov
     from marque.pilot.setup import set_row_key
 
     if remove == (columns is not None):
-        raise InvalidInput("give COL[,COL…] to declare a row key, or --remove to withdraw one")
+        raise InvalidInput("give COLUMNS (COL[,COL…]) to declare a row key, or --remove to "
+                           "withdraw one")
     names = None if columns is None else [c.strip() for c in columns.split(",")]
     result = set_row_key(home, name, table, names, check=not no_check)
     if as_json:
