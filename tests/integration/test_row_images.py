@@ -396,6 +396,21 @@ def test_merge_on_a_declared_key_and_what_it_cannot_image(engine: Engine) -> Non
     assert [(r["key"], r["after"]["balance"]) for r in holding["rows"]] == [({"id": 1}, "0")]
 
 
+def test_merge_binds_the_parameters_of_using_and_on_only(engine: Engine) -> None:
+    """Placeholders in USING, ON and the WHEN clauses: the before-read binds the first two
+    groups, in order; no alias on either side reads the same."""
+    _pg_only(engine)
+    images = _images(engine, "MERGE INTO accounts USING (VALUES (?::int)) AS s(id) "
+                     "ON s.id = accounts.id AND accounts.balance > ? "
+                     "WHEN MATCHED THEN UPDATE SET balance = ?", 2, 10, 77)
+    assert [(r["key"], r["before"]["balance"], r["after"]["balance"]) for r in images["rows"]] == [
+        ({"id": 2}, "50", "77")]
+    missed = _images(engine, "MERGE INTO accounts USING holdings "
+                     "ON holdings.acct = accounts.id AND holdings.sym = ? "
+                     "WHEN MATCHED THEN DELETE", "nothing")
+    assert (missed["status"], missed["total"], missed["rows"]) == ("captured", 0, [])
+
+
 def test_a_sqlite_primary_key_holding_null_twice_is_never_merged(engine: Engine) -> None:
     """SQLite lets a non-INTEGER primary key hold NULL, in several rows: those rows share a
     key, and the statement is count only rather than a diff that shows one of them."""
