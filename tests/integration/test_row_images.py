@@ -423,3 +423,18 @@ def test_a_sqlite_primary_key_holding_null_twice_is_never_merged(engine: Engine)
     assert "code" not in images
     keyed = _images(engine, "UPDATE sloppy SET v = 0 WHERE a = 'k'")
     assert keyed["status"] == "captured" and keyed["key_source"] == "primary_key"
+
+
+def test_a_merge_whose_rows_do_not_add_up_is_count_only(engine: Engine) -> None:
+    """A trigger that writes another row of the same table: the MERGE reports one row, its
+    images find two new ones, and the images are dropped, said, rather than guessed."""
+    _pg_only(engine)
+    engine.run("CREATE FUNCTION shadow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+               "IF NEW.id < 1000 THEN INSERT INTO accounts VALUES (NEW.id + 1000, 'shadow', 0); "
+               "END IF; RETURN NEW; END $$")
+    engine.run("CREATE TRIGGER shadowing AFTER INSERT ON accounts FOR EACH ROW "
+               "EXECUTE FUNCTION shadow()")
+    images = _images(engine, "MERGE INTO accounts a USING (VALUES (8, 1)) AS s(id, v) "
+                     "ON s.id = a.id WHEN NOT MATCHED THEN INSERT VALUES (s.id, 'new', s.v)")
+    assert images["status"] == "unavailable"
+    assert "reports 1 row(s) but its images account for 2" in images["reason"]
