@@ -46,8 +46,9 @@ def _schema(engine: str) -> list[str]:
            else f"WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < "
                 f"{ROW_IMAGE_CAP + 5}) INSERT INTO big SELECT n, 0 FROM g")
     return [
-        "CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance "
-        + ("numeric NOT NULL)" if pg else "INT)"),
+        # SQLite's INTEGER PRIMARY KEY is its rowid: a key SQLite makes when none is given.
+        "CREATE TABLE accounts (id " + ("int" if pg else "INTEGER") + " PRIMARY KEY, owner "
+        "text NOT NULL, balance " + ("numeric NOT NULL)" if pg else "INT)"),
         "INSERT INTO accounts VALUES (1, 'ann', 100), (2, 'bob', 50), (3, 'cy', 7)",
         "CREATE TABLE holdings (acct int, sym text, qty int, PRIMARY KEY (sym, acct))",
         "INSERT INTO holdings VALUES (1, 'X', 5), (1, 'Y', 6), (2, 'X', 7)",
@@ -186,6 +187,9 @@ def test_what_cannot_be_imaged_says_why(engine: Engine) -> None:
     made = _images(engine, "INSERT INTO serials (v) VALUES (1)")
     assert made["status"] == "unavailable" and "makes the inserted rows' keys" in made["reason"]
     assert "sequence" in made["reason"]
+    if engine.name == "sqlite":
+        rowid = _images(engine, "INSERT INTO accounts (owner, balance) VALUES ('x', 1)")
+        assert "makes the inserted rows' keys" in rowid["reason"]
     sub = _images(engine, "DELETE FROM accounts WHERE id IN (SELECT acct FROM holdings)")
     assert sub["status"] == "unavailable" and "subquery" in sub["reason"]
     several = _images(engine, "UPDATE accounts AS a SET balance = 0 FROM holdings AS h "
@@ -254,10 +258,11 @@ def test_keys_the_database_makes_are_read_back_by_the_statements_own_returning(
     assert [r["after"]["v"] for r in starred["rows"]] == [7]
     unnamed = _images(engine, "INSERT INTO serials (v) VALUES (1) RETURNING v")
     assert unnamed["status"] == "unavailable"
-    fay = _images(engine, "INSERT INTO accounts (id, owner, balance) VALUES (?, ?, 5) "
-                  "RETURNING id", 4, "fay")
-    assert [(r["op"], r["after"]) for r in fay["rows"]] == [
-        ("insert", {"id": 4, "owner": "fay", "balance": engine.num(5)})]
+    if engine.name == "sqlite":  # its rowid, made by SQLite and named by RETURNING
+        fay = _images(engine, "INSERT INTO accounts (owner, balance) VALUES (?, 5) "
+                      "RETURNING id", "fay")
+        assert [(r["op"], r["after"]) for r in fay["rows"]] == [
+            ("insert", {"id": 4, "owner": "fay", "balance": 5})]
 
 
 # -- declared row keys ---------------------------------------------------------------------
@@ -388,6 +393,9 @@ def test_merge_on_a_declared_key_and_what_it_cannot_image(engine: Engine) -> Non
     rekey = _images(engine, "MERGE INTO accounts a USING holdings h "
                     "ON h.acct = a.id AND h.sym = 'Y' WHEN MATCHED THEN UPDATE SET id = 10")
     assert rekey["status"] == "unavailable" and "key itself" in rekey["reason"]
+    tupled = _images(engine, "MERGE INTO accounts a USING holdings h ON h.acct = a.id AND "
+                     "h.sym = 'Y' WHEN MATCHED THEN UPDATE SET (balance, id) = (0, 10)")
+    assert tupled["status"] == "unavailable" and "key itself" in tupled["reason"]
     volatile = _images(engine, "MERGE INTO accounts a USING holdings h ON h.acct = a.id "
                        "AND h.sym = 'Y' AND random() < 2 WHEN MATCHED THEN DELETE")
     assert volatile["status"] == "unavailable" and "ON calls" in volatile["reason"]

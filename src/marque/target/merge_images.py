@@ -84,7 +84,7 @@ def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) ->
     if isinstance(keyed, str):
         return keyed
     key, source = keyed
-    inserts = False
+    inserts = deletes = False
     for when in whens.expressions:
         if when.args.get("source"):
             return "a MERGE with WHEN NOT MATCHED BY SOURCE is previewed by count only"
@@ -92,9 +92,14 @@ def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) ->
         if isinstance(then, exp.Insert):
             inserts = True
         elif isinstance(then, exp.Update):
-            assigned = {e.this.name.lower() for e in then.expressions if isinstance(e, exp.EQ)}
+            # Columns a tuple assignment, SET (a, b) = (…), names too.
+            assigned = {c.name.lower() for e in then.expressions if isinstance(e, exp.EQ)
+                        for c in (e.this.expressions if isinstance(e.this, exp.Tuple)
+                                  else [e.this])}
             if assigned & {k.lower() for k in key}:
                 return "the MERGE changes the row key itself: previewed by count only"
+        elif isinstance(then, exp.Var) and then.name.upper() == "DELETE":
+            deletes = True
     ref = exp.to_identifier(target.alias).sql(dialect="postgres") if target.alias else \
         _bare(target).sql(dialect="postgres")
     # Placeholders come in text order: USING, then ON, then the WHEN clauses.
@@ -103,7 +108,7 @@ def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) ->
               f"EXISTS (SELECT 1 FROM {using.sql(dialect='postgres')} "
               f"WHERE {on.sql(dialect='postgres')})")
     return _Plan("merge", _bare(target), key, before, list(params[:count]),
-                 updates_on_conflict=inserts, key_source=source)
+                 updates_on_conflict=inserts, merge_deletes=deletes, key_source=source)
 
 
 def _written(session: ImageSession, plan: _Plan) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -159,6 +164,10 @@ class MergeCapture(Capture):
         changes: dict[str, dict[str, Any]] = {}
         for at, (key, old, _) in before.items():
             new = after.get(at)
+            if new is None and not plan.merge_deletes:
+                # Gone, though the MERGE deletes nothing: its key moved, somehow unseen.
+                return unavailable("a matched row could not be read back by its key, and the "
+                                   "MERGE deletes no row: previewed by count only")
             if new is None:
                 changes[at] = {"key": key, "op": "delete", "before": old, "after": None,
                                "changed": sorted(old)}

@@ -147,6 +147,8 @@ class _Plan:
     insert_keys: list[tuple[list[str], list[Any]]] | None = None
     #: upsert: DO UPDATE (True) or DO NOTHING / OR IGNORE (False); merge: it may insert.
     updates_on_conflict: bool = False
+    #: merge: a WHEN MATCHED clause may delete.
+    merge_deletes: bool = False
     #: One of KEY_SOURCES: the schema's key, or the operator's declared one.
     key_source: str = "primary_key"
 
