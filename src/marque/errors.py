@@ -169,6 +169,12 @@ class ConfigInvalid(UsageError, code="config_invalid"):
     """A configuration file (``pilot.json``) is malformed or holds a value out of range."""
 
 
+class RowKeyInvalid(UsageError, code="row_key_invalid"):
+    """A declared row key (``marque pilot target row-key``) cannot be used: a name that is
+    not a plain identifier, no columns, a table or column the target does not have;
+    ``detail["rule"]`` names which. Nothing was written."""
+
+
 class HomeMismatch(UsageError, code="home_mismatch"):
     """A ledger was opened from a home it was not initialised for (a copy, or an
     unacknowledged move): two homes must never run on one incarnation."""

@@ -28,6 +28,9 @@ TABLES = (
     "CREATE TABLE events (msg TEXT)",
     "INSERT INTO events VALUES ('a'), ('b')",
     "CREATE TABLE big (id INT PRIMARY KEY, v INT)",
+    # No key of its own: its operator declares one (`marque pilot target row-key`).
+    "CREATE TABLE lines (ref TEXT, n INT, amount INT)",
+    "INSERT INTO lines VALUES ('a', 1, 10), ('a', 2, 20), ('b', 1, 5)",
 )
 BIG = ROW_IMAGE_CAP + 23
 
@@ -54,6 +57,10 @@ class DiffStack:
                 pg.execute(sql)
             pg.execute(f"INSERT INTO big SELECT g, 0 FROM generate_series(1, {BIG}) g")
         add_target(self.bank.home, "pgbank", pg_dsn)
+        for name in ("bank", "pgbank"):
+            declared = cli_json("pilot", "target", "row-key", "--home", self.bank.home, name,
+                                "lines", "ref,n")
+            assert (declared["columns"], declared["used"]) == (["ref", "n"], True), declared
         self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
         self.bob = self.harbour.add("bob", "approver")
         pilot_token = self.harbour.add("p1", "pilot")
@@ -248,3 +255,36 @@ def test_a_pilot_away_at_approval_issues_nothing_and_keeps_the_approval(
     finally:
         stack.stop()
         drop_database(pg_admin_dsn, pg_name)
+
+
+@BOTH
+def test_a_declared_row_key_is_the_diff_of_a_table_without_one(stack: DiffStack,
+                                                              target: str) -> None:
+    """`pilot target row-key` before `pilot serve`: a request on the keyless table shows its
+    rows by the declared key, says so, and approving it (a re-preview through the Pilot)
+    issues the marque."""
+    asked = stack.ask(target, f"UPDATE lines SET amount = amount + 1 WHERE ref = "
+                      f"{_mark(target)}", "a")
+    images = _images(asked)
+    assert (images["status"], images["key"], images["key_source"]) == (
+        "captured", ["ref", "n"], "declared")
+    assert [(r["key"], r["after"]["amount"]) for r in images["rows"]] == [
+        ({"ref": "a", "n": 1}, 11), ({"ref": "a", "n": 2}, 21)]
+    human = stack.show(asked["id"]).stdout
+    assert "2 row(s) of lines, by key ref, n (declared in the Pilot's pilot.json" in human
+    approved = cli("approve", asked["id"], "--json", token=stack.bob, harbour=stack.server.url)
+    assert approved.returncode == 0 and approved.json["state"] == "prepared", approved
+
+
+def test_a_merge_on_postgresql_is_the_diff(stack: DiffStack) -> None:
+    """A MERGE that updates one row and inserts another: both shown, sealed and approvable."""
+    asked = stack.ask("pgbank", "MERGE INTO accounts a USING (VALUES (1, 55), (4, 44)) "
+                      "AS s(id, v) ON s.id = a.id WHEN MATCHED THEN UPDATE SET balance = s.v "
+                      "WHEN NOT MATCHED THEN INSERT VALUES (s.id, s.v)")
+    images = _images(asked)
+    assert [(r["op"], r["key"]["id"], r["after"]["balance"]) for r in images["rows"]] == [
+        ("update", 1, 55), ("insert", 4, 44)]
+    shown = stack.show(asked["id"], "--json").json
+    assert shown["checkpoint"]["body"]["diff_cid"] == asked["preview"]["diff_cid"]
+    approved = cli("approve", asked["id"], "--json", token=stack.bob, harbour=stack.server.url)
+    assert approved.returncode == 0 and approved.json["state"] == "prepared", approved

@@ -480,6 +480,7 @@ def test_show_pilot_names_what_the_next_command_needs_with_secrets_redacted(env:
                                      "location": str(env.bank_path)}},
         "issuers": [env.issuer["kid"]],
         "settings": Settings().to_dict(),
+        "row_keys": {},
     }
     assert list_targets(env.home) == shown["targets"]
 

@@ -80,3 +80,34 @@ def test_only_a_preview_over_its_budget_is_not_approvable() -> None:
     assert over_budget({"within_max_rows": None}) is None  # explain: no exact count
     why = over_budget({"within_max_rows": False, "total_rows": 3, "max_rows": 1})
     assert why is not None and "3 row(s)" in why and "max_rows_exceeded" in why
+
+
+#: One statement's images as previews took them before ``key_source`` existed.
+_IMAGES = {"status": "captured", "table": "accounts", "key": ["id"], "total": 1, "shown": 1,
+           "truncated": False, "before_cid": "sha256:" + "b" * 64,
+           "rows": [{"key": {"id": 1}, "op": "update", "before": {"id": 1, "balance": 100},
+                     "after": {"id": 1, "balance": 90}, "changed": ["balance"]}]}
+
+
+def test_a_schema_keys_images_hash_as_they_did_before_key_source() -> None:
+    """key_source is left out of the preimage for a primary key or a unique index, so those
+    diffs keep their CIDs (pinned); a declared key is part of what is sealed."""
+    before = diff_cid([{"row_images": _IMAGES}])
+    # What the code before declared keys gave for these images (computed with it).
+    assert before == "sha256:40e79032fba20f918aa18cb5ddcb72cb5b838c640c60b1d67bf2f7ed5b683724"
+    assert before == cid({"version": "marque-row-diff/0.1", "statements": [_IMAGES]})
+    for source in ("primary_key", "unique_index"):
+        assert diff_cid([{"row_images": {**_IMAGES, "key_source": source}}]) == before
+    declared = {**_IMAGES, "key_source": "declared"}
+    assert diff_body([{"row_images": declared}])["statements"] == [declared]
+    assert diff_cid([{"row_images": declared}]) != before
+
+
+def test_the_console_marks_a_declared_key() -> None:
+    """The request page's caption says a key is declared; a schema key is not marked."""
+    from marque.harbour.console.row_images import row_images_view
+
+    declared = row_images_view({**_IMAGES, "key_source": "declared"})
+    assert declared is not None and declared["key_declared"] is True
+    own = row_images_view({**_IMAGES, "key_source": "primary_key"})
+    assert own is not None and own["key_declared"] is False

@@ -103,6 +103,51 @@ def target_add(home: Path, name: str, dsn: str, no_check: bool, as_json: bool) -
         out.say("  (not checked: the target was not contacted)")
 
 
+@target.command("row-key")
+@home_option
+@click.argument("name")
+@click.argument("table")
+@click.argument("columns", required=False, metavar="COLUMNS")
+@click.option("--remove", is_flag=True, help="Withdraw the row key declared for TABLE.")
+@click.option("--no-check", is_flag=True,
+              help="Do not ask the target whether TABLE and its columns exist.")
+@json_option
+@guarded
+def target_row_key(home: Path, name: str, table: str, columns: str | None, remove: bool,
+                   no_check: bool, as_json: bool) -> None:
+    """Declare the COLUMNS (COL[,COL…]) that name the rows of TABLE on target NAME.
+
+    A rollback preview keys its row images by a table's primary key, else by a
+    unique index over NOT NULL columns; a table with neither is previewed by
+    count only — unless a row key is declared for it here. TABLE is
+    [schema.]table. The target is asked first (unless --no-check): the table and
+    every column must exist (row_key_invalid otherwise; nothing is written). A
+    running `pilot serve` uses the key from its next start.
+    """
+    from marque.errors import InvalidInput
+    from marque.pilot.setup import set_row_key
+
+    if remove == (columns is not None):
+        raise InvalidInput("give COLUMNS (COL[,COL…]) to declare a row key, or --remove to "
+                           "withdraw one")
+    names = None if columns is None else [c.strip() for c in columns.split(",")]
+    result = set_row_key(home, name, table, names, check=not no_check)
+    if as_json:
+        emit_json(result)
+        return
+    if result["columns"] is None:
+        out.say(f"target {literal(name)}: no row key declared for {literal(table)} any more")
+        return
+    out.say(f"target {literal(name)}: rows of {literal(result['table'])} are named by "
+            f"{literal(', '.join(result['columns']))} (declared)")
+    if result["own_key"]:
+        out.say(f"  (the table has a key of its own, {literal(', '.join(result['own_key']))} "
+                f"({result['own_key_source'].replace('_', ' ')}), which previews keep "
+                "using; the declared one is used only if that key goes)")
+    if not result["checked"]:
+        out.say("  (not checked: the target was not asked)")
+
+
 @target.command("list")
 @home_option
 @json_option
@@ -214,6 +259,8 @@ def pilot_show(home: Path, as_json: bool) -> None:
         bound = shown["target_bindings"].get(name)
         out.say(f"  {literal(name)} → {literal(dsn)}"
                 + (f"  (identity {literal(bound['target_id'])})" if bound else ""))
+        for table, columns in shown["row_keys"].get(name, {}).items():
+            out.say(f"    row key of {literal(table)}: {literal(', '.join(columns))} (declared)")
     out.say("issuers      " + (literal(", ".join(shown["issuers"])) or "none"))
     harbour = shown.get("harbour")
     out.say("harbour      " + (f"{literal(harbour['url'])} (reaching this Pilot at "

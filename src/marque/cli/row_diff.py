@@ -23,6 +23,10 @@ def cell(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+#: Said after a key the schema does not make: the Pilot's operator declared it.
+_DECLARED = " (declared in the Pilot's pilot.json, not the table's own key)"
+
+
 def _key_text(key: Any) -> str:
     if isinstance(key, dict):
         return ", ".join(f"{k}={cell(v)}" for k, v in key.items())
@@ -43,7 +47,8 @@ def print_row_images(images: Any, indent: str = "      ") -> None:
                 f"{one_line(images.get('table'))} (the rest are counted, not shown)")
     else:
         out.say(f"{indent}{total} row(s) of {one_line(images.get('table'))}, by key "
-                f"{one_line(', '.join(images.get('key') or []))}:")
+                f"{one_line(', '.join(images.get('key') or []))}"
+                f"{_DECLARED if images.get('key_source') == 'declared' else ''}:")
     out.say(f"{indent}  op key | column | before → after")
     for row in rows:
         op = row.get("op")

@@ -53,7 +53,8 @@ def open_pilot(
         targets = {
             name: open_target(name, pilot_home.resolve(dsn),
                               lock_timeout_ms=settings.lock_timeout_ms,
-                              statement_timeout_ms=settings.statement_timeout_ms)
+                              statement_timeout_ms=settings.statement_timeout_ms,
+                              row_keys=config.row_keys.get(name))
             for name, dsn in config.targets.items()
         }
         pilot = Pilot(

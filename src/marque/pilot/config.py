@@ -34,7 +34,7 @@ from marque.dsn import (
     sqlite_dsn,
     sqlite_path,
 )
-from marque.errors import ConfigInvalid, InvalidInput, LedgerMissing, MarqueError
+from marque.errors import ConfigInvalid, InvalidInput, LedgerMissing, MarqueError, RowKeyInvalid
 
 CONFIG_FILE = "pilot.json"
 LEDGER_FILE = "ledger.sqlite3"
@@ -177,7 +177,7 @@ class Settings:
 # -- pilot.json -------------------------------------------------------------------------
 
 _TOP_LEVEL = ("pilot_id", "home_id", "ledger", "targets", "issuers", "settings", "previews",
-              "harbour", "durability")
+              "row_keys", "harbour", "durability")
 #: What a Pilot does when its ledger's engine would not keep commits (``pilot.json``'s
 #: ``durability``; see docs/operations.md): ``require`` (the default) refuses to start with
 #: ``ledger_not_durable``; ``warn`` starts and says so on stderr at every start.
@@ -285,6 +285,9 @@ class PilotConfig:
     settings: Settings = field(default_factory=Settings)
     #: Per-target preview mode (``rollback`` or ``explain``); absent means ``rollback``.
     previews: dict[str, str] = field(default_factory=dict)
+    #: Per-target declared row keys (``marque pilot target row-key``): table → columns,
+    #: naming the rows of a table that has no key of its own in previews' row images.
+    row_keys: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     #: The Harbourmaster this Pilot joined, if any; without one it journals locally only.
     harbour: HarbourLink | None = None
     #: ``require`` or ``warn``: what a ledger whose commits may not survive a crash means.
@@ -303,6 +306,9 @@ class PilotConfig:
             data["home_id"] = self.home_id
         if self.previews:
             data["previews"] = dict(self.previews)
+        if self.row_keys:
+            data["row_keys"] = {target: {table: list(columns) for table, columns in tables.items()}
+                                for target, tables in self.row_keys.items()}
         if self.harbour is not None:
             data["harbour"] = self.harbour.to_dict()
         if self.durability != "require":  # the default is not written out
@@ -342,6 +348,8 @@ class PilotConfig:
         _check_issuers(issuers)
         previews = data.get("previews", {})
         _check_previews(previews, targets)
+        row_keys = data.get("row_keys", {})
+        _check_row_keys(row_keys, targets)
         durability = data.get("durability", "require")
         if durability not in DURABILITY_POLICIES:
             raise ConfigInvalid(f"durability must be one of {', '.join(DURABILITY_POLICIES)}, "
@@ -354,6 +362,8 @@ class PilotConfig:
             issuers=[dict(jwk) for jwk in issuers],
             settings=Settings.from_dict(data.get("settings", {})),
             previews=dict(previews),
+            row_keys={target: {table: list(columns) for table, columns in tables.items()}
+                      for target, tables in row_keys.items()},
             harbour=(HarbourLink.from_dict(data["harbour"]) if "harbour" in data else None),
             durability=durability,
         )
@@ -372,6 +382,55 @@ def _check_previews(previews: Any, targets: dict[str, Any]) -> None:
         if mode not in PREVIEW_MODES:
             raise ConfigInvalid(f"previews.{name} must be one of {', '.join(PREVIEW_MODES)}, "
                                 f"got {_show(mode)}")
+
+
+#: What a declared row key's table and columns may be called: plain SQL identifiers (a
+#: table optionally ``schema.``-qualified), so the name means the same to the operator, to
+#: ``pilot.json`` and to the engine that resolves it.
+ROW_KEY_NAME_RULE = "a plain SQL identifier (A-Z a-z 0-9 _ $, not starting with a digit or $)"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+#: Columns a declared row key may have (as many as PostgreSQL allows in an index).
+MAX_ROW_KEY_COLUMNS = 32
+
+
+def check_row_key(table: object, columns: object, where: str) -> tuple[str, list[str]]:
+    """``(table, columns)`` if they can declare a row key: ``[schema.]table`` and 1 to
+    :data:`MAX_ROW_KEY_COLUMNS` distinct columns, each a plain SQL identifier; else
+    ``RowKeyInvalid`` naming ``where`` and the rule broken."""
+    if not isinstance(table, str) or not all(
+            _IDENTIFIER.fullmatch(part) for part in table.split(".")) or table.count(".") > 1:
+        raise RowKeyInvalid(f"{where}: the table must be [schema.]table, each part "
+                            f"{ROW_KEY_NAME_RULE}, got {_show(table)}",
+                            detail={"rule": "table_name"})
+    if not isinstance(columns, list) or not 1 <= len(columns) <= MAX_ROW_KEY_COLUMNS:
+        raise RowKeyInvalid(f"{where}.{table} must be a list of 1 to {MAX_ROW_KEY_COLUMNS} "
+                            f"column names, got {_show(columns)}", detail={"rule": "columns"})
+    for column in columns:
+        if not isinstance(column, str) or not _IDENTIFIER.fullmatch(column):
+            raise RowKeyInvalid(f"{where}.{table}: a column must be {ROW_KEY_NAME_RULE}, got "
+                                f"{_show(column)}", detail={"rule": "column_name"})
+    if len({c.lower() for c in columns}) != len(columns):
+        raise RowKeyInvalid(f"{where}.{table} names a column twice: {_show(columns)}",
+                            detail={"rule": "columns"})
+    return table, list(columns)
+
+
+def _check_row_keys(row_keys: Any, targets: dict[str, Any]) -> None:
+    if not isinstance(row_keys, dict):
+        raise ConfigInvalid(f"row_keys must be a JSON object of target name → {{table: "
+                            f"[column, …]}}, got {_show(row_keys)}")
+    for name, tables in row_keys.items():
+        if name not in targets:
+            raise ConfigInvalid(f"row_keys.{name}: there is no target named {_show(name)} "
+                                "in targets")
+        if not isinstance(tables, dict):
+            raise ConfigInvalid(f"row_keys.{name} must be a JSON object of table → "
+                                f"[column, …], got {_show(tables)}")
+        for table, columns in tables.items():
+            try:
+                check_row_key(table, columns, f"row_keys.{name}")
+            except RowKeyInvalid as exc:
+                raise ConfigInvalid(exc.message) from exc
 
 
 def _config_name(value: Any, where: str) -> str:
@@ -589,8 +648,10 @@ __all__ = [
     "NAME_RULE",
     "PilotConfig",
     "PilotHome",
+    "ROW_KEY_NAME_RULE",
     "Settings",
     "check_http_url",
     "check_name",
+    "check_row_key",
     "sqlite_file",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from marque.dsn import describe, is_postgres, is_sqlite, require_postgres_support, sqlite_path
 from marque.errors import TargetUnavailable
@@ -73,3 +74,38 @@ def _check_postgres(name: str, dsn: str) -> None:
             f"target {name}: cannot connect to {describe(dsn)}: {reason}" + _AFTER,
             sqlstate=exc.sqlstate,
         ) from exc
+
+
+def probe_table(name: str, dsn: str, table: str) -> dict[str, Any] | None:
+    """Target ``name``'s table ``table`` as :func:`marque.target.sqlite.table_shape` (or its
+    PostgreSQL sibling) gives it, read-only; ``TargetUnavailable`` if the target does not
+    answer. Nothing is created or changed."""
+    check_reachable(name, dsn)
+    if is_sqlite(dsn):
+        from marque.target.sqlite import table_shape
+
+        try:
+            conn = sqlite3.connect(f"file:{sqlite_path(dsn)}?mode=ro", uri=True, timeout=1.0)
+        except sqlite3.Error as exc:
+            raise TargetUnavailable(f"target {name}: {sqlite_path(dsn)} cannot be opened "
+                                    f"({type(exc).__name__})") from exc
+        try:
+            return table_shape(conn, table)
+        finally:
+            conn.close()
+    import psycopg
+
+    from marque.target.postgres import table_shape as pg_table_shape
+    from marque.target.row_images import ImageUnavailable
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=PROBE_CONNECT_TIMEOUT,
+                             autocommit=True) as pg:
+            return pg_table_shape(pg, table)
+    except ImageUnavailable as exc:  # the catalog query itself failed (a permission…)
+        raise TargetUnavailable(f"target {name}: cannot read the table {table} at "
+                                f"{describe(dsn)}: {exc}") from exc
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise TargetUnavailable(f"target {name}: cannot read the table {table} at "
+                                f"{describe(dsn)}: {reason}", sqlstate=exc.sqlstate) from exc

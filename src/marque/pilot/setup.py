@@ -20,7 +20,7 @@ from marque.dsn import (
     require_postgres_support,
     resolve_sqlite,
 )
-from marque.errors import HomeMismatch, InvalidInput, LedgerExists, NotFound
+from marque.errors import HomeMismatch, InvalidInput, LedgerExists, NotFound, RowKeyInvalid
 from marque.ledger import Ledger, create_ledger, open_ledger
 from marque.madedirs import MadeDirectories
 from marque.pilot.config import (
@@ -28,6 +28,7 @@ from marque.pilot.config import (
     PilotConfig,
     PilotHome,
     check_name,
+    check_row_key,
     sqlite_file,
 )
 from marque.pilot.home import (
@@ -38,7 +39,7 @@ from marque.pilot.home import (
     refuse_unacknowledged_legacy_move,
 )
 from marque.pilot.join import join
-from marque.pilot.reach import check_reachable
+from marque.pilot.reach import check_reachable, probe_table
 from marque.pilot.report_key import ensure_report_key
 
 __all__ = [
@@ -251,6 +252,74 @@ def add_target(
             "resolved_from": redact(dsn) if stored != dsn else None}
 
 
+def set_row_key(home: str | os.PathLike[str], target: str, table: str,
+                columns: list[str] | None, *, check: bool = True) -> dict[str, Any]:
+    """Declare (or, with ``columns`` None, withdraw) the row key of ``table`` on ``target``.
+
+    Previews then key that table's row images by ``columns`` when the table has no
+    key of its own (``pilot.json``'s ``row_keys``). With ``check`` (the default) the
+    target is asked first: the table and every column must exist (``row_key_invalid``
+    otherwise), and a column is stored as the target spells it. Nothing is written
+    unless every check passed. Returns ``{target, table, columns, checked, own_key,
+    own_key_source, used}``: ``used`` is False when the table has a key of its own,
+    which previews keep using (or after a withdrawal).
+    """
+    pilot_home = PilotHome(home)
+    config = pilot_home.load()
+    if target not in config.targets:
+        known = ", ".join(sorted(config.targets)) or "none"
+        raise NotFound(f"{pilot_home.path} has no target {target} (targets: {known})")
+    declared = config.row_keys.get(target, {})
+    if columns is None:
+        if table not in declared:
+            listed = ", ".join(sorted(declared)) or "none"
+            raise NotFound(f"target {target} has no row key declared for {table} "
+                           f"(declared: {listed})")
+        del declared[table]
+        if not declared:
+            config.row_keys.pop(target, None)
+        pilot_home.save(config)
+        return {"target": target, "table": table, "columns": None, "checked": False,
+                "own_key": None, "own_key_source": None, "used": False}
+    table, columns = check_row_key(table, columns, "the row key")
+    shape = None
+    if check:
+        shape = probe_table(target, pilot_home.resolve(config.targets[target]), table)
+        if shape is None:
+            raise RowKeyInvalid(f"target {target} has no table {table}; nothing was written",
+                                detail={"rule": "table_missing", "table": table})
+        columns = _as_spelled(target, table, columns, shape["columns"])
+    declared[table] = columns
+    config.row_keys[target] = declared
+    pilot_home.save(config)
+    own = shape["key"] if shape else None
+    return {"target": target, "table": table, "columns": columns, "checked": check,
+            "own_key": own or None, "own_key_source": shape["key_source"] if shape else None,
+            "used": not own}
+
+
+def _as_spelled(target: str, table: str, columns: list[str], known: list[str]) -> list[str]:
+    """``columns`` as the table spells them: exactly, else the one column equal but for
+    case; any other is ``row_key_invalid`` naming what is missing."""
+    spelled: list[str] = []
+    missing: list[str] = []
+    for column in columns:
+        if column in known:
+            spelled.append(column)
+            continue
+        alike = [k for k in known if k.lower() == column.lower()]
+        if len(alike) == 1:
+            spelled.append(alike[0])
+        else:
+            missing.append(column)
+    if missing:
+        raise RowKeyInvalid(
+            f"table {table} on target {target} has no column {', '.join(missing)} (its "
+            f"columns: {', '.join(known)}); nothing was written",
+            detail={"rule": "column_missing", "missing": missing, "columns": known})
+    return spelled
+
+
 def remove_target(home: str | os.PathLike[str], name: str) -> dict[str, Any]:
     """Stop serving target ``name``; returns ``{target, dsn}``. Unknown name → ``not_found``.
 
@@ -263,6 +332,9 @@ def remove_target(home: str | os.PathLike[str], name: str) -> dict[str, Any]:
         known = ", ".join(sorted(config.targets)) or "none"
         raise NotFound(f"{pilot_home.path} has no target {name} (targets: {known})")
     dsn = config.targets.pop(name)
+    # What pilot.json says of the target goes with it (a load refuses a name without one).
+    config.row_keys.pop(name, None)
+    config.previews.pop(name, None)
     pilot_home.save(config)
     return {"target": name, "dsn": redact(dsn)}
 
@@ -278,10 +350,10 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
     """Everything an operator needs to issue for and run this Pilot, secrets redacted.
 
     ``{pilot_id, incarnation, home, ledger, targets: {name: dsn}, issuers: [kid…],
-    settings: {…}}``, and ``harbour: {url, pilot_url}`` once it joined a
-    Harbourmaster (never its token). The ledger is opened (its identity
-    is the incarnation), so a home that is not its ledger's is ``home_mismatch``
-    here too.
+    settings: {…}, row_keys: {target: {table: [column…]}}}``, and ``harbour: {url,
+    pilot_url}`` once it joined a Harbourmaster (never its token). The ledger is
+    opened (its identity is the incarnation), so a home that is not its ledger's is
+    ``home_mismatch`` here too.
     """
     pilot_home = PilotHome(home)
     config = pilot_home.load()
@@ -301,6 +373,8 @@ def show_pilot(home: str | os.PathLike[str]) -> dict[str, Any]:
         "target_bindings": bindings,
         "issuers": [str(jwk.get("kid")) for jwk in config.issuers],
         "settings": config.settings.to_dict(),
+        "row_keys": {name: dict(sorted(tables.items()))
+                     for name, tables in sorted(config.row_keys.items())},
     }
     if config.harbour is not None:
         shown["harbour"] = {"url": config.harbour.url, "pilot_url": config.harbour.pilot_url}

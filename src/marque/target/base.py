@@ -24,8 +24,9 @@ from __future__ import annotations
 import abc
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from marque.change import Change, Guard
@@ -113,6 +114,9 @@ class Target(abc.ABC):
     """A database the Pilot executes approved changes on."""
 
     name: str
+    #: Row keys its operator declared (pilot.json ``row_keys``): ``[schema.]table`` →
+    #: columns, naming the rows of tables without a key of their own in previews.
+    row_keys: Mapping[str, Sequence[str]] = MappingProxyType({})
 
     @abc.abstractmethod
     def execute(self, attempt: TargetAttempt, emit: Emit) -> Committed:

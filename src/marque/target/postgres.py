@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -141,8 +141,12 @@ class _ImageSession:
 
     dialect = "postgres"
 
-    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+    def __init__(self, conn: psycopg.Connection[TupleRow],
+                 row_keys: Mapping[str, Sequence[str]] | None = None) -> None:
         self.conn = conn
+        #: Declared row keys (pilot.json ``row_keys``), by ``[schema.]table`` as written:
+        #: the server resolves each name as it resolves the statement's (search_path).
+        self.declared = {t: list(c) for t, c in (row_keys or {}).items()}
 
     def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
@@ -155,10 +159,36 @@ class _ImageSession:
                 "only") from exc
 
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        return self._own_key(table_sql)[0]
+
+    def row_key(self, table_sql: str, schema: str | None, name: str) -> tuple[list[str], str]:
+        key, source = self._own_key(table_sql)
+        if key or not self.declared:
+            return key, source
+        _, rows = self.query("SELECT d FROM unnest(%s::text[]) AS d "
+                             "WHERE to_regclass(d) = to_regclass(%s) ORDER BY d",
+                             (list(self.declared), table_sql))
+        keys = {tuple(self.declared[str(r[0])]) for r in rows}
+        if len(keys) > 1:
+            raise ImageUnavailable(
+                f"pilot.json declares different row keys for {table_sql} under different "
+                f"names ({', '.join(str(r[0]) for r in rows)}): previewed by count only")
+        return (list(keys.pop()), "declared") if keys else ([], "")
+
+    def columns(self, table_sql: str) -> list[str] | None:
+        """The table's columns in order (None when there is no such table)."""
+        _, rows = self.query(
+            "SELECT c.oid IS NOT NULL, array_remove(array_agg(a.attname::text "
+            "ORDER BY a.attnum), NULL) FROM (SELECT to_regclass(%s) AS oid) c "
+            "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped GROUP BY c.oid", (table_sql,))
+        return [str(c) for c in rows[0][1]] if rows and rows[0][0] else None
+
+    def _own_key(self, table_sql: str) -> tuple[list[str], str]:
         # The primary key; else a unique index over NOT NULL columns (not partial, no
         # expressions), which names each row just as well: the fewest columns, then by name.
         _, rows = self.query(
-            "SELECT array_agg(a.attname::text ORDER BY k.ord) FROM pg_index i "
+            "SELECT array_agg(a.attname::text ORDER BY k.ord), i.indisprimary FROM pg_index i "
             "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
             "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
             "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL "
@@ -166,7 +196,20 @@ class _ImageSession:
             "HAVING bool_and(a.attnotnull) "
             "ORDER BY i.indisprimary DESC, count(*), i.indexrelid::regclass::text LIMIT 1",
             (table_sql,))
-        return [str(c) for c in rows[0][0]] if rows else []
+        if not rows:
+            return [], ""
+        return [str(c) for c in rows[0][0]], "primary_key" if rows[0][1] else "unique_index"
+
+
+def table_shape(conn: psycopg.Connection[TupleRow], table: str) -> dict[str, Any] | None:
+    """What ``marque pilot target row-key`` checks a declared key against: the table's
+    ``{columns, key, key_source}`` (its own key, if any), or None if it does not exist."""
+    session = _ImageSession(conn)
+    columns = session.columns(table)
+    if columns is None:
+        return None
+    key, source = session.row_key(table, None, table)
+    return {"columns": columns, "key": key, "key_source": source or None}
 
 
 class _Cursors:
@@ -553,7 +596,7 @@ class PostgresTarget(SqlTarget):
                 conn.execute("SET TRANSACTION READ ONLY")
             conn.execute("SELECT set_config('statement_timeout', %s, true)",
                          (f"{statement_timeout_ms}ms",))
-            images = _ImageSession(conn)
+            images = _ImageSession(conn, self.row_keys)
             catalog = PostgresCatalog(conn)
             for index, statement in enumerate(change.statements):
                 params = tuple(statement.params) or None

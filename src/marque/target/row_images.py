@@ -15,11 +15,18 @@ always rolled back — the engine runs, around the statement exactly as approved
 
 Rows are keyed by the table's primary key, or where it has none by a unique
 index over NOT NULL columns (the schema's own declaration that each row is
-named by them). Whatever cannot be imaged soundly is
+named by them), or where it has neither by the row key the Pilot's operator
+declared for it (``pilot.json``'s ``row_keys``, ``marque pilot target row-key``).
+``key_source`` says which (``primary_key``, ``unique_index``, ``declared``). A
+declared key is the operator's word, not the schema's: if two rows of the images
+share one, or one is NULL, the statement is count only (``code``
+``declared_key_not_unique`` / ``declared_key_null``), never a diff that merges
+two rows. Whatever cannot be imaged soundly is
 said per statement, never guessed: ``{"status": "unavailable", "reason": …}`` —
 a table without a primary key, several tables, a ``WITH``, a ``WHERE`` with a
 subquery or a function the parser does not know, keys the database makes
-(defaults, sequences), a change of the key itself, ``MERGE``, ``REPLACE``.
+(defaults, sequences), a change of the key itself, ``REPLACE``. A ``MERGE``
+(PostgreSQL 15+) is imaged by :mod:`marque.target.merge_images`.
 The count a statement reports must equal the rows the images account for; if
 it does not (another transaction changed rows between the two reads, a trigger,
 a conflict on another constraint) the images are dropped as unavailable.
@@ -44,7 +51,8 @@ from sqlglot import exp
 
 from marque.cid import MAX_SAFE_INT, cid
 
-__all__ = ["ROW_DIFF_VERSION", "ROW_IMAGE_CAP", "ImageSession", "Capture", "ImageUnavailable",
+__all__ = ["ROW_DIFF_VERSION", "ROW_IMAGE_CAP", "KEY_SOURCES", "ImageSession", "Capture",
+           "ImageUnavailable",
            "start_capture", "finish_capture", "explain_images", "writes_rows",
            "unavailable", "diff_body",
            "diff_cid", "before_state"]
@@ -57,8 +65,17 @@ ROW_IMAGE_CAP = 100
 _WRITE_KINDS = (exp.Update, exp.Delete, exp.Insert, exp.Merge)
 
 
+#: Where a statement's row key came from (``row_images.key_source``).
+KEY_SOURCES = ("primary_key", "unique_index", "declared")
+
+
 class ImageUnavailable(Exception):
-    """A derived query could not be run: the statement is previewed by count only."""
+    """A derived query could not be run: the statement is previewed by count only.
+    ``code`` names the reason where a caller may act on it (None: said in words only)."""
+
+    def __init__(self, reason: str, code: str | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 class ImageSession(Protocol):
@@ -75,10 +92,18 @@ class ImageSession(Protocol):
         """The columns that name a table's rows, in key order: its primary key, else a
         unique index over NOT NULL columns ([] when it has neither)."""
 
+    def row_key(self, table_sql: str, schema: str | None, name: str) -> tuple[list[str], str]:
+        """As :meth:`primary_key`, else the key declared for the table; with where it came
+        from (one of :data:`KEY_SOURCES`, or ``""`` with ``[]`` when there is none)."""
 
-def unavailable(reason: str) -> dict[str, Any]:
-    """A statement's ``row_images`` when its rows cannot be imaged soundly."""
-    return {"status": "unavailable", "reason": reason}
+
+def unavailable(reason: str, code: str | None = None) -> dict[str, Any]:
+    """A statement's ``row_images`` when its rows cannot be imaged soundly (``code`` only
+    where a reason has one, so older previews keep their bytes)."""
+    images: dict[str, Any] = {"status": "unavailable", "reason": reason}
+    if code is not None:
+        images["code"] = code
+    return images
 
 
 def _value(value: Any) -> Any:
@@ -112,15 +137,35 @@ def _sorted(orders: Any) -> list[str]:
 
 @dataclass
 class _Plan:
-    kind: str  # update | delete | insert | upsert | returned (an insert keyed by RETURNING)
+    #: update | delete | insert | upsert | returned (an insert keyed by RETURNING) | merge
+    kind: str
     table: exp.Table  # without its alias
     key: list[str]
     before_sql: str | None
     before_params: list[Any]
     #: INSERT: each row's key as SQL expressions and their parameters.
     insert_keys: list[tuple[list[str], list[Any]]] | None = None
-    #: upsert: DO UPDATE (True) or DO NOTHING / OR IGNORE (False).
+    #: upsert: DO UPDATE (True) or DO NOTHING / OR IGNORE (False); merge: it may insert.
     updates_on_conflict: bool = False
+    #: merge: a WHEN MATCHED clause may delete.
+    merge_deletes: bool = False
+    #: One of KEY_SOURCES: the schema's key, or the operator's declared one.
+    key_source: str = "primary_key"
+
+
+def _not_a_key(plan: _Plan, key: list[Any], repeated: bool) -> ImageUnavailable:
+    names = ", ".join(plan.key)
+    shown = json.dumps(dict(zip(plan.key, key, strict=True)), default=str)[:200]
+    if repeated:
+        return ImageUnavailable(
+            f"the {plan.key_source.replace('_', ' ')} row key ({names}) of "
+            f"{plan.table.sql()} is not unique: two rows hold {shown}, so a diff keyed by "
+            "it could merge them; previewed by count only",
+            code="declared_key_not_unique" if plan.key_source == "declared" else None)
+    return ImageUnavailable(
+        f"a row of {plan.table.sql()} holds NULL in its {plan.key_source.replace('_', ' ')} "
+        f"row key ({names}): {shown}, which names no row; previewed by count only",
+        code="declared_key_null")
 
 
 class Capture:
@@ -145,8 +190,14 @@ class Capture:
         out: dict[str, tuple[list[Any], dict[str, Any], list[Any]]] = {}
         for row in rows:
             key = [_value(row[i]) for i in index]
-            out[_key_order(key)] = (key, {c: _value(v) for c, v in zip(columns, row, strict=True)},
-                                    [row[i] for i in index])
+            order = _key_order(key)
+            declared = self._plan.key_source == "declared"
+            if order in out or (declared and None in key):
+                # A declared key can do this (and a SQLite primary key, which admits NULLs);
+                # merged into one row, two rows would make a wrong diff.
+                raise _not_a_key(self._plan, key, order in out)
+            out[order] = (key, {c: _value(v) for c, v in zip(columns, row, strict=True)},
+                          [row[i] for i in index])
         return out
 
     def finish(self, session: ImageSession, rowcount: int,
@@ -163,7 +214,8 @@ class Capture:
             named = self._keyed(*returned)
             plan = _Plan("insert", plan.table, plan.key, None, [],
                          insert_keys=[([mark] * len(plan.key), list(raw))
-                                      for _, _, raw in named.values()])
+                                      for _, _, raw in named.values()],
+                         key_source=plan.key_source)
             self._plan = plan
         before = self._keyed(self._columns, self._before)
         order = _sorted(before)
@@ -173,11 +225,22 @@ class Capture:
                 "WHERE just before it (another transaction changed rows meanwhile?): "
                 "previewed by count only")
         after: dict[str, tuple[list[Any], dict[str, Any], list[Any]]] = {}
+        declared = plan.key_source == "declared"
         if plan.kind == "update":
-            # Only the rows that will be shown need their new image.
+            # Only the rows that will be shown need their new image — unless the key is
+            # only declared: then every key is read back, so a second row holding one
+            # (not matched by the WHERE) is found, not merged into the diff.
             columns, rows = _select_keys(session, plan,
-                                         [before[o][2] for o in order[:ROW_IMAGE_CAP]])
+                                         [before[o][2] for o in
+                                          (order if declared else order[:ROW_IMAGE_CAP])])
             after = self._keyed(columns, rows)
+        elif plan.kind == "delete" and declared and before:
+            # The deleted rows are gone (in this transaction): a row still holding one of
+            # their keys is another row the declared key does not tell apart.
+            columns, rows = _select_keys(session, plan, [before[o][2] for o in order])
+            if rows:
+                raise _not_a_key(plan, list(self._keyed(columns, rows[:1]).values())[0][0],
+                                 True)
         elif plan.kind in ("insert", "upsert"):
             columns, rows = _select_insert_keys(session, plan)
             after = self._keyed(columns, rows)
@@ -217,6 +280,7 @@ class Capture:
             "status": "captured",
             "table": plan.table.sql(dialect=session.dialect),
             "key": list(plan.key),
+            "key_source": plan.key_source,
             "total": len(changes),
             "shown": len(shown),
             "truncated": len(changes) > len(shown),
@@ -269,8 +333,6 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
     if not isinstance(node, _WRITE_KINDS):
         return ("only the rows of INSERT, UPDATE and DELETE are imaged: this statement is "
                 "previewed by count only")
-    if isinstance(node, exp.Merge):
-        return "MERGE is previewed by count only"
     if node.args.get("with") or node.args.get("with_"):
         return "a statement with WITH is previewed by count only"
     total = _placeholders(node)
@@ -279,6 +341,10 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
                 "can bind in the same order")
     if isinstance(node, exp.Insert):
         return _plan_insert(node, params, session)
+    if isinstance(node, exp.Merge):
+        from marque.target.merge_images import plan_merge  # it builds on this module
+
+        return plan_merge(node, params, session)
     table = node.this
     if not isinstance(table, exp.Table):
         return "its target is not a plain table"
@@ -291,11 +357,10 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
         unsafe = _unsafe_where(where)
         if unsafe:
             return unsafe + ": previewed by count only"
-    schema, name = _table_name(table)
-    key = session.primary_key(_bare(table).sql(dialect=session.dialect), schema, name)
-    if not key:
-        return (f"table {name} has no primary key (nor a unique index over NOT NULL "
-                "columns): previewed by count only")
+    keyed = _row_key(session, table)
+    if isinstance(keyed, str):
+        return keyed
+    key, source = keyed
     kind = "update" if isinstance(node, exp.Update) else "delete"
     if kind == "update":
         assigned = {e.this.name.lower() for e in node.expressions if isinstance(e, exp.EQ)}
@@ -308,11 +373,22 @@ def _plan(sql: str, params: Sequence[Any], session: ImageSession) -> _Plan | str
     if where is not None:
         select = select.where(where.this.copy())
     return _Plan(kind, _bare(table), key, select.sql(dialect=session.dialect),
-                 list(params[skip:skip + count]))
+                 list(params[skip:skip + count]), key_source=source)
+
+
+def _row_key(session: ImageSession, table: exp.Table) -> tuple[list[str], str] | str:
+    """The columns naming ``table``'s rows and where they came from, or why there are none."""
+    schema, name = _table_name(table)
+    key, source = session.row_key(_bare(table).sql(dialect=session.dialect), schema, name)
+    if not key:
+        # Worded as before declared keys existed: a preview's bytes stay the same.
+        return (f"table {name} has no primary key (nor a unique index over NOT NULL "
+                "columns): previewed by count only")
+    return key, source
 
 
 def _returned_keys(node: exp.Insert, table: exp.Table, key: list[str],
-                   alternative: str) -> _Plan | None:
+                   alternative: str, source: str) -> _Plan | None:
     """A plain INSERT whose own RETURNING gives every key column (or ``*``): the new
     rows are read back by the keys it returns."""
     returning = node.args.get("returning")
@@ -321,11 +397,11 @@ def _returned_keys(node: exp.Insert, table: exp.Table, key: list[str],
     named: set[str] = set()
     for item in returning.expressions:
         if isinstance(item, exp.Star):
-            return _Plan("returned", table, key, None, [])
+            return _Plan("returned", table, key, None, [], key_source=source)
         if isinstance(item, exp.Column) and not item.table:
             named.add(item.name.lower())
     if all(k.lower() in named for k in key):
-        return _Plan("returned", table, key, None, [])
+        return _Plan("returned", table, key, None, [], key_source=source)
     return None
 
 
@@ -349,14 +425,13 @@ def _plan_insert(node: exp.Insert, params: Sequence[Any], session: ImageSession)
     if alternative and alternative != "IGNORE":
         return f"INSERT OR {alternative} is previewed by count only"
     values = node.expression
-    schema, name = _table_name(target)
     bare = _bare(target)
-    key = session.primary_key(bare.sql(dialect=session.dialect), schema, name)
-    if not key:
-        return (f"table {name} has no primary key (nor a unique index over NOT NULL "
-                "columns): previewed by count only")
+    keyed = _row_key(session, target)
+    if isinstance(keyed, str):
+        return keyed
+    key, source = keyed
     if not isinstance(values, exp.Values):
-        return _returned_keys(node, bare, key, alternative) or (
+        return _returned_keys(node, bare, key, alternative, source) or (
             "an INSERT … SELECT makes keys the preview cannot name (unless it returns "
             "them): previewed by count only")
     if columns is None:
@@ -367,7 +442,7 @@ def _plan_insert(node: exp.Insert, params: Sequence[Any], session: ImageSession)
             return str(exc)
     lowered = [c.lower() for c in columns]
     if any(k.lower() not in lowered for k in key):
-        return _returned_keys(node, bare, key, alternative) or (
+        return _returned_keys(node, bare, key, alternative, source) or (
             "the database makes the inserted rows' keys (a default or a sequence): "
             "previewed by count only")
     conflict = node.args.get("conflict")
@@ -405,11 +480,11 @@ def _plan_insert(node: exp.Insert, params: Sequence[Any], session: ImageSession)
         keys.append(([given[k][0] for k in key_lower],
                      [v for k in key_lower for v in given[k][1]]))
     return _Plan("upsert" if conflict is not None or alternative else "insert", bare, key,
-                 None, [], insert_keys=keys, updates_on_conflict=updates)
+                 None, [], insert_keys=keys, updates_on_conflict=updates, key_source=source)
 
 
-def _key_filter(plan: _Plan, session: ImageSession, rows: list[tuple[list[str], list[Any]]]
-                ) -> tuple[str, list[Any]]:
+def _key_filter(plan: _Plan, session: ImageSession, rows: list[tuple[list[str], list[Any]]],
+                extra: str = "") -> tuple[str, list[Any]]:
     quoted = [exp.to_identifier(k, quoted=True).sql(dialect=session.dialect) for k in plan.key]
     clauses = []
     params: list[Any] = []
@@ -418,11 +493,14 @@ def _key_filter(plan: _Plan, session: ImageSession, rows: list[tuple[list[str], 
                                                                          strict=True)) + ")")
         params.extend(bound)
     table = plan.table.sql(dialect=session.dialect)
-    return f"SELECT * FROM {table} WHERE " + " OR ".join(clauses), params
+    what = f"*, {extra}" if extra else "*"
+    return f"SELECT {what} FROM {table} WHERE " + " OR ".join(clauses), params
 
 
-def _select_keys(session: ImageSession, plan: _Plan, keys: list[list[Any]]
+def _select_keys(session: ImageSession, plan: _Plan, keys: list[list[Any]], extra: str = ""
                  ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The rows holding ``keys`` (as the driver gave them), with ``extra`` columns after
+    the table's own."""
     if not keys:
         return [], []
     mark = "%s" if session.dialect == "postgres" else "?"
@@ -431,7 +509,7 @@ def _select_keys(session: ImageSession, plan: _Plan, keys: list[list[Any]]
     # In slices, so no engine's limit on bound parameters is reached.
     for start in range(0, len(keys), 200):
         chunk = [([mark] * len(plan.key), list(k)) for k in keys[start:start + 200]]
-        sql, params = _key_filter(plan, session, chunk)
+        sql, params = _key_filter(plan, session, chunk, extra)
         columns, got = session.query(sql, params)
         rows.extend(got)
     return columns, rows
@@ -454,12 +532,16 @@ def start_capture(session: ImageSession, sql: str, params: Sequence[Any]
     try:
         plan = _plan(sql, params, session)
     except ImageUnavailable as exc:
-        return unavailable(str(exc))
+        return unavailable(str(exc), exc.code)
     if plan == "":
         return None
     if isinstance(plan, str):
         return unavailable(plan)
     try:
+        if plan.kind == "merge":
+            from marque.target.merge_images import start_merge
+
+            return start_merge(session, plan)
         if plan.before_sql is not None:
             columns, rows = session.query(plan.before_sql, plan.before_params)
         elif plan.kind == "upsert":
@@ -467,7 +549,7 @@ def start_capture(session: ImageSession, sql: str, params: Sequence[Any]
         else:
             columns, rows = [], []
     except ImageUnavailable as exc:
-        return unavailable(str(exc))
+        return unavailable(str(exc), exc.code)
     if plan.kind == "insert" and rows:
         columns, rows = [], []  # the insert will fail on them (and the preview with it)
     return Capture(plan, columns, rows)
@@ -484,7 +566,7 @@ def finish_capture(capture: Capture | dict[str, Any] | None, session: ImageSessi
     try:
         return capture.finish(session, rowcount, returned)
     except ImageUnavailable as exc:
-        return unavailable(str(exc))
+        return unavailable(str(exc), exc.code)
 
 
 def writes_rows(sql: str, dialect: str) -> bool:
@@ -513,7 +595,18 @@ def diff_body(statements: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The preimage of a preview's ``diff_cid``: ``{version, statements: [row_images]}``,
     one entry per statement in order (``null`` for a statement that writes no rows)."""
     return {"version": ROW_DIFF_VERSION,
-            "statements": [s.get("row_images") for s in statements]}
+            "statements": [_preimage(s.get("row_images")) for s in statements]}
+
+
+def _preimage(images: Any) -> Any:
+    """A statement's row images as the diff's preimage holds them: ``key_source`` only when
+    the key is declared — then the rows are named by the operator's word, not the schema's,
+    which an approver is owed; a schema key's images keep the bytes they had before
+    declared keys existed."""
+    if isinstance(images, dict) and "key_source" in images \
+            and images["key_source"] != "declared":
+        return {k: v for k, v in images.items() if k != "key_source"}
+    return images
 
 
 def diff_cid(statements: Sequence[dict[str, Any]]) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from marque.change import Change
@@ -79,8 +79,13 @@ class _ImageSession:
 
     dialect = "sqlite"
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection,
+                 row_keys: Mapping[str, Sequence[str]] | None = None) -> None:
         self.conn = conn
+        #: Declared row keys (pilot.json ``row_keys``), by ``[schema.]table`` lowered:
+        #: SQLite's names are case-insensitive.
+        self.declared = {(t if "." in t else "main." + t).lower(): list(c)
+                         for t, c in (row_keys or {}).items()}
 
     def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
         self.conn.set_authorizer(None)
@@ -95,11 +100,27 @@ class _ImageSession:
             self.conn.set_authorizer(_deny_transaction_control)
 
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
+        return self._own_key(schema, name)[0]
+
+    def row_key(self, table_sql: str, schema: str | None, name: str) -> tuple[list[str], str]:
+        key, source = self._own_key(schema, name)
+        if key:
+            return key, source
+        declared = self.declared.get(f"{schema or 'main'}.{name}".lower())
+        return (list(declared), "declared") if declared else ([], "")
+
+    def columns(self, schema: str | None, name: str) -> list[str]:
+        """The table's columns in order ([] when there is no such table)."""
+        _, rows = self.query("SELECT name FROM pragma_table_info(?, ?) ORDER BY cid",
+                             (name, schema or "main"))
+        return [str(r[0]) for r in rows]
+
+    def _own_key(self, schema: str | None, name: str) -> tuple[list[str], str]:
         where = (name, schema or "main")
         _, rows = self.query("SELECT name, pk FROM pragma_table_info(?, ?) WHERE pk > 0 "
                              "ORDER BY pk", where)
         if rows:
-            return [str(r[0]) for r in rows]
+            return [str(r[0]) for r in rows], "primary_key"
         # No primary key: a unique index over NOT NULL columns (not partial, no
         # expressions) names each row just as well; the fewest columns, then by name.
         _, indexes = self.query('SELECT name FROM pragma_index_list(?, ?) WHERE "unique" = 1 '
@@ -112,7 +133,22 @@ class _ImageSession:
                 (index, schema or "main", *where))
             if columns and all(c[0] is not None and c[1] for c in columns):
                 keys.append([str(c[0]) for c in columns])
-        return min(keys, key=len) if keys else []
+        return (min(keys, key=len), "unique_index") if keys else ([], "")
+
+
+def table_shape(conn: sqlite3.Connection, table: str) -> dict[str, Any] | None:
+    """What ``marque pilot target row-key`` checks a declared key against: the table's
+    ``{columns, key, key_source}`` (its own key, if any), or None if it does not exist."""
+    schema, _, name = table.rpartition(".")
+    session = _ImageSession(conn)
+    try:
+        columns = session.columns(schema or None, name)
+        key, source = session.row_key(table, schema or None, name) if columns else ([], "")
+    except ImageUnavailable:
+        return None  # an unknown schema: no such table either
+    if not columns:
+        return None
+    return {"columns": columns, "key": key, "key_source": source or None}
 
 
 class _TargetConnection(sqlite3.Connection):
@@ -392,7 +428,7 @@ class SqliteTarget(SqlTarget):
             conn.set_authorizer(_deny_transaction_control)
             conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
                                       _PROGRESS_STEPS)
-            images = _ImageSession(conn)
+            images = _ImageSession(conn, self.row_keys)
             catalog = SqliteCatalog(conn, _deny_transaction_control)
             for index, statement in enumerate(change.statements):
                 caveats, previewable = statement_caveats(statement.sql, "sqlite", catalog)

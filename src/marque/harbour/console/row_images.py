@@ -40,6 +40,7 @@ def row_images_view(images: Any) -> dict[str, Any] | None:
                      "key": row.get("key"), "cells": cells})
     total = images.get("total")
     return {"captured": True, "table": images.get("table"), "key": images.get("key") or [],
+            "key_declared": images.get("key_source") == "declared",
             "total": total, "shown": images.get("shown"),
             "truncated": bool(images.get("truncated")), "rows": rows,
             "before_cid": images.get("before_cid"),
