@@ -9,12 +9,14 @@ so the cases share one stack without sharing rows.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from harbour_support import (
@@ -314,3 +316,54 @@ def test_only_who_may_see_the_original_may_undo_it(stack: UndoStack) -> None:
     assert human.returncode == 0, human
     assert f"undo of {original['id']}: 1 row(s)" in human.stdout
     assert "balance | 1 → 100" in human.stdout
+
+
+def _console(stack: UndoStack, token: str) -> httpx.Client:
+    """A console session logged in through its form (its cookie kept)."""
+    client = httpx.Client(base_url=stack.server.url, timeout=60)
+    form = client.get("/login")
+    match = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert match, form.text
+    answer = client.post("/login", data={"token": token, "csrf": match.group(1)})
+    assert answer.status_code == 303, answer.text
+    return client
+
+
+def _csrf(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, page
+    return match.group(1)
+
+
+def test_the_console_offers_the_requester_an_undo_button(stack: UndoStack) -> None:
+    """The requester's page of an applied change has the undo form; posting it (with its
+    CSRF token) files the undo and shows its page, with the rows it puts back. The
+    approver is offered no undo, a form without the CSRF token is refused, and a
+    change whose rows were counted only says why it cannot be undone."""
+    table = stack.table("bank", ACCOUNTS, "(1, 100, NULL)")
+    original = stack.applied("bank", f"UPDATE {table} SET balance = 7")
+    alice, bob = _console(stack, stack.alice), _console(stack, stack.bob)
+    try:
+        assert 'data-testid="undo-form"' not in bob.get(f"/requests/{original['id']}").text
+        page = alice.get(f"/requests/{original['id']}")
+        assert page.status_code == 200 and 'data-testid="undo-form"' in page.text
+        forged = alice.post(f"/requests/{original['id']}/undo", data={"reason": "x"})
+        assert forged.status_code == 403, forged.text
+        filed = alice.post(f"/requests/{original['id']}/undo",
+                           data={"csrf": _csrf(page.text), "reason": "wrong balance"},
+                           follow_redirects=False)
+        assert filed.status_code == 303, filed.text
+        undo_page = alice.get(filed.headers["location"])
+        assert 'data-testid="undo-rows"' in undo_page.text
+        assert "The undo is filed as this request" in undo_page.text
+        listed = stack.server.call("GET", "/v1/requests", stack.alice).json()["requests"]
+        undo = next(r for r in listed if r["rolls_back"] == original["id"])
+        assert undo["state"] == "awaiting_approval" and undo["reason"] == "wrong balance"
+        assert undo["id"] in filed.headers["location"]
+        keyless = stack.table("bank", "msg TEXT", "('a')")
+        counted = stack.applied("bank", f"UPDATE {keyless} SET msg = 'b'")
+        refused = alice.get(f"/requests/{counted['id']}").text
+        assert 'data-testid="undo-unavailable"' in refused and "no primary key" in refused
+    finally:
+        alice.close()
+        bob.close()

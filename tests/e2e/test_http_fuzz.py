@@ -160,6 +160,7 @@ HARBOUR = [
     ("POST", "/v1/requests/{id}/approve", [], {"reason": "fine"}),
     ("POST", "/v1/requests/{id}/reject", [], {"reason": "no"}),
     ("POST", "/v1/requests/{id}/expire", [], {"reason": "old"}),
+    ("POST", "/v1/requests/{id}/undo", [], {"reason": "put back", "request_id": "u-1"}),
     ("GET", "/v1/requests/{id}/marque", [], None),
     ("GET", "/v1/requests/{id}/logbook", [], None),
     ("POST", "/v1/pilots", [], {"pilot_id": "root", "url": "http://127.0.0.1:9",

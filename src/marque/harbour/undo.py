@@ -33,8 +33,11 @@ from marque.target.compensation import Compensation, compensate
 if TYPE_CHECKING:
     from marque.harbour.store.base import HarbourStore, PilotRecord, Request
 
-__all__ = ["UNDO_REQUEST_PREFIX", "undo_submission", "fence_conflicts", "derived_undo",
-           "named_conflict", "undo_view"]
+__all__ = ["UNDO_REQUEST_PREFIX", "UNDOABLE", "undo_submission", "fence_conflicts",
+           "refuse_fences", "derived_undo", "named_conflict", "undo_view", "why_no_undo"]
+
+#: The states of a request that may be undone (the store's own check is the rule).
+UNDOABLE = frozenset({"verified", "rollback_failed"})
 
 #: The caller request id an undo takes by default: this prefix and the original's id.
 UNDO_REQUEST_PREFIX = "undo-"
@@ -57,6 +60,16 @@ def _compensation(original: Request, pilot: PilotRecord) -> Compensation:
     except UndoUnavailable as exc:
         raise UndoUnavailable(f"request {original.id} cannot be undone: {exc.message}",
                               detail={**exc.json_detail(), "id": original.id}) from None
+
+
+def why_no_undo(store: HarbourStore, request: Request) -> str | None:
+    """Why ``request`` cannot be undone from its sealed images (None when it can); its
+    state is not looked at (see :data:`UNDOABLE`)."""
+    try:
+        _compensation(request, store.get_pilot(request.pilot_id))
+    except MarqueError as exc:
+        return exc.message
+    return None
 
 
 def undo_submission(original: Request, pilot: PilotRecord, *, reason: str | None,
