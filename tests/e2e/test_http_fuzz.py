@@ -237,7 +237,8 @@ def test_the_consoles_pages_answer_any_query_without_a_5xx(
                             ANY_TEXT, max_size=4))
 def test_the_consoles_forms_answer_any_input_without_a_5xx(world: World,
                                                           form: dict[str, str]) -> None:
-    for path in ("/login", "/logout", f"/requests/{world.request_id}/approve"):
+    for path in ("/login", "/logout", f"/requests/{world.request_id}/approve",
+                 f"/requests/{world.request_id}/undo"):
         body = query_string(form)
         answer = world.http.post(
             world.server.url + path, content=body.encode(),
