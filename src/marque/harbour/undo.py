@@ -120,6 +120,11 @@ def derived_undo(store: HarbourStore, request: Request) -> Compensation | None:
     it rolls back (None for any other request, a hand-written compensation included)."""
     if request.rolls_back is None or is_effect_set(request.change):
         return None
+    claimed = (request.change or {}).get("statements") or []
+    # Cheap first: a derived undo fences every statement to one row. Anything else is
+    # not one, and is not derived again (a page of requests stays a few queries).
+    if not claimed or any(s.get("expect_rows") != 1 for s in claimed if isinstance(s, dict)):
+        return None
     try:
         original = store.get_request(request.rolls_back)
         undo = _compensation(original, store.get_pilot(original.pilot_id))
