@@ -11,6 +11,7 @@ fence miss — an undo that refuses, never one that writes something else.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,38 @@ def test_what_was_not_imaged_cannot_be_undone(engine: Engine) -> None:
         compensate({"mode": "explain", "statements": []}, engine.dialect)
     with pytest.raises(UndoUnavailable, match="never previewed"):
         compensate(None, engine.dialect)
+
+
+def test_a_row_changed_while_the_undo_waits_for_it_is_not_touched(engine: Engine) -> None:
+    """Another transaction holds row 1, and commits a change to it while the undo's fenced
+    statement waits for the row: the statement, once it runs, touches no row (PostgreSQL
+    checks the fence again on the row's new version under read committed; SQLite lets the
+    undo write only after the other writer committed). Whenever the waiting starts, the
+    outcome is the same."""
+    engine.run("CREATE TABLE w (id INT PRIMARY KEY, v INT)", "INSERT INTO w VALUES (1, 1)")
+    preview = engine.preview("UPDATE w SET v = 2")
+    engine.run("UPDATE w SET v = 2")
+    (statement,) = compensate(preview, engine.dialect).statements
+    holder = engine._connect()
+    if engine.dialect == "sqlite":
+        holder.isolation_level = None
+        holder.execute("BEGIN IMMEDIATE")
+    holder.execute("UPDATE w SET v = 3 WHERE id = 1")
+    counts: list[int] = []
+
+    def undo() -> None:
+        conn = psycopg.connect(engine.target.dsn) if engine.dialect == "postgres" \
+            else sqlite3.connect(engine.target.path, timeout=30)
+        try:
+            counts.append(conn.execute(statement.sql, statement.params).rowcount)
+            conn.commit()
+        finally:
+            conn.close()
+
+    waiting = threading.Thread(target=undo)
+    waiting.start()
+    holder.commit()
+    holder.close()
+    waiting.join(30)
+    assert counts == [0]
+    assert engine.rows("w") == [(1, 3)]
