@@ -44,6 +44,7 @@ _CHANGE_KEYS = frozenset(
 )
 _CHANGE_OPTIONAL_KEYS = frozenset({"access"})
 _STATEMENT_KEYS = frozenset({"sql", "params"})
+_STATEMENT_OPTIONAL_KEYS = frozenset({"expect_rows"})
 _GUARD_KEYS = frozenset({"sql", "params", "expect", "when"})
 
 
@@ -144,18 +145,36 @@ def _check_budget(
 
 @dataclass(frozen=True)
 class Statement:
-    """One approved SQL statement and its bound parameters (JSON scalars)."""
+    """One approved SQL statement and its bound parameters (JSON scalars).
+
+    ``expect_rows``, when set, is the exact number of rows the statement must
+    touch: any other count rolls the whole attempt back (``undo_conflict``). A
+    generated undo fences each row this way (docs/harbour.md "Undo"); absent, the
+    claim and its CID are what they always were.
+    """
 
     sql: str
     params: tuple[Any, ...] = ()
+    expect_rows: int | None = None
 
     def __post_init__(self) -> None:
         _check_sql(self.sql, "statement", InvalidInput)
         object.__setattr__(self, "params", _check_params(self.params, "statement", InvalidInput))
+        _check_expect_rows(self.expect_rows, InvalidInput)
 
     def to_claim(self) -> dict[str, Any]:
         """The statement as it appears in the ``change`` claim."""
-        return {"sql": self.sql, "params": list(self.params)}
+        claim: dict[str, Any] = {"sql": self.sql, "params": list(self.params)}
+        if self.expect_rows is not None:
+            claim["expect_rows"] = self.expect_rows
+        return claim
+
+
+def _check_expect_rows(value: Any, error: type[MarqueError]) -> None:
+    if value is None:
+        return
+    if not is_json_int(value) or value < 0 or value > MAX_SAFE_INT:
+        raise error("statement.expect_rows must be a whole number of rows (0 or more) or absent")
 
 
 @dataclass(frozen=True)
@@ -262,10 +281,14 @@ class Change:
         statements = []
         for index, item in enumerate(raw_statements):
             where = f"change.statements[{index}]"
-            item = _check_keys(item, _STATEMENT_KEYS, where)
+            item = _check_keys(item, _STATEMENT_KEYS, where, _STATEMENT_OPTIONAL_KEYS)
             sql = _check_sql(item["sql"], where, MarqueInvalid)
             params = _check_params(item["params"], where, MarqueInvalid)
-            statements.append(Statement(sql, params))
+            # Present means a count, exactly: null is not a spelling of "absent".
+            if "expect_rows" in item and item["expect_rows"] is None:
+                raise MarqueInvalid(f"{where}.expect_rows must be a number when present")
+            _check_expect_rows(item.get("expect_rows"), MarqueInvalid)
+            statements.append(Statement(sql, params, item.get("expect_rows")))
         raw_guards = data["guards"]
         if not isinstance(raw_guards, list):
             raise MarqueInvalid("change.guards must be a list")

@@ -53,6 +53,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── DelegationRejected   delegation_rejected
     │   ├── RequestExpired       request_expired
     │   ├── PreviewOverBudget    preview_over_budget   its preview touched more than max_rows
+    │   ├── UndoUnavailable      undo_unavailable      no sealed row images to derive an undo from
     │   └── EffectUnsupported    effect_unsupported    capability cannot realise the policy
     ├── NotApplied            an error received before or at COMMIT (exit 4)
     │   ├── MaxRowsExceeded      max_rows_exceeded
@@ -62,7 +63,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── StatementTimeout     statement_timeout
     │   ├── TargetUnavailable    target_unavailable    nothing sent: the nonce may run again
     │   ├── PreviewFailed        preview_failed
-    │   └── StalePreview         stale_preview         a row changed since its Effect preview
+    │   ├── StalePreview         stale_preview         a row changed since its Effect preview
+    │   └── UndoConflict         undo_conflict         a fenced row changed since it was written
     ├── Indeterminate         nobody can say yet whether it applied (exit 5)
     │   ├── LeaseExpired         lease_expired         the owner's lease ran out, no outcome
     │   ├── OwnerGone            owner_gone            the owning process died, no outcome
@@ -370,6 +372,12 @@ class PreviewOverBudget(Refusal, code="preview_over_budget"):
     approvable; a narrower change or a larger budget is a new request."""
 
 
+class UndoUnavailable(Refusal, code="undo_unavailable"):
+    """``marque undo`` of a request whose sealed preview cannot give a compensating change:
+    rows previewed by count only, past the image cap, a table without a row key, an
+    explain preview, no preview at all, or an Effect Set. Nothing is filed."""
+
+
 class AccountDenied(Refusal, code="account_denied"):
     pass
 
@@ -443,6 +451,12 @@ class PreviewFailed(NotApplied, code="preview_failed"):
 class StalePreview(NotApplied, code="stale_preview"):
     """Apply admission found a row guard that no longer matches its Effect preview (or no
     evidence for it): every preview row stays unattempted (seed 002)."""
+
+
+class UndoConflict(NotApplied, code="undo_conflict"):
+    """A fenced statement (one with ``expect_rows``, as an undo's are) touched another
+    number of rows than it expects: a row no longer holds what the original execution
+    wrote. The whole transaction is rolled back; nothing of the undo is applied."""
 
 
 # -- not known yet --------------------------------------------------------------

@@ -160,6 +160,7 @@ HARBOUR = [
     ("POST", "/v1/requests/{id}/approve", [], {"reason": "fine"}),
     ("POST", "/v1/requests/{id}/reject", [], {"reason": "no"}),
     ("POST", "/v1/requests/{id}/expire", [], {"reason": "old"}),
+    ("POST", "/v1/requests/{id}/undo", [], {"reason": "put back", "request_id": "u-1"}),
     ("GET", "/v1/requests/{id}/marque", [], None),
     ("GET", "/v1/requests/{id}/logbook", [], None),
     ("POST", "/v1/pilots", [], {"pilot_id": "root", "url": "http://127.0.0.1:9",
@@ -236,7 +237,8 @@ def test_the_consoles_pages_answer_any_query_without_a_5xx(
                             ANY_TEXT, max_size=4))
 def test_the_consoles_forms_answer_any_input_without_a_5xx(world: World,
                                                           form: dict[str, str]) -> None:
-    for path in ("/login", "/logout", f"/requests/{world.request_id}/approve"):
+    for path in ("/login", "/logout", f"/requests/{world.request_id}/approve",
+                 f"/requests/{world.request_id}/undo"):
         body = query_string(form)
         answer = world.http.post(
             world.server.url + path, content=body.encode(),

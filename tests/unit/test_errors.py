@@ -44,11 +44,13 @@ OWN_CODES = {
     "payload_too_large": 2,
     # an approval of a preview over its budget (docs/harbour.md, "Row images")
     "preview_over_budget": 3,
+    # `marque undo` (docs/harbour.md, "Undo")
+    "undo_unavailable": 3, "undo_conflict": 4,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
         "target_replaced": 403, "target_unsettled": 409, "method_not_allowed": 405,
-        "payload_too_large": 413}
+        "payload_too_large": 413, "undo_unavailable": 403, "undo_conflict": 422}
 
 
 @pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))

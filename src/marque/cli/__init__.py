@@ -29,6 +29,7 @@ from marque.cli.logbook import logbook
 from marque.cli.login import COMMANDS as LOGIN_COMMANDS
 from marque.cli.pilot import pilot
 from marque.cli.serve import pilot_serve  # noqa: F401 - registers `pilot serve`
+from marque.cli.undo import undo
 from marque.errors import InvalidInput
 
 __all__ = ["app", "main"]
@@ -50,7 +51,7 @@ def demo(as_json: bool) -> None:
 
 
 for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, effects, ledger,
-                 logbook, *CONTROL_COMMANDS, *LOGIN_COMMANDS):
+                 logbook, *CONTROL_COMMANDS, undo, *LOGIN_COMMANDS):
     app.add_command(_command)
 
 

@@ -38,7 +38,7 @@ from marque.cli.common import (
     when,
 )
 from marque.cli.issue import ISOLATION_LEVELS
-from marque.cli.row_diff import print_row_images
+from marque.cli.row_diff import print_row_images, print_undo
 from marque.errors import HarbourUnavailable, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.lifecycle import RequestState
 
@@ -131,6 +131,7 @@ def print_request(request: dict[str, Any]) -> None:
     if request.get("rolls_back"):
         out.say(f"  compensates {one_line(request['rolls_back'])}: approving it rolls that "
                 "request back")
+    print_undo(request.get("undo"))
     routing = request.get("routing")
     if routing:
         out.say(f"  routing: {one_line(routing.get('outcome'))}"

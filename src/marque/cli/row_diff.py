@@ -13,7 +13,7 @@ from typing import Any
 
 from marque.cli.common import one_line, out
 
-__all__ = ["print_row_images", "cell"]
+__all__ = ["print_row_images", "print_undo", "cell"]
 
 _OP_MARK = {"update": "~", "insert": "+", "delete": "-"}
 
@@ -63,3 +63,33 @@ def print_row_images(images: Any, indent: str = "      ") -> None:
             new = "·" if op == "delete" else cell(after.get(column))
             out.say(f"{indent}  {mark} {one_line(key)} | {one_line(column)} | "
                     f"{one_line(old)} → {one_line(new)}")
+
+
+_UNDO_OP = {"restore": "restores", "reinsert": "inserts again", "remove": "deletes"}
+
+
+def print_undo(undo: Any, indent: str = "  ") -> None:
+    """Print a request's ``undo``: each row it puts back against the original's images,
+    and the rows in conflict (changed since the original execution), by key."""
+    if not isinstance(undo, dict):
+        return
+    rows = undo.get("rows") or []
+    out.say(f"{indent}undo of {one_line(undo.get('of'))}: {len(rows)} row(s), each fenced on "
+            "what the original wrote")
+    for row in rows:
+        key = one_line(_key_text(row.get("key")))
+        what = _UNDO_OP.get(str(row.get("op")), str(row.get("op")))
+        fenced, restores = row.get("fenced_on") or {}, row.get("restores") or {}
+        table = one_line(row.get("table"))
+        if row.get("op") == "restore":
+            for column in sorted(restores):
+                out.say(f"{indent}  ~ {table} {key} | {one_line(column)} | "
+                        f"{one_line(cell(fenced.get(column)))} → "
+                        f"{one_line(cell(restores[column]))}")
+        else:
+            out.say(f"{indent}  {'+' if row.get('op') == 'reinsert' else '-'} {table} {key}: "
+                    f"{what} the row")
+    for conflict in undo.get("conflicts") or []:
+        out.say(f"{indent}  [red]undo_conflict[/] {one_line(conflict.get('table'))} "
+                f"{one_line(_key_text(conflict.get('key')))}: changed since the original "
+                "execution; nothing of the undo was applied")

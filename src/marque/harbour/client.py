@@ -271,6 +271,26 @@ class HarbourClient:
         return self._json("POST", f"/v1/requests/{_segment(id_or_request_id)}/reject",
                           json={"reason": reason})
 
+    def undo(self, id: str, reason: str | None = None,
+             request_id: str | None = None) -> tuple[dict[str, Any], bool]:
+        """``POST /v1/requests/{id}/undo`` → (the undo's request object, whether it was
+        created now)."""
+        body: dict[str, Any] = {}
+        if reason is not None:
+            body["reason"] = reason
+        if request_id is not None:
+            body["request_id"] = request_id
+        response = self._call("POST", f"/v1/requests/{_segment(id)}/undo", json=body)
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise HarbourUnavailable(
+                f"{self.url}/v1/requests/…/undo answered HTTP {response.status_code} without "
+                "a request object", detail={"status": response.status_code, "sent": True})
+        return answer, response.status_code == 201
+
     def expire(self, id_or_request_id: str, reason: str) -> dict[str, Any]:
         """``POST /v1/requests/{id}/expire`` (admin): ADR-038's ``expire_prepared``."""
         return self._json("POST", f"/v1/requests/{_segment(id_or_request_id)}/expire",

@@ -41,6 +41,13 @@ STALE_PREVIEW_NEXT_STEP = (
     "request no longer blocks it) so a new preview is taken from the rows as they are now "
     "and approved")
 
+#: The error a fenced statement (an undo's ``expect_rows``) is refused with when its row
+#: changed since (``marque.errors.UndoConflict``): like a stale preview, no attempt of the
+#: marque can get past it, so the request ends ``failed``.
+UNDO_CONFLICT = "undo_conflict"
+#: Errors after which no attempt of the marque can apply it.
+_FINAL_ERRORS = frozenset({STALE_PREVIEW, UNDO_CONFLICT})
+
 #: Statuses a report may carry (a Pilot reports an attempt only once it has a word on it).
 REPORTED_STATUSES = frozenset({
     Status.APPLIED.value, Status.ABORTED_NOT_APPLIED.value, Status.INDETERMINATE.value,
@@ -69,10 +76,11 @@ def latest_attempts(reports: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
 def can_run_again(attempts: list[dict[str, Any]], budget: Mapping[str, Any],
                   marque_expires_at: float | None, now: float) -> bool:
     """Whether the marque may still execute: unexpired, with a nonce or an attempt left,
-    and no attempt refused for a stale Effect preview (which no attempt can get past)."""
+    and no attempt refused for a stale Effect preview or an undo's conflict (which no
+    attempt can get past)."""
     if marque_expires_at is not None and now >= marque_expires_at:
         return False
-    if any((row.get("error") or {}).get("code") == STALE_PREVIEW for row in attempts):
+    if any((row.get("error") or {}).get("code") in _FINAL_ERRORS for row in attempts):
         return False
     nonces: dict[str, int] = {}
     for row in attempts:

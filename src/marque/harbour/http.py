@@ -199,6 +199,7 @@ class HarbourService:
                 Route("/v1/requests/{id}/approve", self.approve, methods=["POST"]),
                 Route("/v1/requests/{id}/reject", self.reject, methods=["POST"]),
                 Route("/v1/requests/{id}/expire", self.expire, methods=["POST"]),
+                Route("/v1/requests/{id}/undo", self.undo, methods=["POST"]),
                 Route("/v1/requests/{id}/marque", self.marque, methods=["GET"]),
                 Route("/v1/requests/{id}/logbook", self.request_logbook, methods=["GET"]),
                 Route("/v1/pilots", self.register_pilot, methods=["POST"]),
@@ -297,6 +298,23 @@ class HarbourService:
         found = await self._in_thread(self.harbourmaster.reject, principal,
                                       request.path_params["id"], reason)
         return JSONResponse(found)
+
+    async def undo(self, request: Request) -> Response:
+        """``POST /v1/requests/{id}/undo {reason?, request_id?}``: 201 the new compensating
+        request (derived from the original's sealed row images), 200 the same undo again."""
+        principal = await self._principal(request)
+        body = await _json_object(request, "{reason?, request_id?}", optional=True)
+        unknown = sorted(str(k) for k in body if k not in ("reason", "request_id"))
+        if unknown:
+            raise InvalidInput(f"the body has unknown member(s) {', '.join(unknown)}")
+        reason = _reason(body, required=False)
+        request_id = body.get("request_id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise InvalidInput("`request_id` must be a string")
+        found, created = await self._in_thread(
+            lambda: self.harbourmaster.undo(principal, request.path_params["id"],
+                                            reason=reason, request_id=request_id))
+        return JSONResponse(found, status_code=201 if created else 200)
 
     async def expire(self, request: Request) -> Response:
         """``POST /v1/requests/{id}/expire {reason}`` (admin)."""

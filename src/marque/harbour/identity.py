@@ -255,16 +255,19 @@ def program_definition_cid(
     statement_timeout_ms: int | None,
     budget: Budget,
     ttl_seconds: int,
+    expect_rows: Sequence[int | None] | None = None,
 ) -> str:
     """``CID({version: "marque-request-program/0.1", pilot_id, target, statements, guards,
-    isolation, statement_timeout_ms, budget, ttl_seconds})``.
+    isolation, statement_timeout_ms, budget, ttl_seconds})``, and ``expect_rows`` (one
+    count or null per statement) only when some statement fences its row count, so every
+    other request keeps the fingerprint it always had.
 
     ``statements`` are the SQL texts only (their parameters belong to
     :func:`parameter_values_cid`); ``guards`` appear as their full claims
     ``{sql, params, expect, when}``; ``budget`` as ``{executions, max_rows,
     attempts_per_nonce}``; ``statement_timeout_ms`` may be ``None`` (JSON null).
     """
-    return cid({
+    preimage: dict[str, Any] = {
         "version": PROGRAM_VERSION,
         "pilot_id": pilot_id,
         "target": target,
@@ -274,7 +277,10 @@ def program_definition_cid(
         "statement_timeout_ms": statement_timeout_ms,
         "budget": budget.to_claim(),
         "ttl_seconds": ttl_seconds,
-    })
+    }
+    if expect_rows is not None and any(n is not None for n in expect_rows):
+        preimage["expect_rows"] = list(expect_rows)
+    return cid(preimage)
 
 
 def parameter_values_cid(params_per_statement: Sequence[Sequence[Any]]) -> str:
@@ -332,6 +338,7 @@ def request_identity(
         change.statement_timeout_ms,
         budget,
         ttl_seconds,
+        [statement.expect_rows for statement in change.statements],
     )
     parameters = parameter_values_cid([statement.params for statement in change.statements])
     return _identity(harbour_id, principal, caller_request_id, program, parameters,

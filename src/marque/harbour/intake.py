@@ -78,8 +78,9 @@ def _params(value: Any, where: str) -> tuple[Any, ...]:
 
 
 def read_change(value: Any) -> RequestChange:
-    """``{statements: [{sql, params}], guards?, isolation?, statement_timeout_ms?}``, or
-    ``{effect_set: {declaration, inputs, strength?}}`` (an Effect Set request)."""
+    """``{statements: [{sql, params, expect_rows?}], guards?, isolation?,
+    statement_timeout_ms?}``, or ``{effect_set: {declaration, inputs, strength?}}`` (an
+    Effect Set request)."""
     if isinstance(value, Mapping) and "effect_set" in value:
         data = _object(value, "change", frozenset({"effect_set"}), frozenset({"effect_set"}))
         return EffectSetRequest(EffectSetSubmission.from_json(data["effect_set"], InvalidInput))
@@ -90,8 +91,10 @@ def read_change(value: Any) -> RequestChange:
     built = []
     for index, item in enumerate(statements):
         where = f"change.statements[{index}]"
-        item = _object(item, where, frozenset({"sql", "params"}), frozenset({"sql"}))
-        built.append(Statement(item["sql"], _params(item.get("params"), where)))
+        item = _object(item, where, frozenset({"sql", "params", "expect_rows"}),
+                       frozenset({"sql"}))
+        built.append(Statement(item["sql"], _params(item.get("params"), where),
+                               item.get("expect_rows")))
     guards = data.get("guards") or []
     if not isinstance(guards, list):
         raise InvalidInput("change.guards must be a list")

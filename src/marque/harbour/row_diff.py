@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from marque.cid import is_cid
 from marque.errors import PreviewOverBudget
 from marque.harbour.request_change import stored_change
+from marque.harbour.statement_requests import StatementRequest
+from marque.harbour.undo import refuse_fences
 from marque.target.row_images import before_state
 
 if TYPE_CHECKING:
@@ -71,7 +73,8 @@ def diff_changes(hm: Harbourmaster, request: Request, pilot: PilotRecord,
     (None when its before-images are the same). Only a rolled-back preview with row
     images is compared. A Pilot that cannot be reached raises (nothing is issued,
     and the approvals stay: approving again tries again); a preview that fails now
-    is a difference."""
+    is a difference. A fenced statement (an undo's) that no longer touches exactly
+    its row raises ``UndoConflict``."""
     approved = request.preview or {}
     if sealed_diff_cid(approved) is None or approved.get("mode") != "rollback":
         return None
@@ -85,6 +88,8 @@ def diff_changes(hm: Harbourmaster, request: Request, pilot: PilotRecord,
             return f"the change no longer previews ({exc.message})"
     finally:
         client.close()
+    if isinstance(change, StatementRequest):
+        refuse_fences(change.change, fresh)  # an undo's row changed: UndoConflict, by key
     return _difference(approved, fresh)
 
 

@@ -43,6 +43,7 @@ from marque.errors import (
     RequestExpired,
     RevalidationFailed,
     Unauthenticated,
+    UndoConflict,
     UnknownTarget,
 )
 from marque.harbour.checkpoint import (
@@ -71,7 +72,9 @@ from marque.harbour.request_change import RequestChange, marque_change, stored_c
 from marque.harbour.routing import ALLOW, DELEGATE, Decision, approvals_with_caveats, parse_config
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget, sealed_diff_cid
+from marque.harbour.statement_requests import StatementRequest
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
+from marque.harbour.undo import named_conflict, refuse_fences, undo_submission
 from marque.harbour.views import (
     page_cursor,
     pilot_object,
@@ -108,8 +111,12 @@ def _require(principal: Principal, *roles: Role) -> None:
                                 "roles": sorted(r.value for r in roles)})
 
 
-def _failure(code: str, message: str) -> dict[str, Any]:
-    return {"code": code, "message": message}
+def _failure(code: str, message: str,
+             conflicts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    failure: dict[str, Any] = {"code": code, "message": message}
+    if conflicts is not None:  # an undo_conflict: the rows, by key
+        failure["conflicts"] = conflicts
+    return failure
 
 
 class Harbourmaster:
@@ -340,6 +347,36 @@ class Harbourmaster:
             raise NotFound(f"rolls_back names no request {id[:64]!r} that you may see",
                            detail={"rolls_back": id[:64]}) from None
 
+    def undo(self, principal: Principal, id: str, *, reason: str | None = None,
+             request_id: str | None = None) -> tuple[dict[str, Any], bool]:
+        """File the undo of request ``id`` (docs/harbour.md "Undo"): a new request with
+        ``rolls_back`` set, derived from the rows the original's preview sealed, then
+        routed, previewed and approved like any other — ``(request object, created)``.
+
+        Only someone who may see the original may undo it (anyone else is answered as
+        for a missing id); ``UndoUnavailable`` when its images cannot give an undo,
+        ``UndoConflict`` (the undo stored ``failed``) when a row changed since.
+        """
+        _require(principal, Role.REQUESTER)
+        original = self._compensated(principal, id)
+        body = undo_submission(original, self._pilot(original.pilot_id),
+                               reason=_bounded(reason), request_id=request_id)
+        return self.submit(principal, body, None)
+
+    def _refuse_conflicts(self, request: Request, change: RequestChange,
+                          preview: dict[str, Any], decision: Decision) -> None:
+        """End ``request`` ``failed`` with ``undo_conflict`` (by key) when a fenced statement
+        of it touched another number of rows than it expects in ``preview``."""
+        if not isinstance(change, StatementRequest):
+            return
+        try:
+            refuse_fences(change.change, preview)
+        except UndoConflict as exc:
+            message, rows = named_conflict(self.store, request, exc)
+            failed = self._end(request, S.FAILED, exc.code, message, actor=request.principal,
+                               conflicts=rows, routing=decision.to_dict(), preview=preview)
+            raise UndoConflict(message, detail={"id": failed.id, "conflicts": rows}) from None
+
     def _repeat(self, active: Request, fingerprint: str, request_id: str) -> dict[str, Any]:
         if active.intent_fingerprint != fingerprint:
             raise IntentConflict(
@@ -413,6 +450,7 @@ class Harbourmaster:
                                max_ttl=decision.max_ttl_seconds, actor=request.principal,
                                routing=routing, preview=preview)
         preview, preview_cid = self._preview(request, change, pilot, decision)
+        self._refuse_conflicts(request, change, preview, decision)
         return self._seal(request, pilot, decision, preview,
                           change.marque_change(preview).change_cid, preview_cid)
 
@@ -463,12 +501,13 @@ class Harbourmaster:
             return self.store.get_request(request.id)
 
     def _end(self, request: Request, to: RequestState, code: str, message: str, *,
-             actor: str, **updates: Any) -> Request:
+             actor: str, conflicts: list[dict[str, Any]] | None = None,
+             **updates: Any) -> Request:
         """Move ``request`` to an end state with its ``failure``; a lost race re-reads."""
         try:
             return self.store.transition(request.id, request.version, to, actor=actor,
                                          now=self._now(), reason=message,
-                                         failure=_failure(code, message), **updates)
+                                         failure=_failure(code, message, conflicts), **updates)
         except StaleVersion:
             return self.store.get_request(request.id)
 
@@ -608,6 +647,8 @@ class Harbourmaster:
             refusal = RevalidationFailed
         elif request.state is S.EXPIRED and failure.get("code") == RequestExpired.code:
             refusal = RequestExpired
+        elif request.state is S.FAILED and failure.get("code") == UndoConflict.code:
+            refusal = UndoConflict
         if refusal is None:
             return self._object(request)
         raise refusal(f"request {request.id} is now {request.state}: "
@@ -644,8 +685,13 @@ class Harbourmaster:
             except RevalidationFailed as exc:
                 return self._end(request, S.FAILED, exc.code, exc.message, actor=actor)
         # The approvals are for the rows the approvers saw: if they moved since, none carries.
-        moved = diff_changes(self, request, self.store.get_pilot(request.pilot_id),
-                             PREVIEW_SAMPLE_ROWS)
+        try:
+            moved = diff_changes(self, request, self.store.get_pilot(request.pilot_id),
+                                 PREVIEW_SAMPLE_ROWS)
+        except UndoConflict as exc:  # a row of this undo changed since its preview
+            message, rows = named_conflict(self.store, request, exc)
+            return self._end(request, S.FAILED, exc.code, message, actor=actor,
+                             conflicts=rows)
         if moved is not None:
             return self._end(
                 request, S.FAILED, RevalidationFailed.code,

@@ -16,6 +16,7 @@ from typing import Any
 from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestParts
+from marque.harbour.undo import undo_view
 
 _ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code", "caveats")
 #: A page of ``GET /v1/requests``: its default size, and the most one page holds.
@@ -113,6 +114,7 @@ def request_object(store: HarbourStore, request: Request,
         "receipt": receipt,
         "failure": request.failure,
         "rolls_back": request.rolls_back,
+        "undo": undo_view(store, request, executions) if request.rolls_back else None,
         "created_at": request.created_at,
         "updated_at": request.updated_at,
     }

@@ -38,6 +38,7 @@ from marque.errors import (
     MaxRowsExceeded,
     PreviewFailed,
     TargetUnavailable,
+    UndoConflict,
 )
 from marque.outcome import Status
 from marque.target.rows import RowTarget
@@ -370,6 +371,12 @@ class SqlTarget(RowTarget, Target):
                     committing = True
                     raise RuntimeError(f"statement {index} ended the Pilot's transaction")
                 emit("statement_finished", index=index, rows=count)
+                if statement.expect_rows is not None and count != statement.expect_rows:
+                    raise UndoConflict(
+                        f"statement {index} touched {count} row(s) where its approval "
+                        f"expects exactly {statement.expect_rows}: a row it is fenced on no "
+                        "longer holds what it was fenced on; everything was rolled back, "
+                        "nothing applied", detail={"statement": index})
                 crash_point("after_statement")
                 if total > attempt.max_rows:
                     raise MaxRowsExceeded(

@@ -169,6 +169,7 @@ class Console:
             Route("/requests/{id}/live", self.request_live, methods=["GET"]),
             Route("/requests/{id}/approve", self.approve, methods=["POST"]),
             Route("/requests/{id}/reject", self.reject, methods=["POST"]),
+            Route("/requests/{id}/undo", self.undo, methods=["POST"]),
             Route("/pilots", self.pilots, methods=["GET"]),
             Route("/logbook", self.logbook, methods=["GET"]),
             Route("/favicon.ico", self.favicon, methods=["GET"]),
@@ -312,7 +313,9 @@ class Console:
                                 request.path_params["id"])
         done = request.query_params.get("done")
         flash = {"approved": "Your approval is recorded.",
-                 "rejected": "Your rejection is recorded."}.get(done or "")
+                 "rejected": "Your rejection is recorded.",
+                 "undo_filed": "The undo is filed as this request: it is previewed and "
+                               "approved like any other."}.get(done or "")
         return self.render(request, "request.html", status, viewer=viewer, section="queue",
                            v=found, error=error, flash=flash, form=form or {})
 
@@ -358,6 +361,24 @@ class Console:
     async def reject(self, request: Request) -> Response:
         """``POST /requests/{id}/reject`` (csrf, reason): a reason is required."""
         return await self._decide(request, "reject")
+
+    @page
+    async def undo(self, request: Request) -> Response:
+        """``POST /requests/{id}/undo`` (csrf, reason?): file the undo of the viewer's own
+        applied request, then show the undo's page (or this page with why it was not)."""
+        viewer = await self.viewer(request)
+        form = await self.form(request, viewer)
+        id = request.path_params["id"]
+        reason = form.get("reason", "").strip() or None
+        try:
+            filed, _ = await self._run(
+                lambda: self.hm.undo(viewer.principal, id, reason=reason))
+        except MarqueError as exc:
+            error = {"code": exc.code, "message": exc.message, "detail": exc.detail}
+            return await self._request(request, viewer, exc.http_status, error=error,
+                                       form={"reason": reason or ""})
+        return RedirectResponse(f"/requests/{quote(filed['id'], safe='')}?done=undo_filed",
+                                status_code=303, headers=_HEADERS)
 
     @page
     async def pilots(self, request: Request) -> Response:

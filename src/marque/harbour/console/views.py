@@ -28,6 +28,7 @@ from marque.harbour.console.row_images import row_images_view
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
 from marque.harbour.row_diff import over_budget
+from marque.harbour.undo import UNDOABLE, why_no_undo
 from marque.token import unverified_claims
 
 if TYPE_CHECKING:
@@ -387,6 +388,17 @@ def _executions(hm: Harbourmaster, request: dict[str, Any], *, timelines: bool
     return shown
 
 
+def _undo_offer(hm: Harbourmaster, principal: Principal, request: dict[str, Any]
+                ) -> dict[str, Any] | None:
+    """What the requester is offered to undo their applied request: ``{available, why}``
+    (None for anyone else, and in a state that cannot be undone; the core decides anyway)."""
+    if request["state"] not in UNDOABLE or request["principal"] != principal.name \
+            or not principal.has(Role.REQUESTER):
+        return None
+    why = why_no_undo(hm.store, hm.store.get_request(request["id"]))
+    return {"available": why is None, "why": why}
+
+
 def _compensates(hm: Harbourmaster, principal: Principal, original: str | None
                  ) -> dict[str, Any] | None:
     """The request a compensation rolls back, as this viewer may see it: ``{id, state,
@@ -410,6 +422,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
     entries, entries_more = console_logbook.request_entries(hm, principal, request["id"])
     return {
         "compensates": _compensates(hm, principal, request.get("rolls_back")),
+        "undo": request.get("undo"), "undo_offer": _undo_offer(hm, principal, request),
         "request": request, "tone": tone_of(request["state"]),
         "statements": _statements(request.get("change") or {}),
         "change_extra": {k: v for k, v in (request.get("change") or {}).items()

@@ -1,0 +1,179 @@
+"""``marque undo``: a request's compensation, derived from the rows its preview sealed.
+
+The undo of a verified statement request is a *new* request with
+``rolls_back`` naming it (DESIGN §11.2): its statements are derived from the
+original's sealed row images (:func:`marque.target.compensation.compensate`),
+fenced on the after-values, each expecting exactly one row. It is routed,
+previewed and approved like any other request, and carries its original with
+it (``rolling_back`` → ``rolled_back`` / ``rollback_failed``).
+
+A row changed since the original execution is an ``undo_conflict``, named by
+its key, wherever it is seen:
+
+* at the undo's preview (a fenced statement touches no row in the rolled-back
+  run): the undo request ends ``failed`` and nothing is sealed;
+* at the re-preview when its approvals complete: it ends ``failed``, no marque;
+* at execution: the Pilot rolls the whole attempt back (``expect_rows``), and the
+  request ends ``failed`` — nothing of the undo is half-applied.
+
+The undo's caller request id is ``undo-<original id>`` unless one is given, so
+asking twice answers the same undo while it is active.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from marque.change import Change
+from marque.errors import MarqueError, UndoConflict, UndoUnavailable
+from marque.harbour.effect_requests import is_effect_set
+from marque.target.compensation import Compensation, compensate
+
+if TYPE_CHECKING:
+    from marque.harbour.store.base import HarbourStore, PilotRecord, Request
+
+__all__ = ["UNDO_REQUEST_PREFIX", "UNDOABLE", "undo_submission", "fence_conflicts",
+           "refuse_fences", "derived_undo", "named_conflict", "undo_view", "why_no_undo"]
+
+#: The states of a request that may be undone (the store's own check is the rule).
+UNDOABLE = frozenset({"verified", "rollback_failed"})
+
+#: The caller request id an undo takes by default: this prefix and the original's id.
+UNDO_REQUEST_PREFIX = "undo-"
+#: The statement a Pilot names in its ``undo_conflict`` message (marque.target.base).
+_STATEMENT = re.compile(r"^statement (\d+) touched")
+
+
+def _compensation(original: Request, pilot: PilotRecord) -> Compensation:
+    if is_effect_set(original.change):
+        raise UndoUnavailable(f"request {original.id} is an Effect Set: its own receipts and "
+                              "reconciliation say what each row did; it has no statement "
+                              "undo", detail={"id": original.id})
+    dialect = pilot.dialects.get(original.target)
+    if dialect is None:
+        raise UndoUnavailable(f"Pilot {pilot.pilot_id} registered target {original.target!r} "
+                              "without its dialect, so no undo can be written for it",
+                              detail={"id": original.id})
+    try:
+        return compensate(original.preview, dialect)
+    except UndoUnavailable as exc:
+        raise UndoUnavailable(f"request {original.id} cannot be undone: {exc.message}",
+                              detail={**exc.json_detail(), "id": original.id}) from None
+
+
+def why_no_undo(store: HarbourStore, request: Request) -> str | None:
+    """Why ``request`` cannot be undone from its sealed images (None when it can); its
+    state is not looked at (see :data:`UNDOABLE`)."""
+    try:
+        _compensation(request, store.get_pilot(request.pilot_id))
+    except MarqueError as exc:
+        return exc.message
+    return None
+
+
+def undo_submission(original: Request, pilot: PilotRecord, *, reason: str | None,
+                    request_id: str | None) -> dict[str, Any]:
+    """The ``POST /v1/requests`` body of ``original``'s undo (``UndoUnavailable`` if none)."""
+    undo = _compensation(original, pilot)
+    statement_timeout = (original.change or {}).get("statement_timeout_ms")
+    return {
+        "request_id": request_id or UNDO_REQUEST_PREFIX + original.id,
+        "pilot_id": original.pilot_id, "target": original.target,
+        "change": {"statements": [s.to_claim() for s in undo.statements],
+                   "statement_timeout_ms": statement_timeout},
+        # Exactly one row per statement: the fences make any other count a conflict.
+        "budget": {"executions": 1, "max_rows": len(undo.statements),
+                   "attempts_per_nonce": int((original.budget or {}).get(
+                       "attempts_per_nonce", 3))},
+        "ttl_seconds": original.ttl_seconds,
+        "reason": reason or f"undo of {original.id}",
+        "rolls_back": original.id,
+    }
+
+
+def fence_conflicts(change: Change, preview: Any) -> list[int]:
+    """The statements of ``change`` whose rolled-back preview touched another number of rows
+    than their ``expect_rows`` (none for an explain preview, which counts nothing)."""
+    if not isinstance(preview, dict) or preview.get("mode") != "rollback":
+        return []
+    previewed = preview.get("statements") or []
+    return [index for index, (statement, seen) in enumerate(
+                zip(change.statements, previewed, strict=False))
+            if statement.expect_rows is not None
+            and isinstance(seen, dict) and seen.get("rows") != statement.expect_rows]
+
+
+def refuse_fences(change: Change, preview: Any) -> None:
+    """Raise ``UndoConflict`` (detail ``statements``) if a fence of ``change`` does not hold
+    in ``preview``."""
+    failed = fence_conflicts(change, preview)
+    if failed:
+        raise UndoConflict(
+            f"{len(failed)} fenced statement(s) touched no row in the preview: "
+            "a row changed since the original execution wrote it",
+            detail={"statements": failed})
+
+
+def derived_undo(store: HarbourStore, request: Request) -> Compensation | None:
+    """The compensation ``request`` is, when it is exactly the derived undo of the request
+    it rolls back (None for any other request, a hand-written compensation included)."""
+    if request.rolls_back is None or is_effect_set(request.change):
+        return None
+    claimed = (request.change or {}).get("statements") or []
+    # Cheap first: a derived undo fences every statement to one row. Anything else is
+    # not one, and is not derived again (a page of requests stays a few queries).
+    if not claimed or any(s.get("expect_rows") != 1 for s in claimed if isinstance(s, dict)):
+        return None
+    try:
+        original = store.get_request(request.rolls_back)
+        undo = _compensation(original, store.get_pilot(original.pilot_id))
+        statements = [s.to_claim() for s in undo.statements]
+    except MarqueError:
+        return None
+    if (request.change or {}).get("statements") != statements:
+        return None
+    return undo
+
+
+def _keys(undo: Compensation, indexes: list[int]) -> list[dict[str, Any]]:
+    return [{"statement": i, "table": undo.rows[i].table, "key": undo.rows[i].key,
+             "op": undo.rows[i].op} for i in indexes if 0 <= i < len(undo.rows)]
+
+
+def named_conflict(store: HarbourStore, request: Request,
+                   exc: UndoConflict) -> tuple[str, list[dict[str, Any]]]:
+    """An ``undo_conflict`` message naming each conflicting row by key, and the rows."""
+    undo = derived_undo(store, request)
+    indexes = [int(i) for i in exc.detail.get("statements") or []]
+    if undo is None:
+        return exc.message, []
+    rows = _keys(undo, indexes)
+    named = "; ".join(f"{r['table']} {_key_text(r['key'])}" for r in rows)
+    return (f"undo of {request.rolls_back} conflicts: {len(rows)} row(s) changed since the "
+            f"original execution wrote them ({named}); nothing was applied", rows)
+
+
+def _key_text(key: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in key.items())
+
+
+def undo_view(store: HarbourStore, request: Request,
+              executions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The request object's ``undo``: for a derived undo, ``{of, rows, conflicts}`` — each
+    row put back (its key, what it restores, the after-image it is fenced on) and the rows
+    found in conflict (at its preview, its approval or its execution). None otherwise."""
+    undo = derived_undo(store, request)
+    if undo is None:
+        return None
+    conflicts = list((request.failure or {}).get("conflicts") or [])
+    if not conflicts:
+        found: list[int] = []
+        for row in executions:
+            error = row.get("error") or {}
+            match = _STATEMENT.match(str(error.get("message") or ""))
+            if error.get("code") == UndoConflict.code and match:
+                found.append(int(match.group(1)))
+        conflicts = _keys(undo, sorted(set(found)))
+    return {"of": request.rolls_back, "rows": [r.to_dict() for r in undo.rows],
+            "conflicts": conflicts}
