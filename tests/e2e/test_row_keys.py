@@ -101,7 +101,7 @@ def test_a_hand_edited_row_key_is_config_invalid(world: World) -> None:
 
 def test_the_pilot_previews_a_keyless_table_by_its_declared_key(world: World) -> None:
     """Declared with the CLI, used by the Pilot the home opens; removing the target drops
-    its row keys, so pilot.json still loads."""
+    its row keys and preview mode, so pilot.json still loads."""
     _keyless(world)
     assert world.run("pilot", "target", "row-key", "--home", world.home, "bank", "lines",
                      "ref,n").returncode == 0
@@ -117,9 +117,12 @@ def test_the_pilot_previews_a_keyless_table_by_its_declared_key(world: World) ->
     images = preview["statements"][0]["row_images"]
     assert (images["key"], images["key_source"], images["rows"][0]["key"]) == (
         ["ref", "n"], "declared", {"ref": "a", "n": 2})
+    config = _pilot_json(world)
+    config["previews"] = {"bank": "explain"}  # a preview mode goes with its target too
+    (world.home / "pilot.json").write_text(json.dumps(config))
     removed = world.run("pilot", "target", "remove", "--home", world.home, "bank", "--json")
     assert removed.returncode == 0, removed
-    assert "row_keys" not in _pilot_json(world)
+    assert "row_keys" not in _pilot_json(world) and "previews" not in _pilot_json(world)
 
 
 def test_a_postgresql_row_key_is_checked_against_its_catalog(world: World, pg_dsn: str) -> None:
