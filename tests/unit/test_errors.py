@@ -46,6 +46,8 @@ OWN_CODES = {
     "preview_over_budget": 3,
     # `marque undo` (docs/harbour.md, "Undo")
     "undo_unavailable": 3, "undo_conflict": 4,
+    # a row key declared for a target table (docs/cli.md, `pilot target row-key`)
+    "row_key_invalid": 2,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
