@@ -198,13 +198,19 @@ def test_finishing_retries_fails_and_removal_cancels(store: HarbourStore) -> Non
     assert len(store.outbox_events()) == 2  # a removed endpoint wants nothing new
 
 
-def test_claims_skip_endpoints_at_capacity(store: HarbourStore) -> None:
-    """A caller's busy endpoints are left out of a claim, so others are served."""
+def test_claims_share_out_endpoints(store: HarbourStore) -> None:
+    """A caller's busy endpoints are left out of a claim, and no endpoint takes more than
+    its share of one, however many of its deliveries are due: others are served."""
     busy, free = add(store), add(store, "http://127.0.0.1:9/free")
     sealed(store)
     claimed = store.claim_deliveries("a", now=T0 + 5, lease_seconds=30, limit=10,
                                      skip_endpoints=frozenset({busy}))
     assert [d.endpoint.id for d in claimed] == [free]
+    for n in range(2, 6):
+        sealed(store, f"req-{n}")
+    shared = store.claim_deliveries("b", now=T0 + 50, lease_seconds=30, limit=10,
+                                    per_endpoint=2)
+    assert sorted(d.endpoint.id for d in shared) == sorted([busy, busy, free, free])
 
 
 def test_the_secret_is_kept_but_never_shown(store: HarbourStore) -> None:

@@ -44,6 +44,8 @@ OWN_CODES = {
     "payload_too_large": 2,
     # an approval of a preview over its budget (docs/harbour.md, "Row images")
     "preview_over_budget": 3,
+    # an endpoint that did not accept `harbour webhooks test` (docs/notifications.md)
+    "webhook_delivery_failed": 7,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,

@@ -29,6 +29,7 @@ from marque.cli.logbook import logbook
 from marque.cli.login import COMMANDS as LOGIN_COMMANDS
 from marque.cli.pilot import pilot
 from marque.cli.serve import pilot_serve  # noqa: F401 - registers `pilot serve`
+from marque.cli.webhooks import webhooks  # noqa: F401 - registers `harbour webhooks`
 from marque.errors import InvalidInput
 
 __all__ = ["app", "main"]

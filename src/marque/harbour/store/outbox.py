@@ -134,11 +134,13 @@ class NotificationStore(abc.ABC):
 
     @abc.abstractmethod
     def claim_deliveries(self, owner: str, *, now: float, lease_seconds: float, limit: int,
+                         per_endpoint: int | None = None,
                          skip_endpoints: frozenset[str] = frozenset()) -> list[Delivery]:
         """Claim up to ``limit`` due pending deliveries for one attempt each (oldest due
-        first, none of ``skip_endpoints``): each by a compare-and-set that counts the
-        attempt and leases it to ``owner`` until ``now + lease_seconds``. A delivery
-        another owner holds an unexpired lease on is never claimed."""
+        first, at most ``per_endpoint`` of any one endpoint, none of ``skip_endpoints``):
+        each by a compare-and-set that counts the attempt and leases it to ``owner`` until
+        ``now + lease_seconds``. A delivery another owner holds an unexpired lease on is
+        never claimed. Nothing due is answered by one read, without a write."""
 
     @abc.abstractmethod
     def finish_delivery(self, event_id: str, endpoint_id: str, owner: str, *,
@@ -151,4 +153,5 @@ class NotificationStore(abc.ABC):
 
     @abc.abstractmethod
     def delivery_figures(self) -> list[EndpointFigures]:
-        """Every endpoint's deliveries by state, in one query whatever their number."""
+        """Every configured (not removed) endpoint's deliveries by state, in one query
+        whatever their number."""

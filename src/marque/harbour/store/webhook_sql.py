@@ -267,17 +267,25 @@ class WebhookRecords(HarbourStore):
         return [_delivery(row) for row in rows]
 
     def claim_deliveries(self, owner: str, *, now: float, lease_seconds: float, limit: int,
+                         per_endpoint: int | None = None,
                          skip_endpoints: frozenset[str] = frozenset()) -> list[Delivery]:
         skipped = sorted(skip_endpoints)
         not_in = (f" AND endpoint_id NOT IN ({', '.join('?' for _ in skipped)})"
                   if skipped else "")
+        share = int(per_endpoint) if per_endpoint is not None else int(limit)
+        # A read first: with nothing due (most rounds) no write lock is taken at all.
+        with self.reading() as tx:
+            due = tx.execute(
+                "SELECT event_id, endpoint_id FROM (SELECT event_id, endpoint_id, next_at, "
+                "ROW_NUMBER() OVER (PARTITION BY endpoint_id ORDER BY next_at, event_id) AS n "
+                "FROM webhook_deliveries WHERE state = 'pending' AND next_at <= ? "
+                f"AND (lease_until IS NULL OR lease_until <= ?){not_in}) due WHERE n <= ? "
+                "ORDER BY next_at, event_id, endpoint_id LIMIT ?",
+                (now, now, *skipped, share, int(limit)))
+        if not due:
+            return []
         claimed: list[Delivery] = []
         with self.transaction() as tx:
-            due = tx.execute(
-                "SELECT event_id, endpoint_id FROM webhook_deliveries WHERE state = 'pending' "
-                f"AND next_at <= ? AND (lease_until IS NULL OR lease_until <= ?){not_in} "
-                "ORDER BY next_at, event_id, endpoint_id LIMIT ?",
-                (now, now, *skipped, int(limit)))
             for event, endpoint in due:
                 won = tx.execute(
                     "UPDATE webhook_deliveries SET attempts = attempts + 1, lease_owner = ?, "
@@ -318,7 +326,8 @@ class WebhookRecords(HarbourStore):
                 "SELECT e.id, d.state, COUNT(d.event_id), MAX(d.delivered_at), "
                 "MIN(CASE WHEN d.state = 'pending' THEN d.created_at END) "
                 "FROM webhook_endpoints e LEFT JOIN webhook_deliveries d "
-                "ON d.endpoint_id = e.id GROUP BY e.id, d.state ORDER BY e.id")
+                "ON d.endpoint_id = e.id WHERE e.removed_at IS NULL "
+                "GROUP BY e.id, d.state ORDER BY e.id")
         figures: dict[str, dict[str, Any]] = {}
         for endpoint, state, count, delivered_at, pending_since in rows:
             held = figures.setdefault(endpoint, {"counts": {}, "delivered": None,
