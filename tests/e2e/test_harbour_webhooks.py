@@ -101,6 +101,18 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         made.stop()
 
 
+def console_page(stack: Stack, who: str, path: str) -> httpx.Response:
+    """``path`` of the console, as ``who`` logged in with their token."""
+    with httpx.Client(base_url=stack.server.url, timeout=30) as console:
+        form = console.get("/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert csrf, form.text
+        logged_in = console.post("/login", data={"token": stack.harbour.tokens[who],
+                                                 "csrf": csrf.group(1)})
+        assert logged_in.status_code == 303, logged_in.text
+        return console.get(path)
+
+
 def _metric(text: str, name: str, **labels: str) -> float:
     """The value of one sample of ``name`` with exactly ``labels`` (0 when absent)."""
     for line in text.splitlines():
@@ -194,6 +206,18 @@ def test_every_event_is_delivered_signed_once_the_receiver_comes_back(stack: Sta
     assert _metric(text, "marque_harbour_webhook_oldest_pending_seconds",
                    endpoint=never["id"]) > 0
     assert _metric(text, "marque_harbour_webhook_attempts_total", outcome="delivered") >= 10
+
+    # The console's admin page says the same: who is done, who is being retried and why.
+    page = console_page(stack, "admin", "/notifications")
+    assert page.status_code == 200, page.text
+    dead_row = page.text.split(f'data-endpoint="{never["id"]}"', 1)[1].split("</tr>", 1)[0]
+    assert "5 retrying" in dead_row and f"http://127.0.0.1:{dead}/…" in dead_row
+    retrying = page.text.split('data-testid="retrying-deliveries"', 1)[1]
+    assert "ConnectError" in retrying and first["id"] in retrying
+    live_row = page.text.split(f'data-endpoint="{generic["id"]}"', 1)[1].split("</tr>", 1)[0]
+    assert re.search(r'data-testid="delivered">5<', live_row), live_row
+    assert generic["secret"] not in page.text
+    assert console_page(stack, "alice", "/notifications").status_code == 403
 
 
 def test_webhooks_commands(tmp_path: Path) -> None:
