@@ -52,12 +52,17 @@ class Receiver:
     """Listens on ``127.0.0.1:port`` once started; ``secrets`` maps a path to its endpoint's
     secret. The first ``fail_first`` deliveries are recorded and then answered 500 (a
     receiver that took the event but failed to say so: Marque must send it again), every
-    later one 200."""
+    later one 200. Each answer waits ``hold_seconds`` first; ``overlaps`` counts the
+    deliveries that arrived while another copy of the same event was still being held."""
 
-    def __init__(self, port: int, secrets: dict[str, str], *, fail_first: int = 0) -> None:
+    def __init__(self, port: int, secrets: dict[str, str], *, fail_first: int = 0,
+                 hold_seconds: float = 0.0) -> None:
         self.port = port
         self.secrets = dict(secrets)
         self.fail_first = fail_first
+        self.hold_seconds = hold_seconds
+        self.overlaps = 0
+        self._holding: dict[str, int] = {}
         self.received: list[Received] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -93,6 +98,12 @@ class Receiver:
                 status = 400
             self.received.append(Received(path, message_id, timestamp, body,
                                           lower.get("webhook-signature", ""), valid, status))
+            if self._holding.get(message_id):
+                self.overlaps += 1
+            self._holding[message_id] = self._holding.get(message_id, 0) + 1
+        time.sleep(self.hold_seconds)
+        with self._lock:
+            self._holding[message_id] -= 1
         handler.send_response(status)
         handler.send_header("content-length", "0")
         handler.end_headers()
