@@ -239,3 +239,17 @@ def test_a_version_8_store_gains_the_outbox(stores: StorePool) -> None:
     add(store)
     store.transition(request.id, request.version, "awaiting_approval", actor="t", now=T0)
     assert [e.type for e in store.outbox_events()] == ["request.awaiting_approval"]
+
+
+def test_a_removed_endpoints_straggler_is_never_sent(store: HarbourStore) -> None:
+    """A delivery written for an endpoint by a move that raced its removal (possible under
+    PostgreSQL's READ COMMITTED: the move read the endpoint before the removal committed)
+    stays as it was written, and is never claimed."""
+    endpoint = add(store)
+    sealed(store)
+    store.remove_webhook(endpoint, actor="cli:op", now=T0 + 2)
+    [event] = store.outbox_events()
+    with raw_tx(store) as tx:  # what the racing move left behind
+        tx.execute("UPDATE webhook_deliveries SET state = 'pending' WHERE event_id = ?",
+                   (event.id,))
+    assert store.claim_deliveries("a", now=T0 + 10, lease_seconds=30, limit=10) == []

@@ -279,7 +279,11 @@ class WebhookRecords(HarbourStore):
                 "SELECT event_id, endpoint_id FROM (SELECT event_id, endpoint_id, next_at, "
                 "ROW_NUMBER() OVER (PARTITION BY endpoint_id ORDER BY next_at, event_id) AS n "
                 "FROM webhook_deliveries WHERE state = 'pending' AND next_at <= ? "
-                f"AND (lease_until IS NULL OR lease_until <= ?){not_in}) due WHERE n <= ? "
+                f"AND (lease_until IS NULL OR lease_until <= ?){not_in} "
+                # A delivery written by a move that raced its endpoint's removal (PostgreSQL,
+                # READ COMMITTED) stays pending, but is never sent.
+                "AND endpoint_id IN (SELECT id FROM webhook_endpoints WHERE removed_at IS NULL)"
+                ") due WHERE n <= ? "
                 "ORDER BY next_at, event_id, endpoint_id LIMIT ?",
                 (now, now, *skipped, share, int(limit)))
         if not due:
