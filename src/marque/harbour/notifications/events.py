@@ -99,7 +99,7 @@ def request_summary(row: dict[str, Any]) -> dict[str, Any]:
         "pilot_id": row["pilot_id"], "target": row["target"],
         "statements": [s.get("sql") for s in change.get("statements") or []
                        if isinstance(s, dict)],
-        "effect_set": "effect_set" in change or "effects" in change,
+        "effect_set": "effect_set" in change,
         "change_cid": row["change_cid"],
         "routing": {"outcome": routing.get("outcome"), "approvals": routing.get("approvals"),
                     "config_cid": routing.get("config_cid")} if routing else None,
