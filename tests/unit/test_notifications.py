@@ -147,3 +147,17 @@ def test_backoff_doubles_up_to_its_cap() -> None:
     policy = DeliveryPolicy(first_delay=2, max_delay=30)
     assert [policy.retry_delay(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
     assert policy.lease_seconds > policy.timeout
+
+
+def test_a_delivery_ends_once() -> None:
+    """Pending is retried or ends delivered, failed or cancelled; an ended one never moves."""
+    from marque.harbour.lifecycle import IllegalTransition
+    from marque.harbour.store.outbox import DeliveryState as D
+    from marque.harbour.store.outbox import delivery_transition
+
+    for to in D:
+        assert delivery_transition(D.PENDING, to) is to
+    for ended in (D.DELIVERED, D.FAILED, D.CANCELLED):
+        for to in D:
+            with pytest.raises(IllegalTransition):
+                delivery_transition(ended, to)

@@ -18,6 +18,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from marque.harbour.lifecycle import IllegalTransition
+
 
 class DeliveryState(enum.StrEnum):
     """Where a delivery stands. ``pending`` is retried until it is ``delivered``, until it
@@ -30,12 +32,23 @@ class DeliveryState(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-#: The one transition table of a delivery: a pending delivery ends one of three ways.
+#: The one transition table of a delivery: a pending delivery is retried (it stays
+#: pending, with a later ``next_at``) or ends one of three ways.
 DELIVERY_TRANSITIONS = frozenset({
+    (DeliveryState.PENDING, DeliveryState.PENDING),
     (DeliveryState.PENDING, DeliveryState.DELIVERED),
     (DeliveryState.PENDING, DeliveryState.FAILED),
     (DeliveryState.PENDING, DeliveryState.CANCELLED),
 })
+
+
+def delivery_transition(current: DeliveryState, to: DeliveryState) -> DeliveryState:
+    """``to``, if a delivery may move there from ``current``; ``IllegalTransition`` if not.
+    (The store makes the move by a compare-and-set on ``state = 'pending'``.)"""
+    if (current, to) not in DELIVERY_TRANSITIONS:
+        raise IllegalTransition(f"a webhook delivery cannot move from {current} to {to}",
+                                detail={"from": current.value, "to": to.value})
+    return to
 
 
 @dataclass(frozen=True)

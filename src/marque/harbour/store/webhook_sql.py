@@ -37,6 +37,7 @@ from marque.harbour.store.outbox import (
     EndpointFigures,
     OutboxEvent,
     WebhookEndpoint,
+    delivery_transition,
 )
 from marque.harbour.store.tx import Tx, dumps, loads
 
@@ -218,6 +219,7 @@ class WebhookRecords(HarbourStore):
             if row is None:
                 raise NotFound(f"no webhook endpoint {str(endpoint_id)[:64]!r} is configured",
                                detail={"id": str(endpoint_id)[:64]})
+            delivery_transition(DeliveryState.PENDING, DeliveryState.CANCELLED)
             cancelled = tx.execute(
                 "UPDATE webhook_deliveries SET state = 'cancelled', lease_owner = NULL, "
                 "lease_until = NULL, updated_at = ? WHERE endpoint_id = ? AND state = 'pending' "
@@ -309,11 +311,12 @@ class WebhookRecords(HarbourStore):
                         retry_at: float | None, now: float | None = None) -> bool:
         at = self._now(now)
         if delivered:
-            state, next_at, delivered_at = DeliveryState.DELIVERED, at, at
+            to, next_at, delivered_at = DeliveryState.DELIVERED, at, at
         elif retry_at is None:
-            state, next_at, delivered_at = DeliveryState.FAILED, at, None
+            to, next_at, delivered_at = DeliveryState.FAILED, at, None
         else:
-            state, next_at, delivered_at = DeliveryState.PENDING, float(retry_at), None
+            to, next_at, delivered_at = DeliveryState.PENDING, float(retry_at), None
+        state = delivery_transition(DeliveryState.PENDING, to)
         with self.transaction() as tx:
             moved = tx.execute(
                 "UPDATE webhook_deliveries SET state = ?, next_at = ?, lease_owner = NULL, "
