@@ -75,7 +75,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
         ├── LedgerUnavailable    ledger_unavailable
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
         ├── HarbourUnavailable   harbour_unavailable
-        └── PilotUnavailable     pilot_unavailable
+        ├── PilotUnavailable     pilot_unavailable
+        └── WebhookDeliveryFailed webhook_delivery_failed  an endpoint did not accept a test
 
 The CLI derives exit statuses and the HTTP layer derives bodies from these
 classes; nothing else maps codes by hand.
@@ -529,3 +530,7 @@ class HarbourUnavailable(Unavailable, code="harbour_unavailable"):
 
 class PilotUnavailable(Unavailable, code="pilot_unavailable"):
     pass
+
+
+class WebhookDeliveryFailed(Unavailable, code="webhook_delivery_failed"):
+    """A webhook endpoint did not accept a delivery (``marque harbour webhooks test``)."""

@@ -17,13 +17,14 @@ from e2e.harbour_support import DEBIT
 from .conftest import DESKTOP, PHONE, Console, World
 
 Consoles = Callable[..., Console]
-SECTIONS = {"/": "Requests", "/pilots": "Pilots", "/logbook": "Logbook"}
+SECTIONS = {"/": "Requests", "/pilots": "Pilots", "/logbook": "Logbook",
+            "/notifications": "Notifications"}
 #: Who may open which section (DESIGN §11.7).
 MAY_OPEN = {
     "alice": {"/"},                           # a requester
     "carol": {"/", "/pilots"},                # an approver
     "audrey": {"/", "/pilots", "/logbook"},   # an auditor
-    "admin": {"/", "/pilots", "/logbook"},
+    "admin": {"/", "/pilots", "/logbook", "/notifications"},
 }
 #: The queue's columns, as the desktop table heads them.
 COLUMNS = ["Request", "State", "Change", "Asked by", "Target", "Approvals", "Created"]

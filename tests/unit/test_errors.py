@@ -48,6 +48,8 @@ OWN_CODES = {
     "undo_unavailable": 3, "undo_conflict": 4,
     # a row key declared for a target table (docs/cli.md, `pilot target row-key`)
     "row_key_invalid": 2,
+    # an endpoint that did not accept `harbour webhooks test` (docs/notifications.md)
+    "webhook_delivery_failed": 7,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,

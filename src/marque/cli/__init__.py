@@ -30,6 +30,7 @@ from marque.cli.login import COMMANDS as LOGIN_COMMANDS
 from marque.cli.pilot import pilot
 from marque.cli.serve import pilot_serve  # noqa: F401 - registers `pilot serve`
 from marque.cli.undo import undo
+from marque.cli.webhooks import webhooks  # noqa: F401 - registers `harbour webhooks`
 from marque.errors import InvalidInput
 
 __all__ = ["app", "main"]

@@ -17,6 +17,7 @@ from marque.cli.serve import GRACEFUL_SECONDS, _bind, _is_loopback, _server_clas
 from marque.errors import InvalidInput, MarqueError
 
 if TYPE_CHECKING:
+    from marque.harbour.notifications.delivery import Deliverer, DeliveryPolicy
     from marque.harbour.preparation import RetrySchedule
     from marque.harbour.service import Harbourmaster
 
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 #: How often requests in ``reconciliation`` are offered to their Pilot's stamps.
 SWEEP_SECONDS = 30.0
+#: How often the outbox is looked at for deliveries that are due.
+WEBHOOK_ROUND_SECONDS = 0.5
 #: The shortest and longest console session ``--console-session`` accepts. Under a
 #: minute nobody can finish reading a change; past a week a lost laptop is a standing
 #: approval session.
@@ -121,6 +124,42 @@ class PreparationRetry(_Periodic):
         self._harbourmaster.retry_preparations()
 
 
+class WebhookDelivery(_Periodic):
+    """A thread that posts the outbox's due deliveries (``harbour.notifications.delivery``);
+    the first look comes at once, so a restart picks up what a dead process left. Each
+    attempt is claimed by a compare-and-set on its lease, so several processes may run this
+    at once and none posts a delivery another is posting."""
+
+    name = "marque-harbour-webhooks"
+    first_at_once = True
+
+    def __init__(self, harbourmaster: Harbourmaster, deliverer: Deliverer) -> None:
+        super().__init__(harbourmaster, WEBHOOK_ROUND_SECONDS)
+        self._deliverer = deliverer
+
+    def round(self) -> None:
+        self._deliverer.round()
+
+    def stop(self) -> None:
+        super().stop()
+        self._deliverer.close()
+
+
+def webhook_policy(retry: str, give_up: str) -> DeliveryPolicy:
+    """``--webhook-retry FIRST,MAX`` and ``--webhook-give-up DURATION`` as a policy."""
+    from marque.harbour.notifications.delivery import DeliveryPolicy
+
+    parts = [part.strip() for part in retry.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise InvalidInput(f"--webhook-retry takes two durations, FIRST,MAX (such as 2s,10m), "
+                           f"not {retry.strip()[:80]!r}")
+    first, longest = (parse_duration(part) for part in parts)
+    if not 1 <= first <= longest:
+        raise InvalidInput("--webhook-retry's first delay is at least 1s and at most its MAX")
+    return DeliveryPolicy(first_delay=float(first), max_delay=float(longest),
+                          give_up_after=float(parse_duration(give_up)))
+
+
 def retry_schedule(text: str) -> RetrySchedule:
     """``--preview-retry``: comma-separated durations (``15s,30s,60s``), 1 to 20 of them."""
     from marque.harbour.preparation import RetrySchedule
@@ -156,10 +195,20 @@ def console_session_seconds(text: str) -> int:
               metavar="DURATIONS",
               help="When a preview that could not reach its Pilot is tried again (after each "
                    "failed attempt); after the last the request ends failed.")
+@click.option("--public-url", default=None, metavar="URL",
+              help="The address people open this Harbourmaster at (behind a proxy, say): "
+                   "notifications link to its console there (default: the listening URL).")
+@click.option("--webhook-retry", default="2s,10m", show_default=True, metavar="FIRST,MAX",
+              help="A failed webhook delivery is tried again after FIRST, doubled each time "
+                   "up to MAX.")
+@click.option("--webhook-give-up", default="3d", show_default=True, metavar="DURATION",
+              help="A delivery still failing this long after its event ends failed (shown "
+                   "on the console and in /metrics).")
 @json_option
 @guarded
 def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path | None,
-                  console_session: str, preview_retry: str, as_json: bool) -> None:
+                  console_session: str, preview_retry: str, public_url: str | None,
+                  webhook_retry: str, webhook_give_up: str, as_json: bool) -> None:
     """Serve this Harbourmaster over HTTP until SIGTERM or SIGINT.
 
     Once listening it prints {url, harbour_id, console} (one JSON line with --json;
@@ -178,6 +227,11 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
         raise InvalidInput("--tls-cert and --tls-key go together")
     session_seconds = console_session_seconds(console_session)
     schedule = retry_schedule(preview_retry)
+    policy = webhook_policy(webhook_retry, webhook_give_up)
+    if public_url is not None:
+        from marque.harbour.notifications.endpoints import check_url
+
+        check_url(public_url, allow_http=True)
     # Opened before anything is bound: a bad home or an unreachable store is one clear error.
     harbourmaster = Harbourmaster.open(HarbourHome(home), retry_schedule=schedule)
     sock: socket.socket | None = None
@@ -212,9 +266,16 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
         sweep.start()
         retry = PreparationRetry(harbourmaster)
         retry.start()
+        from marque.harbour.notifications.delivery import Deliverer
+
+        delivery = WebhookDelivery(harbourmaster, Deliverer(
+            harbourmaster.store, console_url=public_url or url, policy=policy,
+            on_attempt=service.notifications.attempted))
+        delivery.start()
         try:
             server.run(sockets=[sock])
         finally:
+            delivery.stop()
             retry.stop()
             sweep.stop()
             service.close()

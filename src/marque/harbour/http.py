@@ -35,6 +35,7 @@ from marque.errors import Forbidden, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.console import Console
 from marque.harbour.console.sessions import SESSION_SECONDS
 from marque.harbour.lifecycle import RequestState
+from marque.harbour.notifications.figures import NotificationMetrics
 from marque.harbour.principals import Principal, Role
 from marque.harbour.views import REQUESTS_PAGE, REQUESTS_PAGE_MAX
 from marque.httpcommon import BodyLimit, RequestIdMiddleware, api_http_errors, json_body, problem
@@ -188,6 +189,8 @@ class HarbourService:
         info = Info("marque_harbour", "This Harbourmaster's identity", registry=self.registry)
         info.info({"harbour_id": harbourmaster.store.harbour_id})
         self.registry.register(_StoreFigures(harbourmaster))
+        # Webhook deliveries (docs/notifications.md): the delivery thread counts its attempts.
+        self.notifications = NotificationMetrics(self.registry, harbourmaster.store)
         # The web console (DESIGN §12): its pages at `/`, over the same core, in the same threads.
         self.console = Console(harbourmaster, self._in_thread,
                                session_seconds=console_session_seconds)

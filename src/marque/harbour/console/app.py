@@ -39,6 +39,7 @@ from marque.errors import InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.console import csrf as console_csrf
 from marque.harbour.console import views
 from marque.harbour.console.logbook import logbook_page
+from marque.harbour.console.notifications import notifications_view
 from marque.harbour.console.pilots import pilots_view
 from marque.harbour.console.sessions import (
     LOGIN_COOKIE,
@@ -172,6 +173,7 @@ class Console:
             Route("/requests/{id}/undo", self.undo, methods=["POST"]),
             Route("/pilots", self.pilots, methods=["GET"]),
             Route("/logbook", self.logbook, methods=["GET"]),
+            Route("/notifications", self.notifications, methods=["GET"]),
             Route("/favicon.ico", self.favicon, methods=["GET"]),
             Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
         ]
@@ -386,6 +388,14 @@ class Console:
         viewer = await self.viewer(request)
         found = await self._run(pilots_view, self.hm, viewer.principal)
         return self.render(request, "pilots.html", viewer=viewer, section="pilots", p=found)
+
+    @page
+    async def notifications(self, request: Request) -> Response:
+        """``GET /notifications`` (admins): webhook endpoints, their deliveries, failures."""
+        viewer = await self.viewer(request)
+        found = await self._run(notifications_view, self.hm, viewer.principal)
+        return self.render(request, "notifications.html", viewer=viewer,
+                           section="notifications", n=found)
 
     @page
     async def logbook(self, request: Request) -> Response:

@@ -94,6 +94,7 @@ NAV: tuple[tuple[str, str, str, tuple[Role, ...]], ...] = (
     ("queue", "/", "Requests", (Role.REQUESTER, *_READERS)),
     ("pilots", "/pilots", "Pilots", _READERS),
     ("logbook", "/logbook", "Logbook", (Role.AUDITOR, Role.ADMIN)),
+    ("notifications", "/notifications", "Notifications", (Role.ADMIN,)),
 )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from marque.harbour.lifecycle import RequestState
 from marque.harbour.principals import Principal, Role
+from marque.harbour.store.outbox import NotificationStore
 
 #: A Resolution's decisions.
 DECISIONS = ("approve", "reject")
@@ -206,7 +207,7 @@ class ConsoleSession:
     revoked_at: float | None = None
 
 
-class HarbourStore(abc.ABC):
+class HarbourStore(NotificationStore, abc.ABC):
     """The Harbourmaster's store. All methods are safe to call from threads.
 
     Times (``now``) are epoch seconds; when omitted, the store's clock is read.

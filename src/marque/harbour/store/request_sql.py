@@ -52,6 +52,7 @@ from marque.harbour.store.base import (
 from marque.harbour.store.schema import ACTIVE_PREDICATE
 from marque.harbour.store.schema import CURRENT_REQUEST_COLUMNS as REQUEST_COLUMNS
 from marque.harbour.store.tx import Tx, dumps, loads
+from marque.harbour.store.webhook_sql import record_events
 
 S = RequestState
 _COLUMNS = ", ".join(REQUEST_COLUMNS)
@@ -123,8 +124,10 @@ class RequestRecords(HarbourStore):
 
         Always after the transaction's row writes: the logbook head is then the
         last lock every transaction takes, so no two transactions can each hold
-        what the other waits for.
+        what the other waits for. The notifications these moves call for are written
+        first, in the same transaction (``webhook_sql.record_events``).
         """
+        record_events(tx, journal, now, getattr(self, "harbour_id", None))
         for kind, actor, subject, body in journal:
             self._append_tx(tx, kind, actor, subject, body, now)
 

@@ -291,14 +291,55 @@ _V7 = [
 # every existing row stays as it was.
 _V8 = ["ALTER TABLE pilots ADD COLUMN report_key TEXT"]
 
+# Version 9: notifications (docs/notifications.md). The endpoints an admin configured; the
+# outbox of events, each written in the transaction of the request move it reports; and one
+# delivery per event and endpoint, retried until delivered, claimed for each attempt by a
+# compare-and-set on its lease so that several processes never post it at once. New
+# tables only: no existing row is touched.
+_V9 = [
+    """CREATE TABLE webhook_endpoints (
+        id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        format TEXT NOT NULL,
+        events TEXT NOT NULL,
+        principal TEXT,
+        secret TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        created_by TEXT NOT NULL,
+        removed_at DOUBLE PRECISION)""",
+    """CREATE TABLE outbox_events (
+        id TEXT PRIMARY KEY,
+        type TEXT NOT NULL,
+        request TEXT,
+        data TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX outbox_events_request ON outbox_events (request, created_at)",
+    """CREATE TABLE webhook_deliveries (
+        event_id TEXT NOT NULL REFERENCES outbox_events (id),
+        endpoint_id TEXT NOT NULL REFERENCES webhook_endpoints (id),
+        state TEXT NOT NULL CHECK (state IN ('pending', 'delivered', 'failed', 'cancelled')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at DOUBLE PRECISION NOT NULL,
+        lease_owner TEXT,
+        lease_until DOUBLE PRECISION,
+        last_status INTEGER,
+        last_error TEXT,
+        delivered_at DOUBLE PRECISION,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (event_id, endpoint_id))""",
+    "CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_at)",
+    "CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, state)",
+]
+
 #: Every column of ``requests`` this code reads and writes, in table order.
 CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_COLUMNS_V3, "requester_jkt",
                                             "prepare_attempts", "prepare_due")
 
 MIGRATIONS: dict[str, list[Sequence[str | Step]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 8
+LATEST = 9

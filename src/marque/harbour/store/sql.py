@@ -7,7 +7,8 @@ RETURNING``, partial indexes — with ``?`` placeholders.
 
 This module holds the store's lifecycle (create, open, migrate), the logbook,
 principals, routing configs and Pilots; requests, Checkpoints, Resolutions and
-reports are in ``request_sql.py``; the console's sessions in ``session_sql.py``.
+reports are in ``request_sql.py``; the console's sessions in ``session_sql.py``; webhook
+endpoints and the outbox in ``webhook_sql.py``.
 
 The logbook's appends are serialised by its head row: the first statement of
 an append is ``UPDATE logbook_head SET seq = seq + 1 … RETURNING seq, hash``,
@@ -51,6 +52,7 @@ from marque.harbour.store.base import AdoptedConfig, LogbookEntry, PilotRecord
 from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.session_sql import SessionRecords
 from marque.harbour.store.tx import Tx, dumps, loads
+from marque.harbour.store.webhook_sql import WebhookRecords
 
 #: The longest principal name accepted.
 MAX_NAME_BYTES = 128
@@ -95,7 +97,7 @@ _PILOT_COLUMNS = ("pilot_id, url, incarnation, targets, registered_at, last_seen
                   "report_key")
 
 
-class SqlHarbourStore(SessionRecords, RequestRecords):
+class SqlHarbourStore(SessionRecords, WebhookRecords, RequestRecords):
     """The store's behaviour over any engine that provides :meth:`transaction`."""
 
     #: ``sqlite`` or ``postgres``: which list of :data:`schema.MIGRATIONS` applies.
