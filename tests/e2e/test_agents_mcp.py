@@ -1,0 +1,293 @@
+"""`marque mcp` driven by the MCP SDK's own client, over stdio and streamable HTTP, through a
+real `harbour serve` and a real, joined `pilot serve` (docs/agents.md).
+
+One world for the module: a Harbourmaster whose routing allows reads, delegates writes to one
+approver and caps a write's budget at 5 rows; a Pilot serving the SQLite bank; the agent
+`claude` (role agent, its own key), a human approver `bob`. Each test asks under request ids
+of its own. Covered: an agent's read; a write that waits for a human, approved with `marque
+approve`, executed by the agent, and a retried `execute` answered from the ledger (the rows
+changed once); every way the agent might approve — the HTTP API, the CLI and the console
+with its token — refused by the Harbourmaster; a request over the routing's budget cap
+denied; errors as tool errors with their code and next step; a server that will not start as
+a human.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from e2e_support import run_cli
+from harbour_support import (
+    DEBIT,
+    MARQUE,
+    READ,
+    TIMEOUT,
+    JoinedBank,
+    cli_env,
+    routing_toml,
+)
+from mcp import Client, StdioServerParameters
+
+AGENT = "claude"
+#: Reads allowed; writes, DDL and anything else delegated to one approver, at most 5 rows.
+ROUTING = routing_toml(
+    {"operation": ["read"], "outcome": "allow", "max_rows": 1000},
+    {"operation": ["write", "ddl", "other"], "outcome": "delegate", "approvals": 1,
+     "max_rows": 5},
+)
+
+
+class AgentWorld:
+    """The module's world: a joined bank, the agent and its key, the routing above."""
+
+    def __init__(self, root: Path) -> None:
+        from marque.cli.common import write_private
+        from marque.token import new_key, public_jwk
+
+        self.joined = JoinedBank(root)
+        self.joined.bank.start(listen=f"127.0.0.1:{self.joined.port}")
+        self.harbour = self.joined.harbour
+        self.server = self.joined.server
+        self.key = root / "agent.jwk"
+        self.pub = root / "agent.pub.jwk"
+        agent_key = new_key()
+        write_private(self.key, agent_key)
+        self.pub.write_text(json.dumps(public_jwk(agent_key)))
+        self.harbour.set_routing(ROUTING)
+        self.token = self.harbour.add(AGENT, "agent", key=self.pub)
+        self.token_file = root / "agent.token"
+        self.token_file.write_text(self.token + "\n")
+        self.bob = self.joined.bob
+
+    def mcp_args(self, *extra: str) -> list[str]:
+        return ["mcp", "--harbour", self.server.url, "--token-file", str(self.token_file),
+                "--key", str(self.key), "--pilot-id", "p1", "--target", "bank", *extra]
+
+    def stdio(self) -> Client:
+        """An SDK client that starts `marque mcp` on stdio."""
+        return Client(StdioServerParameters(command=str(MARQUE), args=self.mcp_args(),
+                                            env=cli_env()), read_timeout_seconds=60)
+
+    def human(self, token: str, *args: Any) -> Any:
+        env = cli_env({"MARQUE_HARBOUR": self.server.url, "MARQUE_TOKEN": token})
+        return run_cli(*args, env=env)
+
+    def stop(self) -> None:
+        self.joined.stop()
+
+
+class HttpMcp:
+    """`marque mcp --http 127.0.0.1:0` as a process; its URL from its ready line."""
+
+    def __init__(self, world: AgentWorld) -> None:
+        self.proc = subprocess.Popen(
+            [str(MARQUE), *world.mcp_args("--http", "127.0.0.1:0", "--json")],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            text=True, env=cli_env())
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "marque mcp --http printed no ready line"
+        self.ready = json.loads(line)
+        self.url: str = self.ready["url"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentWorld]:
+    running = AgentWorld(tmp_path_factory.mktemp("agents"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def http_mcp(world: AgentWorld) -> Iterator[HttpMcp]:
+    running = HttpMcp(world)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def session(client: Client, body: Callable[[Client], Awaitable[Any]]) -> Any:
+    """Run ``body(client)`` inside one connected MCP session; its result."""
+    async def go() -> Any:
+        async with client as connected:
+            return await body(connected)
+
+    return anyio.run(go)
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
+    """Call a tool: (is_error, its structured answer), checked against its JSON text."""
+    result = await client.call_tool(tool, arguments)
+    body = result.structured_content
+    assert isinstance(body, dict), result
+    assert json.loads(result.content[0].text) == body  # type: ignore[union-attr]
+    return result.is_error, body
+
+
+def test_tools_are_listed_with_schemas(world: AgentWorld) -> None:
+    async def body(client: Client) -> Any:
+        return (await client.list_tools()).tools
+
+    tools = {tool.name: tool for tool in session(world.stdio(), body)}
+    assert set(tools) == {"query", "request_change", "get_request", "wait_for_decision",
+                          "execute", "list_requests"}
+    for tool in tools.values():
+        assert tool.description and tool.input_schema["type"] == "object"
+    assert tools["request_change"].input_schema["required"] == ["request_id", "reason",
+                                                                "max_rows"]
+
+
+def test_agent_reads_over_stdio(world: AgentWorld) -> None:
+    async def body(client: Client) -> Any:
+        return await call(client, "query", sql=READ, request_id="read-1")
+
+    failed, answer = session(world.stdio(), body)
+    assert not failed, answer
+    assert answer["status"] == "applied"
+    assert answer["columns"] == ["balance"] and answer["rows"] == [[100]]
+    shown = world.human(world.bob, "requests", "show", answer["id"], "--json")
+    assert shown.json["principal"] == AGENT
+    assert shown.json["change"]["access"] == "read_only"
+
+
+def test_write_waits_for_a_human_then_runs_once_over_http(world: AgentWorld,
+                                                         http_mcp: HttpMcp) -> None:
+    before = world.joined.bank.balances()
+
+    async def ask(client: Client) -> Any:
+        asked = await call(client, "request_change", request_id="debit-1",
+                           reason="refund correction", statements=[{"sql": DEBIT}],
+                           max_rows=1)
+        waited = await call(client, "wait_for_decision", id=asked[1]["id"], timeout_seconds=1)
+        return asked, waited
+
+    (failed, asked), (_, waited) = session(Client(http_mcp.url), ask)
+    assert not failed, asked
+    assert asked["state"] == "awaiting_approval"
+    assert asked["routing"]["outcome"] == "delegate" and asked["routing"]["approvals"] == 1
+    assert asked["preview"]["total_rows"] == 1
+    images = asked["preview"]["statements"][0]["row_images"]
+    assert images["rows"][0]["before"]["balance"] == 100
+    assert images["rows"][0]["after"]["balance"] == 90
+    assert "wait_for_decision" in asked["next_step"]
+    assert waited["decided"] is False and waited["state"] == "awaiting_approval"
+    assert world.joined.bank.balances() == before  # nothing ran yet
+
+    approved = world.human(world.bob, "approve", asked["id"], "--reason", "ok", "--json")
+    assert approved.returncode == 0, approved
+    rq = asked["id"]
+
+    async def run(client: Client) -> Any:
+        decided = await call(client, "wait_for_decision", id=rq, timeout_seconds=10)
+        first = await call(client, "execute", id=rq)
+        again = await call(client, "execute", id=rq)
+        return decided, first, again
+
+    (_, decided), (f1, first), (f2, again) = session(Client(http_mcp.url), run)
+    assert decided["decided"] is True and decided["state"] == "prepared"
+    assert decided["resolutions"][0]["approver"] == "bob"
+    assert not f1 and first["outcome"]["status"] == "applied", first
+    assert first["outcome"]["replayed"] is False
+    assert not f2 and again["outcome"]["status"] == "applied"
+    assert again["outcome"]["replayed"] is True and again["nonce"] == first["nonce"]
+    assert world.joined.bank.balances()[1] == before[1] - 10  # changed once
+    # Another server process (stdio) derives the same nonce: still answered, not run again.
+    async def retry(client: Client) -> Any:
+        return await call(client, "execute", id=rq)
+
+    _, later = session(world.stdio(), retry)
+    assert later["nonce"] == first["nonce"] and later["outcome"]["replayed"] is True
+    assert world.joined.bank.balances()[1] == before[1] - 10
+    # The logbook names the agent as who asked, and the human as who approved.
+    entries = world.server.call("GET", f"/v1/requests/{rq}/logbook", world.bob).json()["entries"]
+    actors = {e["kind"]: e["actor"] for e in entries}
+    assert actors["request.preparing"] == AGENT and actors["checkpoint.sealed"] == AGENT
+    assert actors["resolution.approve"] == "bob" and actors["execution.applied"] == "p1"
+
+
+
+def test_agent_cannot_approve_its_own_change_any_way(world: AgentWorld) -> None:
+    async def ask(client: Client) -> Any:
+        return await call(client, "request_change", request_id="self-approve",
+                          reason="try to approve it myself", statements=[{"sql": DEBIT}],
+                          max_rows=1)
+
+    _, asked = session(world.stdio(), ask)
+    rq = asked["id"]
+    assert asked["state"] == "awaiting_approval"
+    # The HTTP API with its token.
+    for action in ("approve", "reject", "expire"):
+        answer = world.server.call("POST", f"/v1/requests/{rq}/{action}", world.token,
+                                   json={"reason": "mine"})
+        assert answer.status_code == 403 and answer.json()["code"] == "forbidden", answer.text
+    # The CLI with its token.
+    cli = world.human(world.token, "approve", rq, "--reason", "mine", "--json")
+    assert cli.returncode == 2 and cli.json["error"]["code"] == "forbidden", cli
+    # Managing Pilots or reading the logbook is refused too.
+    assert world.server.call("GET", "/v1/logbook", world.token).status_code == 403
+    # The console: the agent's token never becomes a session.
+    with httpx.Client(base_url=world.server.url, timeout=TIMEOUT) as browser:
+        form = browser.get("/login")
+        match = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert match, form.text
+        signed = browser.post("/login", data={"token": world.token, "csrf": match.group(1)})
+        assert signed.status_code == 403 and "forbidden" in signed.text
+        assert "marque_session" not in "".join(signed.headers.get_list("set-cookie"))
+    shown = world.human(world.bob, "requests", "show", rq, "--json")
+    assert shown.json["state"] == "awaiting_approval" and shown.json["resolutions"] == []
+
+
+def test_over_the_routing_budget_is_denied(world: AgentWorld) -> None:
+    async def ask(client: Client) -> Any:
+        return await call(client, "request_change", request_id="too-big",
+                          reason="a wide change", statements=[{"sql": DEBIT}], max_rows=50)
+
+    failed, answer = session(world.stdio(), ask)
+    assert failed
+    error = answer["error"]
+    assert error["code"] == "account_denied"
+    assert "over the routing cap of 5" in error["message"]
+    assert error["next_step"] and error["detail"]["request_id"] == "too-big"
+    shown = world.human(world.bob, "requests", "show", error["detail"]["id"], "--json")
+    assert shown.json["state"] == "failed"
+
+
+def test_errors_are_tool_errors_with_code_and_next_step(world: AgentWorld) -> None:
+    async def body(client: Client) -> Any:
+        missing = await call(client, "get_request", id="rq_nothing")
+        bad = await call(client, "execute", id="read-1", attempt=0)
+        listed = await call(client, "list_requests")
+        return missing, bad, listed
+
+    (m_err, missing), (b_err, bad), (_, listed) = session(world.stdio(), body)
+    assert m_err and missing["error"]["code"] == "not_found"
+    assert "list_requests" in missing["error"]["next_step"]
+    assert b_err and bad["error"]["code"] == "input_invalid"
+    assert all(r["request_id"] for r in listed["requests"])
+
+
+def test_it_will_not_start_as_a_human(world: AgentWorld) -> None:
+    args = world.mcp_args()
+    at = args.index("--token-file")
+    args[at:at + 2] = ["--token", world.bob]
+    refused = run_cli(*args, "--json", env=cli_env())
+    assert refused.returncode == 2
+    assert refused.json["error"]["code"] == "unauthenticated"
+    assert "agent" in refused.json["error"]["message"]
