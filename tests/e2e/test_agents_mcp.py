@@ -31,7 +31,11 @@ from harbour_support import (
     READ,
     TIMEOUT,
     JoinedBank,
+    TOPUP_DECLARATION,
     cli_env,
+    cli_json,
+    effect_body,
+    request_body,
     routing_toml,
 )
 from mcp import Client, StdioServerParameters
@@ -62,7 +66,11 @@ class AgentWorld:
         write_private(self.key, agent_key)
         self.pub.write_text(json.dumps(public_jwk(agent_key)))
         self.harbour.set_routing(ROUTING)
-        self.token = self.harbour.add(AGENT, "agent", key=self.pub)
+        # The command an operator runs (its refusals: test_agent_principals_are_added_alone).
+        added = cli_json("harbour", "principal", "add", "--home", self.harbour.home, AGENT,
+                         "--role", "agent", "--key", self.pub)
+        assert added["roles"] == ["agent"] and added["key_thumbprint"]
+        self.token: str = added["token"]
         self.token_file = root / "agent.token"
         self.token_file.write_text(self.token + "\n")
         self.bob = self.joined.bob
@@ -291,3 +299,68 @@ def test_it_will_not_start_as_a_human(world: AgentWorld) -> None:
     assert refused.returncode == 2
     assert refused.json["error"]["code"] == "unauthenticated"
     assert "agent" in refused.json["error"]["message"]
+
+
+def test_agent_principals_are_added_alone_and_with_a_key(world: AgentWorld) -> None:
+    home = world.harbour.home
+    keyless = run_cli("harbour", "principal", "add", "--home", home, "agent-2", "--role",
+                      "agent", "--json")
+    assert keyless.returncode == 2 and "needs --key" in keyless.json["error"]["message"]
+    both = run_cli("harbour", "principal", "add", "--home", home, "agent-3", "--role", "agent",
+                   "--role", "approver", "--key", world.pub, "--json")
+    assert both.returncode == 2 and "cannot be combined" in both.json["error"]["message"]
+    listed = cli_json("harbour", "principal", "list", "--home", home)
+    names = {p["name"]: p["roles"] for p in listed["principals"]}
+    assert names[AGENT] == ["agent"] and "agent-2" not in names and "agent-3" not in names
+
+
+def test_a_query_is_a_read_or_it_does_not_run(world: AgentWorld) -> None:
+    before = world.joined.bank.balances()
+
+    async def body(client: Client) -> Any:
+        wide = await call(client, "query", sql="SELECT id, balance FROM accounts", max_rows=2)
+        write = await call(client, "query", sql=DEBIT, request_id="query-write", max_rows=1)
+        return wide, write
+
+    (w_err, wide), (_, write) = session(world.stdio(), body)
+    # Three rows under a budget of two: refused whole, never cut to two.
+    assert not w_err and wide["status"] == "aborted_not_applied"
+    assert wide["error"]["code"] == "max_rows_exceeded" and wide["rows"] is None
+    # A write sent as a query is routed as the write it is: nothing ran, a human decides.
+    assert write["state"] == "awaiting_approval" and write["rows"] is None
+    assert "did not allow this as a read" in write["next_step"]
+    assert world.joined.bank.balances() == before
+
+
+def test_an_agent_sees_only_its_own_requests(world: AgentWorld) -> None:
+    alices = world.server.call("POST", "/v1/requests", world.joined.alice,
+                               json=request_body(READ, request_id="alice-read"))
+    assert alices.status_code == 201, alices.text
+    rq = alices.json()["id"]
+
+    async def body(client: Client) -> Any:
+        by_id = await call(client, "get_request", id=rq)
+        by_her_id = await call(client, "get_request", id="alice-read")
+        listed = await call(client, "list_requests", limit=100)
+        return by_id, by_her_id, listed
+
+    (e1, by_id), (e2, by_her_id), (_, listed) = session(world.stdio(), body)
+    assert e1 and by_id["error"]["code"] == "not_found"
+    assert e2 and by_her_id["error"]["code"] == "not_found"
+    assert rq not in {r["id"] for r in listed["requests"]}
+    assert world.server.call("GET", f"/v1/requests/{rq}/marque", world.token).status_code == 404
+
+
+def test_an_effect_set_waits_for_its_approver_too(world: AgentWorld) -> None:
+    sent = effect_body([{"id": 1, "balance": 150}], request_id="topup-1", max_rows=3)
+
+    async def body(client: Client) -> Any:
+        return await call(client, "request_change", request_id="topup-1",
+                          reason="top up account 1", max_rows=3,
+                          effect_set=sent["change"]["effect_set"])
+
+    failed, answer = session(world.stdio(), body)
+    assert not failed, answer
+    assert answer["state"] == "awaiting_approval"
+    assert answer["preview"]["effect_preview_cid"].startswith("sha256:")
+    assert TOPUP_DECLARATION["members"][0]["effect_id"] == "topup"
