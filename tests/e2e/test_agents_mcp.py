@@ -30,8 +30,8 @@ from harbour_support import (
     MARQUE,
     READ,
     TIMEOUT,
-    JoinedBank,
     TOPUP_DECLARATION,
+    JoinedBank,
     cli_env,
     cli_json,
     effect_body,
@@ -74,6 +74,7 @@ class AgentWorld:
         self.token_file = root / "agent.token"
         self.token_file.write_text(self.token + "\n")
         self.bob = self.joined.bob
+        self.http = HttpMcp(self)
 
     def mcp_args(self, *extra: str) -> list[str]:
         return ["mcp", "--harbour", self.server.url, "--token-file", str(self.token_file),
@@ -88,7 +89,12 @@ class AgentWorld:
         env = cli_env({"MARQUE_HARBOUR": self.server.url, "MARQUE_TOKEN": token})
         return run_cli(*args, env=env)
 
+    def client(self) -> Client:
+        """An SDK client of the module's `marque mcp --http` (cheaper than a process each)."""
+        return Client(self.http.url, read_timeout_seconds=60)
+
     def stop(self) -> None:
+        self.http.stop()
         self.joined.stop()
 
 
@@ -116,15 +122,6 @@ class HttpMcp:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentWorld]:
     running = AgentWorld(tmp_path_factory.mktemp("agents"))
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-@pytest.fixture(scope="module")
-def http_mcp(world: AgentWorld) -> Iterator[HttpMcp]:
-    running = HttpMcp(world)
     try:
         yield running
     finally:
@@ -175,8 +172,7 @@ def test_agent_reads_over_stdio(world: AgentWorld) -> None:
     assert shown.json["change"]["access"] == "read_only"
 
 
-def test_write_waits_for_a_human_then_runs_once_over_http(world: AgentWorld,
-                                                         http_mcp: HttpMcp) -> None:
+def test_write_waits_for_a_human_then_runs_once_over_http(world: AgentWorld) -> None:
     before = world.joined.bank.balances()
 
     async def ask(client: Client) -> Any:
@@ -186,7 +182,7 @@ def test_write_waits_for_a_human_then_runs_once_over_http(world: AgentWorld,
         waited = await call(client, "wait_for_decision", id=asked[1]["id"], timeout_seconds=1)
         return asked, waited
 
-    (failed, asked), (_, waited) = session(Client(http_mcp.url), ask)
+    (failed, asked), (_, waited) = session(world.client(), ask)
     assert not failed, asked
     assert asked["state"] == "awaiting_approval"
     assert asked["routing"]["outcome"] == "delegate" and asked["routing"]["approvals"] == 1
@@ -208,7 +204,7 @@ def test_write_waits_for_a_human_then_runs_once_over_http(world: AgentWorld,
         again = await call(client, "execute", id=rq)
         return decided, first, again
 
-    (_, decided), (f1, first), (f2, again) = session(Client(http_mcp.url), run)
+    (_, decided), (f1, first), (f2, again) = session(world.client(), run)
     assert decided["decided"] is True and decided["state"] == "prepared"
     assert decided["resolutions"][0]["approver"] == "bob"
     assert not f1 and first["outcome"]["status"] == "applied", first
@@ -237,7 +233,7 @@ def test_agent_cannot_approve_its_own_change_any_way(world: AgentWorld) -> None:
                           reason="try to approve it myself", statements=[{"sql": DEBIT}],
                           max_rows=1)
 
-    _, asked = session(world.stdio(), ask)
+    _, asked = session(world.client(), ask)
     rq = asked["id"]
     assert asked["state"] == "awaiting_approval"
     # The HTTP API with its token.
@@ -267,7 +263,7 @@ def test_over_the_routing_budget_is_denied(world: AgentWorld) -> None:
         return await call(client, "request_change", request_id="too-big",
                           reason="a wide change", statements=[{"sql": DEBIT}], max_rows=50)
 
-    failed, answer = session(world.stdio(), ask)
+    failed, answer = session(world.client(), ask)
     assert failed
     error = answer["error"]
     assert error["code"] == "account_denied"
@@ -284,7 +280,7 @@ def test_errors_are_tool_errors_with_code_and_next_step(world: AgentWorld) -> No
         listed = await call(client, "list_requests")
         return missing, bad, listed
 
-    (m_err, missing), (b_err, bad), (_, listed) = session(world.stdio(), body)
+    (m_err, missing), (b_err, bad), (_, listed) = session(world.client(), body)
     assert m_err and missing["error"]["code"] == "not_found"
     assert "list_requests" in missing["error"]["next_step"]
     assert b_err and bad["error"]["code"] == "input_invalid"
@@ -322,7 +318,7 @@ def test_a_query_is_a_read_or_it_does_not_run(world: AgentWorld) -> None:
         write = await call(client, "query", sql=DEBIT, request_id="query-write", max_rows=1)
         return wide, write
 
-    (w_err, wide), (_, write) = session(world.stdio(), body)
+    (w_err, wide), (_, write) = session(world.client(), body)
     # Three rows under a budget of two: refused whole, never cut to two.
     assert not w_err and wide["status"] == "aborted_not_applied"
     assert wide["error"]["code"] == "max_rows_exceeded" and wide["rows"] is None
@@ -344,7 +340,7 @@ def test_an_agent_sees_only_its_own_requests(world: AgentWorld) -> None:
         listed = await call(client, "list_requests", limit=100)
         return by_id, by_her_id, listed
 
-    (e1, by_id), (e2, by_her_id), (_, listed) = session(world.stdio(), body)
+    (e1, by_id), (e2, by_her_id), (_, listed) = session(world.client(), body)
     assert e1 and by_id["error"]["code"] == "not_found"
     assert e2 and by_her_id["error"]["code"] == "not_found"
     assert rq not in {r["id"] for r in listed["requests"]}
@@ -359,7 +355,7 @@ def test_an_effect_set_waits_for_its_approver_too(world: AgentWorld) -> None:
                           reason="top up account 1", max_rows=3,
                           effect_set=sent["change"]["effect_set"])
 
-    failed, answer = session(world.stdio(), body)
+    failed, answer = session(world.client(), body)
     assert not failed, answer
     assert answer["state"] == "awaiting_approval"
     assert answer["preview"]["effect_preview_cid"].startswith("sha256:")
