@@ -36,17 +36,25 @@ from harbour_support import (
     cli_json,
     effect_body,
     request_body,
-    routing_toml,
 )
 from mcp import Client, StdioServerParameters
 
 AGENT = "claude"
-#: Reads allowed; writes, DDL and anything else delegated to one approver, at most 5 rows.
-ROUTING = routing_toml(
-    {"operation": ["read"], "outcome": "allow", "max_rows": 1000},
-    {"operation": ["write", "ddl", "other"], "outcome": "delegate", "approvals": 1,
-     "max_rows": 5},
-)
+AGENTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
+
+
+def doc_block(marker: str) -> str:
+    """The fenced block right after ``<!-- marker -->`` in docs/agents.md."""
+    text = AGENTS_DOC.read_text()
+    found = re.search(r"<!-- " + re.escape(marker) + r" -->\n```\w*\n(.*?)\n```", text,
+                      re.DOTALL)
+    assert found, f"docs/agents.md has no block marked {marker!r}"
+    return found.group(1)
+
+
+#: The routing docs/agents.md shows: reads allowed (at most 1000 rows); writes, DDL and
+#: anything else delegated to one approver, the agent's at most 5 rows and one execution.
+ROUTING = doc_block("agent routing")
 
 
 class AgentWorld:
@@ -360,3 +368,60 @@ def test_an_effect_set_waits_for_its_approver_too(world: AgentWorld) -> None:
     assert answer["state"] == "awaiting_approval"
     assert answer["preview"]["effect_preview_cid"].startswith("sha256:")
     assert TOPUP_DECLARATION["members"][0]["effect_id"] == "topup"
+
+
+def matches(shown: Any, real: Any) -> bool:
+    """Whether ``real`` has everything ``shown`` shows: objects by their shown keys, lists
+    item by item, and a string with "…" as a pattern ("…" matching any text)."""
+    if isinstance(shown, dict):
+        return isinstance(real, dict) and all(
+            key in real and matches(value, real[key]) for key, value in shown.items())
+    if isinstance(shown, list):
+        return isinstance(real, list) and len(real) >= len(shown) and all(
+            matches(a, b) for a, b in zip(shown, real, strict=False))
+    if isinstance(shown, str) and "…" in shown:
+        pattern = ".*".join(re.escape(part) for part in shown.split("…"))
+        return isinstance(real, str) and re.fullmatch(pattern, real, re.DOTALL) is not None
+    return bool(shown == real)
+
+
+def test_the_documented_transcript_holds(world: AgentWorld) -> None:
+    steps = json.loads(doc_block("transcript"))
+    async def play(client: Client, todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        answers = []
+        for step in todo:
+            failed, answer = await call(client, step["call"], **step["arguments"])
+            assert not failed, (step, answer)
+            answers.append(answer)
+        return answers
+
+    before = world.joined.bank.balances()
+    human = next(i for i, step in enumerate(steps) if "human" in step)
+    first = session(world.client(), lambda c: play(c, steps[:human]))
+    asked = next(a for s, a in zip(steps, first, strict=False) if s["call"] == "request_change")
+    command = steps[human]["human"].replace("rq_…", asked["id"])
+    argv = [part.strip("'") for part in re.findall(r"'[^']*'|\S+", command)]
+    assert argv[0] == "marque"
+    approved = world.human(world.bob, *argv[1:], "--json")
+    assert approved.returncode == 0, approved
+    rest = session(world.stdio(), lambda c: play(c, steps[human + 1:]))
+    for step, answer in zip([s for s in steps if "call" in s], [*first, *rest], strict=True):
+        assert matches(step["answer"], answer), (step, answer)
+    assert world.joined.bank.balances()[3] == before[3] - 25  # once, despite two executes
+
+
+def test_the_documented_client_config_starts_the_server(world: AgentWorld) -> None:
+    server = json.loads(doc_block("mcp config"))["mcpServers"]["marque"]
+    assert server["command"] == "marque"
+    args = [{"https://harbour.example": world.server.url,
+             "/home/agent/.config/marque/claude.token": str(world.token_file),
+             "/home/agent/.config/marque/claude.jwk": str(world.key)}.get(arg, arg)
+            for arg in server["args"]]
+    client = Client(StdioServerParameters(command=str(MARQUE), args=args, env=cli_env()),
+                    read_timeout_seconds=60)
+
+    async def body(connected: Client) -> Any:
+        return await call(connected, "list_requests", limit=1)
+
+    failed, listed = session(client, body)
+    assert not failed and "requests" in listed
