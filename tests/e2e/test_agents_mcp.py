@@ -169,12 +169,16 @@ def test_tools_are_listed_with_schemas(world: AgentWorld) -> None:
 
 def test_agent_reads_over_stdio(world: AgentWorld) -> None:
     async def body(client: Client) -> Any:
-        return await call(client, "query", sql=READ, request_id="read-1")
+        first = await call(client, "query", sql=READ, request_id="read-1")
+        return first, await call(client, "query", sql=READ, request_id="read-1")
 
-    failed, answer = session(world.stdio(), body)
+    (failed, answer), (_, again) = session(world.stdio(), body)
     assert not failed, answer
     assert answer["status"] == "applied"
     assert answer["columns"] == ["balance"] and answer["rows"] == [[100]]
+    # The same request id is the same read: its one nonce, answered from the ledger.
+    assert again["id"] == answer["id"] and again["rows"] == [[100]]
+    assert answer["replayed"] is False and again["replayed"] is True
     shown = world.human(world.bob, "requests", "show", answer["id"], "--json")
     assert shown.json["principal"] == AGENT
     assert shown.json["change"]["access"] == "read_only"
@@ -264,6 +268,16 @@ def test_agent_cannot_approve_its_own_change_any_way(world: AgentWorld) -> None:
         assert "marque_session" not in "".join(signed.headers.get_list("set-cookie"))
     shown = world.human(world.bob, "requests", "show", rq, "--json")
     assert shown.json["state"] == "awaiting_approval" and shown.json["resolutions"] == []
+    # The human who decides sees that an AI agent asked.
+    with httpx.Client(base_url=world.server.url, timeout=TIMEOUT) as browser:
+        form = browser.get("/login")
+        match = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert match, form.text
+        assert browser.post("/login", data={"token": world.bob, "csrf": match.group(1)}
+                            ).status_code == 303
+        page = browser.get(f"/requests/{rq}")
+        assert page.status_code == 200
+        assert re.search(r'data-testid="requester">claude <span[^>]*requester-agent', page.text)
 
 
 def test_over_the_routing_budget_is_denied(world: AgentWorld) -> None:
@@ -425,3 +439,13 @@ def test_the_documented_client_config_starts_the_server(world: AgentWorld) -> No
 
     failed, listed = session(client, body)
     assert not failed and "requests" in listed
+
+
+def test_the_http_endpoint_refuses_another_host(world: AgentWorld) -> None:
+    """A page on another site that makes the browser post to the loopback endpoint (DNS
+    rebinding) is refused: the endpoint acts as the agent for whoever reaches it."""
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    answer = httpx.post(world.http.url, json=hello, timeout=TIMEOUT,
+                        headers={"Host": "evil.example", "Accept": "application/json, "
+                                 "text/event-stream"})
+    assert answer.status_code in (403, 421), answer.text

@@ -31,7 +31,7 @@ from marque.agents.schemas import (
     WAIT_SECONDS_DEFAULT,
     check_arguments,
 )
-from marque.errors import InvalidInput, MarqueError, NotFound, Unauthenticated
+from marque.errors import Conflict, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.client import HarbourClient
 from marque.harbour.identity import new_request_id
 
@@ -133,7 +133,8 @@ class AgentTools:
                           ttl_seconds=QUERY_TTL_SECONDS, reason=QUERY_REASON)
         request = self._submit(body, request_id)
         access = (request.get("change") or {}).get("access")
-        if request.get("state") != "prepared" or access != "read_only":
+        # A repeated query (the same request_id) runs its one nonce again: answered, not rerun.
+        if request.get("marque") is None or access != "read_only":
             return request_answer(request, rows=None, next_step=(
                 "The routing did not allow this as a read at once "
                 f"(state {request.get('state')}): " + request_answer(request)["next_step"]))
@@ -141,7 +142,8 @@ class AgentTools:
         outcome = ran["outcome"]
         result = outcome.get("result") or {}
         return {"id": request["id"], "request_id": request["request_id"],
-                "status": outcome["status"], "columns": result.get("columns"),
+                "status": outcome["status"], "replayed": outcome.get("replayed"),
+                "columns": result.get("columns"),
                 "rows": result.get("rows"), "row_count": outcome.get("rows_affected"),
                 "error": outcome.get("error"), "next_step": ran["next_step"]}
 
@@ -224,7 +226,7 @@ class AgentTools:
 
         rq = request["id"]
         if request.get("marque") is None:
-            raise NotFound(f"request {rq} is {request.get('state')}: it has no marque to "
+            raise Conflict(f"request {rq} is {request.get('state')}: it has no marque to "
                            "execute. " + request_answer(request)["next_step"],
                            detail={"id": rq, "state": request.get("state")})
         found = self.harbour.marque_for(rq)

@@ -400,6 +400,14 @@ def _compensates(hm: Harbourmaster, principal: Principal, original: str | None
     return {"id": found["id"], "state": found["state"], "principal": found["principal"]}
 
 
+def _is_agent(hm: Harbourmaster, name: str) -> bool:
+    """Whether the requester is an AI agent (role ``agent``): its approver is told so."""
+    try:
+        return hm.store.get_principal(name).has(Role.AGENT)
+    except NotFound:
+        return False
+
+
 def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
                  timelines: bool = True) -> dict[str, Any]:
     """Everything the request page shows, for this viewer (``NotFound`` if they may not see it)."""
@@ -410,6 +418,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
     entries, entries_more = console_logbook.request_entries(hm, principal, request["id"])
     return {
         "compensates": _compensates(hm, principal, request.get("rolls_back")),
+        "requester_is_agent": _is_agent(hm, request["principal"]),
         "request": request, "tone": tone_of(request["state"]),
         "statements": _statements(request.get("change") or {}),
         "change_extra": {k: v for k, v in (request.get("change") or {}).items()
