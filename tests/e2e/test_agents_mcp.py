@@ -256,8 +256,16 @@ def test_agent_cannot_approve_its_own_change_any_way(world: AgentWorld) -> None:
     # The CLI with its token.
     cli = world.human(world.token, "approve", rq, "--reason", "mine", "--json")
     assert cli.returncode == 2 and cli.json["error"]["code"] == "forbidden", cli
-    # Managing Pilots or reading the logbook is refused too.
-    assert world.server.call("GET", "/v1/logbook", world.token).status_code == 403
+    # So is whatever could stand in for an approval: a Pilot of its own, a forged report,
+    # or reading what only auditors read.
+    for method, path, sent in (
+            ("POST", "/v1/pilots", {"pilot_id": AGENT, "url": "http://127.0.0.1:9",
+                                    "incarnation": "x", "targets": {}}),
+            ("POST", "/v1/reports", {"pilot_id": "p1", "reports": []}),
+            ("GET", "/v1/logbook", None), ("GET", "/v1/pilots", None),
+            ("GET", "/metrics", None)):
+        answer = world.server.call(method, path, world.token, json=sent)
+        assert answer.status_code == 403, (path, answer.text)
     # The console: the agent's token never becomes a session.
     with httpx.Client(base_url=world.server.url, timeout=TIMEOUT) as browser:
         form = browser.get("/login")
@@ -266,6 +274,10 @@ def test_agent_cannot_approve_its_own_change_any_way(world: AgentWorld) -> None:
         signed = browser.post("/login", data={"token": world.token, "csrf": match.group(1)})
         assert signed.status_code == 403 and "forbidden" in signed.text
         assert "marque_session" not in "".join(signed.headers.get_list("set-cookie"))
+        # The console's approve form without a session (its token as a bearer): to login.
+        forged = browser.post(f"/requests/{rq}/approve", data={"reason": "mine"},
+                              headers={"Authorization": f"Bearer {world.token}"})
+        assert forged.status_code == 303 and "/login" in forged.headers["location"]
     shown = world.human(world.bob, "requests", "show", rq, "--json")
     assert shown.json["state"] == "awaiting_approval" and shown.json["resolutions"] == []
     # The human who decides sees that an AI agent asked.
