@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -40,6 +41,8 @@ from harbour_support import (
 from mcp import Client, StdioServerParameters
 
 AGENT = "claude"
+#: Seconds `marque mcp --http` may take to listen (a loaded machine imports slowly).
+START_SECONDS = 60
 AGENTS_DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
 
@@ -110,13 +113,20 @@ class HttpMcp:
     """`marque mcp --http 127.0.0.1:0` as a process; its URL from its ready line."""
 
     def __init__(self, world: AgentWorld) -> None:
-        self.proc = subprocess.Popen(
-            [str(MARQUE), *world.mcp_args("--http", "127.0.0.1:0", "--json")],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            text=True, env=cli_env())
+        # Its stderr goes to a file (a pipe nobody reads could fill and stop it).
+        self.log = world.key.parent / "mcp-http.log"
+        with self.log.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [str(MARQUE), *world.mcp_args("--http", "127.0.0.1:0", "--json")],
+                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                text=True, env=cli_env())
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, "marque mcp --http printed no ready line"
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_SECONDS)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.proc.kill()
+            raise AssertionError(f"marque mcp --http printed no ready line within "
+                                 f"{START_SECONDS} s: {self.log.read_text()[-2000:]}")
         self.ready = json.loads(line)
         self.url: str = self.ready["url"]
 
