@@ -1,15 +1,18 @@
 """`marque mcp` driven by the MCP SDK's own client, over stdio and streamable HTTP, through a
 real `harbour serve` and a real, joined `pilot serve` (docs/agents.md).
 
-One world for the module: a Harbourmaster whose routing allows reads, delegates writes to one
-approver and caps a write's budget at 5 rows; a Pilot serving the SQLite bank; the agent
-`claude` (role agent, its own key), a human approver `bob`. Each test asks under request ids
-of its own. Covered: an agent's read; a write that waits for a human, approved with `marque
-approve`, executed by the agent, and a retried `execute` answered from the ledger (the rows
-changed once); every way the agent might approve — the HTTP API, the CLI and the console
-with its token — refused by the Harbourmaster; a request over the routing's budget cap
-denied; errors as tool errors with their code and next step; a server that will not start as
-a human.
+One world for the module: a Harbourmaster with docs/agents.md's routing (reads allowed;
+changes delegated to one approver, the agent's capped at 5 rows and one execution); a Pilot
+serving the SQLite bank; the agent `claude` (role agent, its own key), added with `marque
+harbour principal add`; a human approver `bob`; one `marque mcp --http` most tests share.
+Each test asks under request ids of its own. Covered: an agent's read (over stdio) and a
+repeated one; a write that waits for a human, approved with `marque approve`, executed by
+the agent, and a retried `execute` — in the same server and another — answered from the
+ledger (the rows changed once); an ended request's `execute` answered from its reports;
+every way the agent might approve — the HTTP API, the CLI, the console with its token —
+refused by the Harbourmaster; a request over the routing's budget cap denied; errors as
+tool errors with their code and next step; a server that will not start as a human; the
+documented client config and transcript.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import select
+import sqlite3
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -37,6 +41,7 @@ from harbour_support import (
     cli_json,
     effect_body,
     request_body,
+    wait_for_request,
 )
 from mcp import Client, StdioServerParameters
 
@@ -471,3 +476,43 @@ def test_the_http_endpoint_refuses_another_host(world: AgentWorld) -> None:
                         headers={"Host": "evil.example", "Accept": "application/json, "
                                  "text/event-stream"})
     assert answer.status_code in (403, 421), answer.text
+
+
+def test_an_ended_request_still_answers_execute_from_what_was_reported(
+        world: AgentWorld) -> None:
+    """A change that cannot apply (the row it inserts appeared after approval) runs out of
+    attempts and ends `failed`; `execute` then answers the outcome its Pilot reported for
+    that nonce — it never runs again — where the marque is no longer handed out."""
+    async def ask(client: Client) -> Any:
+        return await call(client, "request_change", request_id="insert-9",
+                          reason="open account 9", max_rows=1,
+                          statements=[{"sql": "INSERT INTO accounts VALUES (9, 1)"}])
+
+    _, asked = session(world.client(), ask)
+    rq = asked["id"]
+    assert world.human(world.bob, "approve", rq, "--json").returncode == 0
+    conn = sqlite3.connect(world.joined.bank.bank)
+    with conn:
+        conn.execute("INSERT INTO accounts VALUES (9, 500)")
+    conn.close()
+
+    async def run(client: Client) -> Any:
+        return [await call(client, "execute", id=rq) for _ in range(3)]
+
+    tries = session(world.client(), run)
+    assert [t[1]["outcome"]["status"] for t in tries] == ["aborted_not_applied"] * 3
+    assert [t[1]["outcome"]["attempt"] for t in tries] == [1, 2, 3]
+    ended = wait_for_request(world.server.call, rq, world.bob,
+                             lambda r: r["state"] == "failed", 60)
+    assert ended["state"] == "failed", ended
+
+    async def again(client: Client) -> Any:
+        return await call(client, "execute", id=rq)
+
+    failed, answer = session(world.client(), again)
+    assert not failed, answer
+    assert answer["reported"] is True and answer["nonce"] == tries[0][1]["nonce"]
+    assert answer["outcome"]["status"] == "aborted_not_applied"
+    assert answer["outcome"]["attempt"] == 3
+    assert answer["outcome"]["error"]["code"] == "statement_error"
+    assert world.joined.bank.balances()[9] == 500  # never inserted over

@@ -229,7 +229,15 @@ class AgentTools:
             raise Conflict(f"request {rq} is {request.get('state')}: it has no marque to "
                            "execute. " + request_answer(request)["next_step"],
                            detail={"id": rq, "state": request.get("state")})
-        found = self.harbour.marque_for(rq)
+        try:
+            found = self.harbour.marque_for(rq)
+        except Conflict:
+            # An ended request's marque is not handed out again; what its nonce did is
+            # still known, from the Pilot's reports the request holds.
+            recorded = _recorded(request, attempt)
+            if recorded is None:
+                raise
+            return recorded
         marque, pilot = found["marque"], found.get("pilot") or {}
         nonce = execution_nonce(rq, found["marque_id"], attempt)
         url = self.config.pilot_url or pilot.get("url")
@@ -247,6 +255,27 @@ class AgentTools:
         shown = outcome.to_dict()
         return {"id": rq, "attempt": attempt, "nonce": nonce, "outcome": shown,
                 "next_step": _EXECUTE_NEXT.get(shown["status"], "Call get_request.")}
+
+
+def _recorded(request: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+    """The outcome the Pilot reported for the agent's ``attempt`` at ``request`` (its
+    latest attempt under that nonce), or None when none was reported."""
+    marque_id = (request.get("marque") or {}).get("marque_id")
+    if not isinstance(marque_id, str):
+        return None
+    nonce = execution_nonce(request["id"], marque_id, attempt)
+    rows = [row for row in request.get("executions") or [] if row.get("nonce") == nonce]
+    if not rows:
+        return None
+    last = max(rows, key=lambda row: int(row.get("attempt") or 0))
+    outcome = {"marque_id": marque_id, "nonce": nonce, "status": last.get("status"),
+               "attempt": last.get("attempt"), "rows_affected": last.get("rows_affected"),
+               "replayed": True, "error": last.get("error")}
+    return {"id": request["id"], "attempt": attempt, "nonce": nonce, "outcome": outcome,
+            "reported": True, "next_step": (
+                f"Request {request['id']} is {request.get('state')}: this is the outcome its "
+                "Pilot reported for this attempt; it will not run again. "
+                + request_answer(request)["next_step"])}
 
 
 def _statement(given: dict[str, Any]) -> dict[str, Any]:
