@@ -84,7 +84,6 @@ class AgentTools:
         self.harbour = HarbourClient(config.harbour_url, config.token)
         self._sleep = sleep
         self._clock = clock
-        self.identity: dict[str, Any] = {}
 
     def close(self) -> None:
         """Release the Harbourmaster client."""
@@ -114,7 +113,6 @@ class AgentTools:
                 f"--key is not the key registered for agent {found.get('name')!r}: its "
                 "marques could not be executed with it",
                 detail={"key_thumbprint": mine, "registered": found.get("key_thumbprint")})
-        self.identity = found
         return found
 
     def call(self, name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
@@ -133,7 +131,8 @@ class AgentTools:
                           ttl_seconds=QUERY_TTL_SECONDS, reason=QUERY_REASON)
         request = self._submit(body, request_id)
         access = (request.get("change") or {}).get("access")
-        # A repeated query (the same request_id) runs its one nonce again: answered, not rerun.
+        # An allowed read holds its marque at once (a repeat of the same request_id too, whose
+        # one nonce is then answered from the ledger); anything else is not run here.
         if request.get("marque") is None or access != "read_only":
             return request_answer(request, rows=None, next_step=(
                 "The routing did not allow this as a read at once "
