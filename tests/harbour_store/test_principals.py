@@ -346,3 +346,18 @@ def test_migration_6_gives_ids_and_thumbprints_and_revokes_a_shared_key(
     assert (finding.subject, finding.body["holder"]) == ("twin", "alice")
     assert len({p.id for p in store.list_principals()}) == 4
     assert_chain_verifies(store)
+
+
+def test_an_agent_is_stored_as_a_role_of_its_own(store: HarbourStore) -> None:
+    """The role agent round-trips, and is refused beside any other role, when added and when
+    the roles are set (docs/agents.md)."""
+    agent, token = store.add_principal("claude", ["agent"], public_jwk=JWK, actor="root",
+                                       now=T0)
+    assert agent.roles == {Role.AGENT}
+    assert store.authenticate(token).has(Role.AGENT)
+    with pytest.raises(InvalidInput, match="cannot be combined"):
+        store.add_principal("claude-2", ["agent", "approver"], actor="root", now=T0)
+    with pytest.raises(InvalidInput, match="cannot be combined"):
+        store.set_roles("claude", ["agent", "admin"], actor="root", now=T0)
+    assert store.get_principal("claude").roles == {Role.AGENT}
+    assert [p.name for p in store.list_principals()] == ["claude"]

@@ -16,6 +16,7 @@ import sys
 import click
 
 from marque import __version__
+from marque.cli.agents import mcp_command
 from marque.cli.common import CommandExit, emit_json, printable
 from marque.cli.control import COMMANDS as CONTROL_COMMANDS
 from marque.cli.effects import effects
@@ -52,7 +53,7 @@ def demo(as_json: bool) -> None:
 
 
 for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, effects, ledger,
-                 logbook, *CONTROL_COMMANDS, undo, *LOGIN_COMMANDS):
+                 logbook, mcp_command, *CONTROL_COMMANDS, undo, *LOGIN_COMMANDS):
     app.add_command(_command)
 
 

@@ -14,7 +14,7 @@ harbour_home_option = click.option(
     help="The Harbourmaster's home directory (holds harbour.json, the issuer key and, "
          "by default, the store).")
 
-ROLES = ("requester", "approver", "auditor", "admin", "pilot")
+ROLES = ("requester", "approver", "auditor", "admin", "pilot", "agent")
 
 
 def _read_text(path: Path, what: str) -> str:

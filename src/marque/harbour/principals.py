@@ -38,6 +38,10 @@ class Role(enum.StrEnum):
     AUDITOR = "auditor"
     ADMIN = "admin"
     PILOT = "pilot"
+    #: An AI agent acting as a requester (docs/agents.md): it may request, read its own
+    #: requests and execute its own marques, and nothing else — never approve, reject,
+    #: expire, manage principals or routing, nor sign in to the console.
+    AGENT = "agent"
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,11 @@ def parse_roles(roles: Iterable[str | Role]) -> frozenset[Role]:
                                detail={"role": str(role)[:40]}) from None
     if not parsed:
         raise InvalidInput("a principal needs at least one role")
+    if Role.AGENT in parsed and len(parsed) > 1:
+        # An agent that could also approve could approve its own change: the role stands alone.
+        raise InvalidInput("the role agent cannot be combined with another role: an agent "
+                           "is a principal of its own (docs/agents.md)",
+                           detail={"roles": sorted(r.value for r in parsed)})
     return frozenset(parsed)
 
 

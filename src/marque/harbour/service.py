@@ -69,7 +69,14 @@ from marque.harbour.preparation import DEFAULT_RETRY, RetrySchedule, defer, retr
 from marque.harbour.principals import Principal, Role
 from marque.harbour.reports import ingest
 from marque.harbour.request_change import RequestChange, marque_change, stored_change
-from marque.harbour.routing import ALLOW, DELEGATE, Decision, approvals_with_caveats, parse_config
+from marque.harbour.routing import (
+    ALLOW,
+    DELEGATE,
+    Decision,
+    approvals_with_caveats,
+    parse_config,
+    within_caps,
+)
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget, sealed_diff_cid
 from marque.harbour.statement_requests import StatementRequest
@@ -102,8 +109,21 @@ MAX_SEQ = 2**63 - 1
 _READERS = (Role.APPROVER, Role.AUDITOR, Role.ADMIN)
 
 
+#: Who may ask for a change and see it through: a requester, or an agent (docs/agents.md).
+_ASKERS = (Role.REQUESTER, Role.AGENT)
+
+
 def _require(principal: Principal, *roles: Role) -> None:
-    """Refuse a principal holding none of ``roles`` (403, never 404: it is authenticated)."""
+    """Refuse a principal holding none of ``roles`` (403, never 404: it is authenticated).
+
+    An agent is refused everything not naming :data:`Role.AGENT` whatever else it holds,
+    so no role added beside it can ever let it approve, expire or administer."""
+    if principal.has(Role.AGENT) and Role.AGENT not in roles:
+        raise Forbidden(f"{principal.name} is an agent: agents may request, read their own "
+                        "requests and execute their own marques, and nothing else; a "
+                        "human with the role " + " or ".join(r.value for r in roles)
+                        + " does this", detail={"principal": principal.name,
+                                                "roles": sorted(r.value for r in roles)})
     if not any(principal.has(role) for role in roles):
         raise Forbidden(f"{principal.name} may not do this: it needs the role "
                         f"{' or '.join(r.value for r in roles)}",
@@ -180,7 +200,8 @@ class Harbourmaster:
     def _visible(self, principal: Principal, request: Request) -> bool:
         if any(principal.has(role) for role in _READERS):
             return True
-        return principal.has(Role.REQUESTER) and request.principal == principal.name
+        return any(principal.has(role) for role in _ASKERS) \
+            and request.principal == principal.name
 
     def _find(self, principal: Principal, id_or_request_id: str) -> Request:
         """A request the caller may see, by ``rq_`` id or by the caller's own request id.
@@ -218,13 +239,13 @@ class Harbourmaster:
 
     def list_requests(self, principal: Principal, state: str | None = None) -> list[dict[str, Any]]:
         """Requests newest first (a requester sees only their own), optionally of one state."""
-        _require(principal, Role.REQUESTER, *_READERS)
+        _require(principal, *_ASKERS, *_READERS)
         only = None if any(principal.has(role) for role in _READERS) else principal.name
         return request_objects(self.store, self.store.list_requests(state, principal=only))
 
     def request_counts(self, principal: Principal) -> dict[str, int]:
         """How many of the requests this principal may see each state holds."""
-        _require(principal, Role.REQUESTER, *_READERS)
+        _require(principal, *_ASKERS, *_READERS)
         only = None if any(principal.has(role) for role in _READERS) else principal.name
         return self.store.count_requests(only)
 
@@ -233,7 +254,7 @@ class Harbourmaster:
         """One page of :meth:`list_requests`: ``{requests, next}``, at most ``limit``
         requests after ``cursor`` (None: the newest); ``next`` is the cursor of the page
         after, or None on the last page."""
-        _require(principal, Role.REQUESTER, *_READERS)
+        _require(principal, *_ASKERS, *_READERS)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInput("limit must be at least 1")
         before = None if cursor is None else read_cursor(cursor)
@@ -248,13 +269,13 @@ class Harbourmaster:
     def get_request(self, principal: Principal, id_or_request_id: str) -> dict[str, Any]:
         """One request object: by ``rq_`` id, or the caller's own request id (its active
         request, else its most recent one)."""
-        _require(principal, Role.REQUESTER, *_READERS)
+        _require(principal, *_ASKERS, *_READERS)
         return self._object(self._find(principal, id_or_request_id))
 
     def marque_for(self, principal: Principal, id: str) -> dict[str, Any]:
         """The marque of the caller's own request, with where to execute it."""
         # Anyone but its requester is told there is no such request: ids never leak.
-        if not principal.has(Role.REQUESTER):
+        if not any(principal.has(role) for role in _ASKERS):
             raise NotFound(f"no request {id[:64]!r} that you may see", detail={"id": id[:64]})
         request = self._find(principal, id)
         if request.principal != principal.name:
@@ -290,7 +311,7 @@ class Harbourmaster:
         ``IntentConflict``. Deny and no-match are stored ``failed`` and raised
         with ``detail["id"]``; so is a refused preview (``preview_failed``).
         """
-        _require(principal, Role.REQUESTER)
+        _require(principal, *_ASKERS)
         sub = read_submission(body, idempotency_key)
         if sub.rolls_back is not None:
             self._compensated(principal, sub.rolls_back)
@@ -309,7 +330,7 @@ class Harbourmaster:
             raise Forbidden(f"principal {principal.name} has no registered public key, so no "
                             "marque can be bound to it: an admin registers one first",
                             detail={"principal": principal.name})
-        decision = self._route(principal.name, pilot, sub.target, sub.change)
+        decision = self._route(principal.name, pilot, sub.target, sub.change, sub.budget)
         # Routing decides read_only, which is part of the change and so of its CID.
         change = sub.change.routed(decision)
         if decision.outcome == DELEGATE:
@@ -403,8 +424,9 @@ class Harbourmaster:
                                "Harbourmaster", detail={"pilot_id": pilot_id[:64]}) from None
 
     def _route(self, principal: str, pilot: PilotRecord, target: str,
-               change: RequestChange) -> Decision:
-        """Route by the adopted config, re-derived from its source (never a stale parse)."""
+               change: RequestChange, budget: Budget) -> Decision:
+        """Route by the adopted config, re-derived from its source (never a stale parse);
+        a budget over the routing's caps is denied (``within_caps``)."""
         adopted = self.store.current_routing_config()
         if adopted is None:
             raise AccountConfigInvalid("no routing config is adopted: nothing can be routed")
@@ -419,14 +441,16 @@ class Harbourmaster:
             raise InvalidInput(f"Pilot {pilot.pilot_id} registered target {target[:64]!r} "
                                "without its dialect; it must register again",
                                detail={"pilot_id": pilot.pilot_id, "target": target[:64]})
-        return change.route(config, principal, target, dialect)
+        return within_caps(change.route(config, principal, target, dialect),
+                           budget.max_rows, budget.executions)
 
     def _prepare(self, request: Request, decision: Decision | None) -> Request:
         """Take a ``preparing`` request on: refuse it, issue at once, or seek approval."""
         change = stored_change(request.change)
         pilot = self._pilot(request.pilot_id)
         if decision is None:  # resuming: route again, as nothing was sealed yet
-            decision = self._route(request.principal, pilot, request.target, change)
+            decision = self._route(request.principal, pilot, request.target, change,
+                                   Budget.from_claim(request.budget))
             if decision.permitted and decision.all_read != change.read_only:
                 return self._end(request, S.FAILED, "revalidation_failed",
                                  "the routing decision changed while the request was being "
@@ -868,7 +892,7 @@ class Harbourmaster:
         """A page of the logbook entries about one request, for anyone who may see the
         request (its requester included): ``{id, entries, next_after}``, oldest first;
         ``next_after`` is None when no entry follows the page (never a silent cut)."""
-        _require(principal, Role.REQUESTER, *_READERS)
+        _require(principal, *_ASKERS, *_READERS)
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= MAX_SEQ:
             raise InvalidInput(f"after must be a sequence number from 0 to {MAX_SEQ}")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:

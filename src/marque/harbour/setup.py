@@ -128,6 +128,9 @@ def add_principal(home: str | os.PathLike[str], name: str, roles: list[str], *,
     A revoked name may be added again: a new principal, the old one's history kept.
     """
     _public_only(public_jwk)
+    if "agent" in roles and public_jwk is None:
+        raise InvalidInput("an agent needs --key: its marques are bound to the key its MCP "
+                           "server holds (docs/agents.md)")
     store = open_home_store(HarbourHome(home))
     try:
         principal, token = store.add_principal(name, roles, public_jwk=public_jwk,

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
-from marque.harbour.principals import Principal
+from marque.errors import Forbidden
+from marque.harbour.principals import Principal, Role
 from marque.harbour.store.base import ConsoleSession, HarbourStore
 
 __all__ = ["SESSION_COOKIE", "SESSION_SECONDS", "Viewer", "Sessions"]
@@ -94,7 +95,14 @@ class Sessions:
         self.seconds = seconds
 
     def start(self, principal: Principal, now: float) -> tuple[str, ConsoleSession]:
-        """A new session for an authenticated principal: ``(session id, stored session)``."""
+        """A new session for an authenticated principal: ``(session id, stored session)``.
+
+        An agent never gets one (``forbidden``): the console is where humans decide, and
+        an agent's token is refused there however it signs in (docs/agents.md)."""
+        if principal.has(Role.AGENT):
+            raise Forbidden(f"{principal.name} is an agent: agents cannot sign in to the "
+                            "console; a human approver signs in with their own token",
+                            detail={"principal": principal.name})
         self.store.purge_sessions(before=now - PURGE_AFTER_SECONDS)
         session_id = new_secret()
         stored = self.store.create_session(session_hash(session_id), principal.name,

@@ -413,6 +413,14 @@ def _compensates(hm: Harbourmaster, principal: Principal, original: str | None
     return {"id": found["id"], "state": found["state"], "principal": found["principal"]}
 
 
+def _is_agent(hm: Harbourmaster, name: str) -> bool:
+    """Whether the requester is an AI agent (role ``agent``): its approver is told so."""
+    try:
+        return hm.store.get_principal(name).has(Role.AGENT)
+    except NotFound:
+        return False
+
+
 def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
                  timelines: bool = True) -> dict[str, Any]:
     """Everything the request page shows, for this viewer (``NotFound`` if they may not see it)."""
@@ -424,6 +432,7 @@ def request_view(hm: Harbourmaster, principal: Principal, id: str, *,
     return {
         "compensates": _compensates(hm, principal, request.get("rolls_back")),
         "undo": request.get("undo"), "undo_offer": _undo_offer(hm, principal, request),
+        "requester_is_agent": _is_agent(hm, request["principal"]),
         "request": request, "tone": tone_of(request["state"]),
         "statements": _statements(request.get("change") or {}),
         "change_extra": {k: v for k, v in (request.get("change") or {}).items()

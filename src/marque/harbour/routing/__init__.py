@@ -28,6 +28,7 @@ from marque.harbour.routing.decide import (
     evaluate_accesses,
     evaluate_effects,
     require_permitted,
+    within_caps,
 )
 from marque.harbour.routing.overlap import OPERATIONS
 
@@ -56,4 +57,5 @@ __all__ = [
     "parse_config",
     "parse_duration",
     "require_permitted",
+    "within_caps",
 ]

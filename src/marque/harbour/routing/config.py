@@ -14,6 +14,8 @@ A config is a list of ``[[entry]]`` tables::
     self_approval = false                 # delegate only (default false)
     max_ttl   = "2h"                      # delegate only: Ns, Nm, Nh or Nd (default: no cap)
     caveats   = "two_approvers"           # delegate only: "show" (default) or "two_approvers"
+    max_rows  = 100                       # allow or delegate: the largest budget max_rows
+    max_executions = 1                    # allow or delegate: the largest budget executions
     except = [                            # optional: tuples this entry does not select
       { principal = ["bob"], target = "*", resource = "*", operation = ["ddl"] },
     ]
@@ -44,6 +46,12 @@ names sorted and de-duplicated (an ``operation`` list naming all four is
 identity, while any change of meaning does. ``caveats`` appears in the
 canonical form only when it is not the default ``"show"``, so every config
 written before it existed keeps its CID.
+
+**Budget caps.** ``max_rows`` and ``max_executions`` (positive integers, on
+an ``allow`` or ``delegate`` entry) cap the budget a request it selects may
+ask for: a request asking more is denied (``account_denied``, with the cap
+named), however it would otherwise be routed. They appear in the canonical
+form only when set, so every config written before them keeps its CID.
 
 **Caveats.** ``caveats = "two_approvers"`` asks for at least two distinct
 approvers whenever the request's stored preview names a caveat
@@ -108,7 +116,9 @@ _DELEGATE_KEYS = frozenset({"approvals", "self_approval", "max_ttl", "caveats"})
 CAVEATS_SHOW: Final = "show"
 CAVEATS_TWO_APPROVERS: Final = "two_approvers"
 CAVEAT_POLICIES: Final = (CAVEATS_SHOW, CAVEATS_TWO_APPROVERS)
-_ENTRY_KEYS = _SELECTOR_KEYS | _DELEGATE_KEYS | {"except", "outcome"}
+#: Budget caps an allow or delegate entry may set (see "Budget caps" above).
+_BUDGET_KEYS = frozenset({"max_rows", "max_executions"})
+_ENTRY_KEYS = _SELECTOR_KEYS | _DELEGATE_KEYS | _BUDGET_KEYS | {"except", "outcome"}
 _DURATION = re.compile(r"([1-9][0-9]{0,15})([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _RESOURCE = re.compile(r"[^.\s*\"]+\.[^.\s*\"]+")
@@ -214,6 +224,9 @@ class Entry:
     self_approval: bool = False
     max_ttl_seconds: int | None = None
     caveats: str = CAVEATS_SHOW
+    #: The largest ``max_rows`` / ``executions`` a selected request may ask (None: no cap).
+    max_rows: int | None = None
+    max_executions: int | None = None
 
     def contains(self, point: Point) -> bool:
         """Whether this entry selects ``point`` (and does not except it)."""
@@ -230,6 +243,9 @@ class Entry:
             out["max_ttl_seconds"] = self.max_ttl_seconds
             if self.caveats != CAVEATS_SHOW:
                 out["caveats"] = self.caveats
+        for key in sorted(_BUDGET_KEYS):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
@@ -271,12 +287,14 @@ def _entry(index: int, raw: object) -> Entry:
         shown = repr(outcome) if isinstance(outcome, str) else _kind(outcome)
         raise _invalid(f"{where}.outcome", f"must be one of {', '.join(OUTCOMES)}, got {shown}")
     region = Region(box, exclusions)
+    caps = _caps(table, where, outcome)
     if outcome != DELEGATE:
         extra = sorted(_DELEGATE_KEYS & set(table))
         if extra:
             raise _invalid(f"{where}.{extra[0]}", f"only a delegate entry may set {extra[0]}",
                            key=extra[0])
-        return Entry(index, region, outcome)
+        return Entry(index, region, outcome, max_rows=caps.get("max_rows"),
+                     max_executions=caps.get("max_executions"))
     approvals = table.get("approvals", 1)
     if not isinstance(approvals, int) or isinstance(approvals, bool):
         raise _invalid(f"{where}.approvals", f"must be an integer, got {_kind(approvals)}")
@@ -293,7 +311,24 @@ def _entry(index: int, raw: object) -> Entry:
         shown = repr(caveats) if isinstance(caveats, str) else _kind(caveats)
         raise _invalid(f"{where}.caveats",
                        f"must be one of {', '.join(CAVEAT_POLICIES)}, got {shown}")
-    return Entry(index, region, outcome, approvals, self_approval, max_ttl_seconds, caveats)
+    return Entry(index, region, outcome, approvals, self_approval, max_ttl_seconds, caveats,
+                 max_rows=caps.get("max_rows"), max_executions=caps.get("max_executions"))
+
+
+def _caps(table: Mapping[str, Any], where: str, outcome: str) -> dict[str, int]:
+    """An entry's budget caps (``max_rows``, ``max_executions``): positive integers, on an
+    allow or delegate entry only (a deny entry admits no budget at all)."""
+    caps: dict[str, int] = {}
+    for key in sorted(_BUDGET_KEYS & set(table)):
+        value = table[key]
+        if outcome == DENY:
+            raise _invalid(f"{where}.{key}", f"a deny entry cannot set {key}", key=key)
+        if not isinstance(value, int) or isinstance(value, bool) \
+                or not 1 <= value <= MAX_SAFE_INT:
+            raise _invalid(f"{where}.{key}", f"must be a positive integer, got "
+                           f"{value if isinstance(value, int) else _kind(value)}")
+        caps[key] = value
+    return caps
 
 
 def _check_overlaps(entries: tuple[Entry, ...]) -> None:

@@ -57,7 +57,7 @@ from marque.harbour.routing.overlap import Other, Point, resource_atoms
 from marque.preview_caveats import caveat_codes
 
 __all__ = ["NO_MATCH", "TupleDecision", "Decision", "evaluate", "evaluate_accesses",
-           "evaluate_effects", "EFFECT_OPERATIONS", "require_permitted",
+           "evaluate_effects", "EFFECT_OPERATIONS", "require_permitted", "within_caps",
            "approvals_with_caveats"]
 
 #: The operation each Effect Set member kind is routed as (DESIGN §7, §11.3).
@@ -141,6 +141,11 @@ class Decision:
     all_read: bool
     #: A delegate's policy for a preview with caveats (``show`` or ``two_approvers``).
     caveats: str = CAVEATS_SHOW
+    #: The strictest budget caps of the entries involved (None: no cap), and, for a
+    #: request denied because its budget asks more, why (:func:`within_caps`).
+    max_rows: int | None = None
+    max_executions: int | None = None
+    over_cap: str | None = None
 
     @property
     def permitted(self) -> bool:
@@ -161,6 +166,11 @@ class Decision:
             "all_read": self.all_read,
             "caveats": self.caveats,
             "tuples": [t.to_dict() for t in self.tuples],
+            # Only when set: a decision without caps is stored exactly as before them.
+            **{key: value for key, value in (("max_rows", self.max_rows),
+                                             ("max_executions", self.max_executions),
+                                             ("over_cap", self.over_cap))
+               if value is not None},
         }
 
 
@@ -230,6 +240,7 @@ def evaluate_accesses(
             if outcome == DELEGATE:
                 terms = terms.combine(tuple_terms)
     all_read = all(t.operation == READ for t in tuples)
+    caps = _caps(config, tuples)
     if worst in (DENY, NO_MATCH):
         code = _CODE_DENIED if worst == DENY else _CODE_NO_MATCH
         return Decision(DENY, code, 0, False, None, config.config_cid, principal, target,
@@ -237,9 +248,40 @@ def evaluate_accesses(
     if worst == DELEGATE:
         return Decision(DELEGATE, None, terms.approvals, terms.self_approval,
                         terms.max_ttl_seconds, config.config_cid, principal, target,
-                        tuple(tuples), all_read, terms.caveats)
+                        tuple(tuples), all_read, terms.caveats,
+                        max_rows=caps.get("max_rows"), max_executions=caps.get("max_executions"))
     return Decision(ALLOW, None, 0, False, None, config.config_cid, principal, target,
-                    tuple(tuples), all_read)
+                    tuple(tuples), all_read, max_rows=caps.get("max_rows"),
+                    max_executions=caps.get("max_executions"))
+
+
+def _caps(config: RoutingConfig, tuples: Sequence[TupleDecision]) -> dict[str, int]:
+    """The smallest ``max_rows`` and ``max_executions`` any entry selecting a tuple sets."""
+    caps: dict[str, int] = {}
+    for key in ("max_rows", "max_executions"):
+        values = [getattr(entry, key) for entry in config.entries
+                  if any(entry.index in t.entries for t in tuples)
+                  and getattr(entry, key) is not None]
+        if values:
+            caps[key] = min(values)
+    return caps
+
+
+def within_caps(decision: Decision, max_rows: int, executions: int) -> Decision:
+    """``decision``, or a deny (``account_denied``, ``over_cap`` saying why) when a request's
+    budget asks more rows or executions than the entries that route it allow."""
+    if not decision.permitted:
+        return decision
+    over = []
+    if decision.max_rows is not None and max_rows > decision.max_rows:
+        over.append(f"max_rows {max_rows} is over the routing cap of {decision.max_rows}")
+    if decision.max_executions is not None and executions > decision.max_executions:
+        over.append(f"executions {executions} is over the routing cap of "
+                    f"{decision.max_executions}")
+    if not over:
+        return decision
+    return replace(decision, outcome=DENY, code=_CODE_DENIED, approvals=0,
+                   self_approval=False, max_ttl_seconds=None, over_cap="; ".join(over))
 
 
 def evaluate(
@@ -300,6 +342,11 @@ def require_permitted(decision: Decision) -> Decision:
     """
     if decision.outcome != DENY:
         return decision
+    if decision.over_cap is not None:
+        raise AccountDenied(
+            f"denied by routing config {decision.config_cid} for {decision.principal} on "
+            f"{decision.target}: the budget asks too much ({decision.over_cap}); ask for a "
+            "smaller budget", detail=decision.to_dict())
     refused = [t for t in decision.tuples if t.outcome in (DENY, NO_MATCH)]
     shown = ", ".join(
         f"statement {t.statement}: {t.operation} on {t.resource}"
