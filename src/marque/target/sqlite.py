@@ -35,7 +35,6 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
-from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_COLUMNS,
@@ -46,14 +45,6 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
     not_previewed,
-)
-from marque.target.caveat_catalog import SqliteCatalog
-from marque.target.row_images import (
-    ImageUnavailable,
-    explain_images,
-    finish_capture,
-    start_capture,
-    writes_rows,
 )
 
 # Progress handler granularity, in SQLite VM instructions.
@@ -88,6 +79,8 @@ class _ImageSession:
             cur = self.conn.execute(sql, tuple(params))
             return [d[0] for d in cur.description or ()], list(cur.fetchall())
         except sqlite3.Error as exc:
+            from marque.target.row_images import ImageUnavailable
+
             raise ImageUnavailable(
                 f"the derived row-image query failed ({' '.join(str(exc).split())}): "
                 "previewed by count only") from exc
@@ -371,6 +364,17 @@ class SqliteTarget(SqlTarget):
     def preview(
         self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
     ) -> list[dict[str, Any]]:
+        # Imported here, not with the module: they load sqlglot (tens of ms), which an
+        # execution never needs and a fresh `marque exec` process would pay for.
+        from marque.preview_caveats import statement_caveats
+        from marque.target.caveat_catalog import SqliteCatalog
+        from marque.target.row_images import (
+            explain_images,
+            finish_capture,
+            start_capture,
+            writes_rows,
+        )
+
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
