@@ -47,8 +47,9 @@ def test_importing_marque_or_its_cli_loads_no_database_or_crypto() -> None:
 
 
 def test_exec_loads_no_module_it_does_not_run() -> None:
-    """`marque exec` on a SQLite home imports no other command's module, no web stack and no
-    SQL parser (sqlglot is for previews), while `--help` still finds every command."""
+    """`marque exec` on a SQLite home imports no other command's module, no web stack, no
+    SQL parser (sqlglot is for previews) and no Effect Set machinery, while `--help` still
+    finds every command."""
     code = (
         "import sys, click\n"
         "from marque.cli import app\n"
@@ -56,7 +57,8 @@ def test_exec_loads_no_module_it_does_not_run() -> None:
         "assert app.get_command(ctx, 'exec') is not None\n"
         "import marque.pilot, marque.ledger.sqlite, marque.target.sqlite\n"
         "heavy = ('sqlglot', 'uvicorn', 'starlette', 'asyncio', 'psycopg', 'httpx',\n"
-        "         'marque.cli.serve', 'marque.cli.harbour_serve', 'marque.cli.control')\n"
+        "         'marque.cli.serve', 'marque.cli.harbour_serve', 'marque.cli.control',\n"
+        "         'marque.effects.dispatch', 'marque.effects.declare')\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
         "print(','.join(app.list_commands(ctx)))\n"
     )
