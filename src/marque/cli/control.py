@@ -553,6 +553,3 @@ def reject(id_: str, reason: str, harbour_url: str | None, token: str | None,
     if not reason.strip():
         raise InvalidInput("--reason must say why (it is shown to the requester)")
     _resolve(lambda client, rid: client.reject(rid, reason), id_, harbour_url, token, as_json)
-
-
-COMMANDS = (request_, requests, approve, reject)
