@@ -63,6 +63,8 @@ class RoundResult:
     errors: int
     prepare_seconds: float
     first_error: str | None = None
+    #: CPU time of the whole process (every thread) from the barrier to the last client.
+    cpu_seconds: float = 0.0
 
     @property
     def ops(self) -> int:
@@ -135,9 +137,11 @@ def run_round(cell: Cell, per_client: int, max_seconds: float) -> RoundResult:
         thread.start()
     barrier.wait()
     begin = time.perf_counter()
+    cpu_began = time.process_time()
     for thread in threads:
         thread.join(timeout=max_seconds + 60)
     elapsed = time.perf_counter() - begin
+    cpu_ended = time.process_time()
     hung = sum(t.is_alive() for t in threads)
     if hung:
         first_error.append(f"{hung} client thread(s) still running after the round's bound")
@@ -147,6 +151,7 @@ def run_round(cell: Cell, per_client: int, max_seconds: float) -> RoundResult:
         errors=sum(errors) + hung,
         prepare_seconds=prepare_seconds,
         first_error=first_error[0] if first_error else None,
+        cpu_seconds=cpu_ended - cpu_began,
     )
 
 
@@ -209,6 +214,8 @@ def summarise(result: CellResult) -> dict[str, Any]:
         "ops_per_s": None,
         "p50_ratio_to_raw": None,
         "throughput_ratio_to_raw": None,
+        "p50_ratio_to_floor": None,
+        "throughput_ratio_to_floor": None,
     }
     if result.skipped is not None:
         row["skipped"] = result.skipped
@@ -225,6 +232,7 @@ def summarise(result: CellResult) -> dict[str, Any]:
     p99s = [percentile(r.latencies, 99) * 1000 for r in good]
     rates = [r.ops_per_s for r in good if r.ops_per_s is not None]
     prepared = sum(r.prepare_seconds for r in good)
+    cpu = [r.cpu_seconds * 1000 / r.ops for r in good]
     row.update(
         p50_ms=round(statistics.median(p50s), 4),
         p99_ms=round(statistics.median(p99s), 4),
@@ -235,6 +243,9 @@ def summarise(result: CellResult) -> dict[str, Any]:
         p50_ms_per_round=[round(x, 4) for x in p50s],
         ops_per_s_per_round=[round(x, 1) for x in rates],
         prepare_ms_per_op=round(prepared * 1000 / max(1, sum(r.ops for r in good)), 4),
+        # Every thread of the process (the Pilot's background writers, DBOS's pollers),
+        # from the barrier to the last client's end, per operation completed.
+        cpu_ms_per_op=round(statistics.median(cpu), 4),
     )
     if first:
         row["first_error"] = first
@@ -243,25 +254,39 @@ def summarise(result: CellResult) -> dict[str, Any]:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """p50 and throughput ratios to ``raw`` (and to ``raw_hot`` for ``_hot`` rows)."""
+    """Ratios of each row to its yardsticks at the same number of clients.
+
+    To ``raw`` (and ``raw_hot`` for ``_hot`` rows); to ``floor`` (every row but the
+    floor's own); to DBOS for Marque rows (``dbos``, or ``dbos_replay`` for replays).
+    Pre-fill rows have one client and compare with the yardsticks at one client.
+    """
 
     def index(name: str) -> dict[int, dict[str, Any]]:
         return {r["clients"]: r for r in rows if r["name"] == name and r["p50_ms"] is not None}
 
-    raw, raw_hot = index("raw"), index("raw_hot")
+    raw, raw_hot, floor = index("raw"), index("raw_hot"), index("floor")
+    dbos, dbos_replay = index("dbos"), index("dbos_replay")
     for row in rows:
-        _ratios(row, raw.get(row["clients"]), "")
+        clients = row["clients"]
+        _ratios(row, raw.get(clients), "raw")
         if row["name"].endswith("_hot") and row["name"] != "raw_hot":
-            _ratios(row, raw_hot.get(row["clients"]), "_hot")
+            _ratios(row, raw_hot.get(clients), "raw_hot")
+        if row["name"] != "floor":
+            _ratios(row, floor.get(clients), "floor")
+        if row["name"].startswith("marque"):
+            peer = dbos_replay if "replay" in row["name"] else dbos
+            _ratios(row, peer.get(clients), "dbos")
 
 
-def _ratios(row: dict[str, Any], base: dict[str, Any] | None, suffix: str) -> None:
+def _ratios(row: dict[str, Any], base: dict[str, Any] | None, yardstick: str) -> None:
     if base is None or row["p50_ms"] is None:
         return
-    row[f"p50_ratio_to_raw{suffix}"] = round(row["p50_ms"] / base["p50_ms"], 3)
+    row[f"p50_ratio_to_{yardstick}"] = round(row["p50_ms"] / base["p50_ms"], 3)
     if row["ops_per_s"] and base["ops_per_s"]:
-        row[f"throughput_ratio_to_raw{suffix}"] = round(row["ops_per_s"] / base["ops_per_s"], 3)
+        row[f"throughput_ratio_to_{yardstick}"] = round(row["ops_per_s"] / base["ops_per_s"], 3)
     mine, theirs = row.get("p50_ms_per_round") or [], base.get("p50_ms_per_round") or []
     paired = [a / b for a, b in zip(mine, theirs, strict=False) if b]
     if paired:
-        row[f"p50_ratio_to_raw{suffix}_paired"] = round(statistics.median(paired), 3)
+        row[f"p50_ratio_to_{yardstick}_paired"] = round(statistics.median(paired), 3)
+    if row.get("cpu_ms_per_op") and base.get("cpu_ms_per_op"):
+        row[f"cpu_ratio_to_{yardstick}"] = round(row["cpu_ms_per_op"] / base["cpu_ms_per_op"], 3)

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from cluster import BenchCluster  # noqa: E402
+from floor_cell import FloorCell, FloorPeer  # noqa: E402
 from harness import Cell, SkippedCell, add_ratios, run_interleaved, summarise  # noqa: E402
 from http_peer import HttpBed, HttpCell, StdlibHttpCell  # noqa: E402
 from prefill import measure_reap, prefill_sqlite_ledger  # noqa: E402
@@ -87,6 +88,7 @@ def build(cells: list[Cell], name: str, clients: int, factory: Callable[[], Cell
 def main() -> int:
     plan = QUICK if os.environ.get("QUICK", "").strip() not in ("", "0") else FULL
     started = time.monotonic()
+    load_start = _load()
     log(f"marque bench ({'QUICK' if plan.quick else 'full'}): clients {plan.clients}, "
         f"{plan.rounds} rounds, prefill {[label(n) for n in plan.prefill]}")
     root = Path(tempfile.mkdtemp(prefix="marque-bench-"))
@@ -111,6 +113,7 @@ def main() -> int:
             cluster.destroy()
         shutil.rmtree(root, ignore_errors=True)
     machine["bench_seconds"] = round(time.monotonic() - started, 1)
+    machine["load_average"] = {"start": load_start, "end": _load()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     partial = RESULTS.with_suffix(".json.tmp")
     partial.write_text(json.dumps({"machine": machine, "scenarios": rows}, indent=2) + "\n",
@@ -162,6 +165,7 @@ def run_all(
                       MarqueCell(b, c, k, hot=h, replay=r))
     if beds["sqlite"] is not None:
         notes["client_proof_ms"] = round(proof_cost_ms(beds["sqlite"]), 4)
+    floor_cells(cells, plan, beds["sqlite"], root, target, closers)
 
     for name, workers in (("marque_http", 1), ("marque_http_w2", 2)):
         # Two workers only matter with several clients.
@@ -235,6 +239,26 @@ def run_all(
     return rows
 
 
+def floor_cells(
+    cells: list[Cell], plan: Plan, bed: MarqueBed | None, root: Path, target: str,
+    closers: list[Callable[[], None]],
+) -> None:
+    """The floor at every concurrency, with the settings of the SQLite-ledger Pilot."""
+    try:
+        if bed is None:
+            raise RuntimeError("the SQLite-ledger Pilot home could not be set up")
+        peer = FloorPeer(bed, root / "floor", target, max(plan.clients))
+        closers.append(peer.close)
+    except Exception as exc:
+        reason = f"floor unavailable: {type(exc).__name__}: {exc}"[:300]
+        log(f"  ! {reason}")
+        for n in plan.clients:
+            cells.append(SkippedCell("floor", n, reason))
+        return
+    for n in plan.clients:
+        cells.append(FloorCell(peer, n))
+
+
 def dbos_cells(
     cells: list[Cell], plan: Plan, cluster: BenchCluster, target: str,
     closers: list[Callable[[], None]], notes: dict[str, Any],
@@ -298,6 +322,14 @@ def reap_summary(reap: dict[str, Any]) -> str:
     if "ledger_size_bytes_after_vacuum" in reap:
         text += f" → VACUUM {reap['vacuum_seconds']}s → {mb('ledger_size_bytes_after_vacuum')}"
     return text
+
+
+def _load() -> list[float] | None:
+    """The machine's load average: the bench shares it with whatever else runs."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _version(name: str) -> str | None:
@@ -378,7 +410,9 @@ def print_table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> None:
     )
     for column, justify in (("scenario", "left"), ("clients", "right"), ("p50 ms", "right"),
                             ("p99 ms", "right"), ("ops/s", "right"), ("p50 × raw", "right"),
-                            ("ops/s × raw", "right"), ("note", "left")):
+                            ("ops/s × raw", "right"), ("p50 × floor", "right"),
+                            ("ops/s × floor", "right"), ("CPU ms/op", "right"),
+                            ("note", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         note = row.get("skipped") or ""
@@ -396,10 +430,21 @@ def print_table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> None:
         table.add_row(
             row["name"], str(row["clients"]), _fmt(row["p50_ms"]), _fmt(row["p99_ms"]),
             _fmt(row["ops_per_s"], 0), _fmt(row["p50_ratio_to_raw"], 2),
-            _fmt(row["throughput_ratio_to_raw"], 2), note,
+            _fmt(row["throughput_ratio_to_raw"], 2), _fmt(row.get("p50_ratio_to_floor"), 2),
+            _fmt(row.get("throughput_ratio_to_floor"), 2), _fmt(row.get("cpu_ms_per_op"), 2),
+            note,
         )
     out = Console(width=200)
     out.print(table)
+    for row in rows:
+        if row["name"] == "floor" and row.get("floor_parts_ms"):
+            parts = ", ".join(f"{k} {v:.3f} ms" for k, v in row["floor_parts_ms"].items())
+            out.print(f"floor x{row['clients']}, median of its parts: {parts}; process CPU "
+                      f"{_fmt(row.get('cpu_ms_per_op'))} ms per operation")
+    load = machine.get("load_average")
+    if load:
+        out.print(f"load average (1, 5, 15 min) at the start {load['start']}, at the end "
+                  f"{load['end']} on {machine['nproc']} cores")
     notes = machine.get("notes") or {}
     if "client_proof_ms" in notes:
         out.print(f"client side, not timed: making one proof of possession costs "

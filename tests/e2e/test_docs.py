@@ -389,14 +389,17 @@ def cli_commands() -> dict[str, click.Command]:
     """Every command that runs something, by its full path (``pilot target add``)."""
     found: dict[str, click.Command] = {}
 
-    def walk(command: click.Command, path: str) -> None:
+    def walk(command: click.Command, path: str, ctx: click.Context) -> None:
         if isinstance(command, click.Group):
-            for name, sub in command.commands.items():
-                walk(sub, f"{path} {name}".strip())
+            # What `--help` lists: the lazily imported subcommands included.
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None, f"{path} {name}: listed but not found"
+                walk(sub, f"{path} {name}".strip(), click.Context(sub, parent=ctx, info_name=name))
         else:
             found[path] = command
 
-    walk(app, "")
+    walk(app, "", click.Context(app, info_name="marque"))
     return found
 
 

@@ -44,3 +44,27 @@ def test_importing_marque_or_its_cli_loads_no_database_or_crypto() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == ""
+
+
+def test_exec_loads_no_module_it_does_not_run() -> None:
+    """`marque exec` on a SQLite home imports no other command's module, no web stack, no
+    SQL parser (sqlglot is for previews) and no Effect Set machinery, while `--help` still
+    finds every command."""
+    code = (
+        "import sys, click\n"
+        "from marque.cli import app\n"
+        "ctx = click.Context(app, info_name='marque')\n"
+        "assert app.get_command(ctx, 'exec') is not None\n"
+        "import marque.pilot, marque.ledger.sqlite, marque.target.sqlite\n"
+        "heavy = ('sqlglot', 'uvicorn', 'starlette', 'asyncio', 'psycopg', 'httpx',\n"
+        "         'marque.cli.serve', 'marque.cli.harbour_serve', 'marque.cli.control',\n"
+        "         'marque.effects.dispatch', 'marque.effects.declare')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+        "print(','.join(app.list_commands(ctx)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    loaded, listed = done.stdout.splitlines()
+    assert loaded == ""
+    assert {"exec", "pilot", "harbour", "issue", "requests", "login", "demo"} <= set(
+        listed.split(","))

@@ -4,9 +4,10 @@ Every command takes ``--json`` and then prints exactly one JSON object on
 stdout; streamed events go to stderr as JSON lines. Exit statuses come from
 the outcome (0 applied, 4 aborted_not_applied, 5 indeterminate, 6 in_progress)
 or from the error class (2 usage, 3 refused, 7 unavailable, 8 logbook broken) — never from a
-table kept here. The plumbing is in :mod:`marque.cli.common`; command modules
-import what a command needs inside the command, so ``marque exec`` pays only
-for what it runs.
+table kept here. The plumbing is in :mod:`marque.cli.common`. A command's module
+is imported only when that command runs (:mod:`marque.cli.lazy`), and command
+modules import what a command needs inside the command, so ``marque exec`` pays
+only for what it runs.
 """
 
 from __future__ import annotations
@@ -16,28 +17,39 @@ import sys
 import click
 
 from marque import __version__
-from marque.cli.agents import mcp_command
 from marque.cli.common import CommandExit, emit_json, printable
-from marque.cli.control import COMMANDS as CONTROL_COMMANDS
-from marque.cli.effects import effects
-from marque.cli.execution import exec_, outcome_, reconcile
-from marque.cli.harbour import harbour
-from marque.cli.harbour_serve import harbour_serve  # noqa: F401 - registers `harbour serve`
-from marque.cli.issue import issue, proof
-from marque.cli.keys import keys
-from marque.cli.ledger import ledger
-from marque.cli.logbook import logbook
-from marque.cli.login import COMMANDS as LOGIN_COMMANDS
-from marque.cli.pilot import pilot
-from marque.cli.serve import pilot_serve  # noqa: F401 - registers `pilot serve`
-from marque.cli.undo import undo
-from marque.cli.webhooks import webhooks  # noqa: F401 - registers `harbour webhooks`
+from marque.cli.lazy import LazyGroup
 from marque.errors import InvalidInput
 
 __all__ = ["app", "main"]
 
+#: Every command of ``marque`` but ``demo``, by name: ``"module:attribute"``, imported only
+#: when it runs or ``--help`` lists it. A new command is one line here.
+COMMANDS = {
+    "approve": "marque.cli.control:approve",
+    "effects": "marque.cli.effects:effects",
+    "exec": "marque.cli.execution:exec_",
+    "harbour": "marque.cli.harbour:harbour",
+    "issue": "marque.cli.issue:issue",
+    "keys": "marque.cli.keys:keys",
+    "ledger": "marque.cli.ledger:ledger",
+    "logbook": "marque.cli.logbook:logbook",
+    "login": "marque.cli.login:login",
+    "logout": "marque.cli.login:logout",
+    "mcp": "marque.cli.agents:mcp_command",
+    "outcome": "marque.cli.execution:outcome_",
+    "pilot": "marque.cli.pilot:pilot",
+    "proof": "marque.cli.issue:proof",
+    "reconcile": "marque.cli.execution:reconcile",
+    "reject": "marque.cli.control:reject",
+    "request": "marque.cli.control:request_",
+    "requests": "marque.cli.control:requests",
+    "undo": "marque.cli.undo:undo",
+}
 
-@click.group(no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=LazyGroup, lazy_subcommands=COMMANDS, no_args_is_help=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="marque", message="%(prog)s %(version)s")
 def app() -> None:
     """Marque: run approved database changes exactly once, within budget, honestly."""
@@ -50,11 +62,6 @@ def demo(as_json: bool) -> None:
     from marque.demo import run_demo
 
     raise CommandExit(run_demo(as_json=as_json))
-
-
-for _command in (keys, pilot, harbour, issue, proof, exec_, outcome_, reconcile, effects, ledger,
-                 logbook, mcp_command, *CONTROL_COMMANDS, undo, *LOGIN_COMMANDS):
-    app.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,8 +15,15 @@ from pathlib import Path
 
 import click
 
-from marque.cli.common import CommandExit, emit_json, err, guarded, json_option, read_json_file
-from marque.cli.control import harbour_option
+from marque.cli.common import (
+    CommandExit,
+    emit_json,
+    err,
+    guarded,
+    harbour_option,
+    json_option,
+    read_json_file,
+)
 from marque.errors import InvalidInput, Unauthenticated
 
 __all__ = ["mcp_command"]

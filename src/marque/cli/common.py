@@ -80,6 +80,19 @@ json_option = click.option(
 home_option = click.option(
     "--home", type=click.Path(path_type=Path), required=True,
     help="The Pilot's home directory (holds pilot.json, the ledger and the logbook).")
+harbour_option = click.option(
+    "--harbour", "harbour_url", envvar="MARQUE_HARBOUR", default=None, metavar="URL",
+    help="The Harbourmaster service (`marque harbour serve`); default: $MARQUE_HARBOUR.")
+token_option = click.option(
+    "--token", envvar="MARQUE_TOKEN", default=None,
+    help="Your principal's bearer token; default: $MARQUE_TOKEN, else the token `marque "
+         "login` stored for this Harbourmaster (prefer those: a command line is visible to "
+         "other users of the machine).")
+
+
+def harbour_options(func: F) -> F:
+    """``--harbour`` and ``--token`` (with their environment defaults)."""
+    return harbour_option(token_option(func))
 
 
 # -- output -----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from marque.cli.common import (
     err,
     fail,
     guarded,
+    harbour_options,
     json_option,
     literal,
     one_line,
@@ -49,21 +50,6 @@ F = Callable[..., Any]
 
 #: Pauses between retries of a ``POST /v1/requests`` whose answer did not arrive (≈ 16 s).
 SUBMIT_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-
-harbour_option = click.option(
-    "--harbour", "harbour_url", envvar="MARQUE_HARBOUR", default=None, metavar="URL",
-    help="The Harbourmaster service (`marque harbour serve`); default: $MARQUE_HARBOUR.")
-token_option = click.option(
-    "--token", envvar="MARQUE_TOKEN", default=None,
-    help="Your principal's bearer token; default: $MARQUE_TOKEN, else the token `marque "
-         "login` stored for this Harbourmaster (prefer those: a command line is visible to "
-         "other users of the machine).")
-
-
-def harbour_options(func: F) -> F:
-    """``--harbour`` and ``--token`` (with their environment defaults)."""
-    return harbour_option(token_option(func))
-
 
 def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
     """A client for the Harbourmaster the options name; refuses locally when one is missing.
@@ -568,6 +554,3 @@ def reject(id_: str, reason: str, harbour_url: str | None, token: str | None,
     if not reason.strip():
         raise InvalidInput("--reason must say why (it is shown to the requester)")
     _resolve(lambda client, rid: client.reject(rid, reason), id_, harbour_url, token, as_json)
-
-
-COMMANDS = (request_, requests, approve, reject)

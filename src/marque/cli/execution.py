@@ -16,6 +16,7 @@ from marque.cli.common import (
     err,
     fail,
     guarded,
+    harbour_options,
     home_option,
     json_option,
     literal,
@@ -25,7 +26,6 @@ from marque.cli.common import (
     read_marque_file,
     when,
 )
-from marque.cli.control import harbour_options
 from marque.errors import InvalidInput, MarqueError, NonceReaped, Refusal
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from marque.cli.common import emit_json, guarded, json_option, literal, out, read_json_file
+from marque.cli.lazy import LazyGroup
 from marque.errors import InvalidInput
 
 harbour_home_option = click.option(
@@ -26,7 +27,10 @@ def _read_text(path: Path, what: str) -> str:
         raise InvalidInput(f"cannot read {what} {path}: {exc}") from exc
 
 
-@click.group("harbour", no_args_is_help=True)
+# `harbour serve` (its web stack) is imported only when it runs or `--help` lists it.
+@click.group("harbour", cls=LazyGroup, no_args_is_help=True,
+             lazy_subcommands={"serve": "marque.cli.harbour_serve:harbour_serve",
+                               "webhooks": "marque.cli.webhooks:webhooks"})
 def harbour() -> None:
     """Create and administer a Harbourmaster: store, issuer key, principals, routing."""
 

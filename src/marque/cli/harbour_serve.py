@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from marque.cli.common import emit_json, err, guarded, json_option, literal, parse_duration
-from marque.cli.harbour import harbour, harbour_home_option
+from marque.cli.harbour import harbour_home_option
 from marque.cli.serve import GRACEFUL_SECONDS, _bind, _is_loopback, _server_class, parse_listen
 from marque.errors import InvalidInput, MarqueError
 
@@ -181,7 +181,7 @@ def console_session_seconds(text: str) -> int:
     return seconds
 
 
-@harbour.command("serve")
+@click.command("serve")
 @harbour_home_option
 @click.option("--listen", default="127.0.0.1:8760", show_default=True, metavar="HOST:PORT",
               help="Where to listen; port 0 picks a free port (printed once listening).")

@@ -24,14 +24,17 @@ from marque.cli.common import (
     err,
     fail,
     guarded,
+    harbour_option,
+    harbour_options,
     json_option,
     literal,
     one_line,
     out,
     read_json_file,
+    token_option,
     when,
 )
-from marque.cli.control import connect, harbour_option, harbour_options, token_option
+from marque.cli.control import connect
 from marque.errors import HarbourUnavailable, InvalidInput, LogbookBroken
 from marque.harbour.remote_logbook import pages, saved_head_over_http, verify_over_http
 

@@ -204,6 +204,3 @@ def logout(harbour_url: str | None, as_json: bool) -> None:
         out.say(f"logged out of {literal(', '.join(removed))}")
     else:
         out.say("no stored login" + ("" if key is None else f" for {literal(key)}"))
-
-
-COMMANDS = (login, logout)

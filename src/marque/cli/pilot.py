@@ -18,9 +18,12 @@ from marque.cli.common import (
     out,
     read_json_file,
 )
+from marque.cli.lazy import LazyGroup
 
 
-@click.group("pilot", no_args_is_help=True)
+# `pilot serve` (its web stack) is imported only when it runs or `--help` lists it.
+@click.group("pilot", cls=LazyGroup, no_args_is_help=True,
+             lazy_subcommands={"serve": "marque.cli.serve:pilot_serve"})
 def pilot() -> None:
     """Set up and inspect a Pilot: ledger, trusted issuers, targets."""
 

@@ -23,7 +23,6 @@ from marque.cli.common import (
     json_option,
     literal,
 )
-from marque.cli.pilot import pilot
 from marque.errors import InvalidInput, MarqueError
 
 #: How long SIGTERM waits for in-flight requests before the server stops taking part.
@@ -134,7 +133,7 @@ def _server_class() -> type:
     return Server
 
 
-@pilot.command("serve")
+@click.command("serve")
 @home_option
 @click.option("--listen", default="127.0.0.1:8750", show_default=True, metavar="HOST:PORT",
               help="Where to listen; port 0 picks a free port (printed once listening).")

@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from marque.cli.common import emit_json, guarded, json_option, literal, out, when
-from marque.cli.harbour import harbour, harbour_home_option
+from marque.cli.harbour import harbour_home_option
 from marque.harbour.notifications.endpoints import FORMATS
 from marque.harbour.notifications.events import EVENT_TYPES
 
 
-@harbour.group("webhooks", no_args_is_help=True)
+@click.group("webhooks", no_args_is_help=True)
 def webhooks() -> None:
     """Webhook endpoints that `harbour serve` posts signed request events to."""
 

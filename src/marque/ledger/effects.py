@@ -34,10 +34,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from marque.effects.dispatch import DispatchRecord, DispatchState
 from marque.errors import Conflict
 
 if TYPE_CHECKING:
+    from marque.effects.dispatch import DispatchRecord
     from marque.ledger.sql import Tx
 
 #: Migration 4 of the ledger (see :data:`marque.ledger.sql.MIGRATIONS`).
@@ -126,6 +126,10 @@ class DispatchRow:
 
 
 def _row(r: tuple[Any, ...]) -> DispatchRow:
+    # Imported here: every ledger imports this module, and a plain execution (a fresh
+    # `marque exec` process among them) never reads a dispatch row.
+    from marque.effects.dispatch import DispatchRecord, DispatchState
+
     record = DispatchRecord(row_preview_cid=r[2], effect_apply_key=r[3], row_idempotency_key=r[4],
                             state=DispatchState(r[5]), attempt=r[6], fence=r[7], revision=r[8],
                             was_unknown=bool(r[9]))

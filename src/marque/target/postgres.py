@@ -63,7 +63,6 @@ from marque.errors import (
 )
 from marque.outcome import Status
 from marque.pgpool import Pool, checkout, make_pool, reason
-from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_APPLIED,
@@ -75,13 +74,6 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
     not_previewed,
-)
-from marque.target.caveat_catalog import PostgresCatalog
-from marque.target.row_images import (
-    ImageUnavailable,
-    explain_images,
-    finish_capture,
-    start_capture,
 )
 
 _ISOLATION = {
@@ -154,6 +146,8 @@ class _ImageSession:
                 cur = self.conn.execute(sql, tuple(params) or None)
                 return [d.name for d in cur.description or ()], list(cur.fetchall())
         except psycopg.Error as exc:
+            from marque.target.row_images import ImageUnavailable
+
             raise ImageUnavailable(
                 f"the derived row-image query failed ({reason(exc)}): previewed by count "
                 "only") from exc
@@ -170,6 +164,8 @@ class _ImageSession:
                              (list(self.declared), table_sql))
         keys = {tuple(self.declared[str(r[0])]) for r in rows}
         if len(keys) > 1:
+            from marque.target.row_images import ImageUnavailable
+
             raise ImageUnavailable(
                 f"pilot.json declares different row keys for {table_sql} under different "
                 f"names ({', '.join(str(r[0]) for r in rows)}): previewed by count only")
@@ -586,6 +582,12 @@ class PostgresTarget(SqlTarget):
     def preview(
         self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
     ) -> list[dict[str, Any]]:
+        # Imported here, not with the module: they load sqlglot, which an execution never
+        # needs (as in the SQLite target).
+        from marque.preview_caveats import statement_caveats
+        from marque.target.caveat_catalog import PostgresCatalog
+        from marque.target.row_images import explain_images, finish_capture, start_capture
+
         conn = self._checkout()
         results: list[dict[str, Any]] = []
         index = 0

@@ -35,7 +35,6 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
-from marque.preview_caveats import statement_caveats
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_COLUMNS,
@@ -46,14 +45,6 @@ from marque.target.base import (
     TargetAttempt,
     _jsonable,
     not_previewed,
-)
-from marque.target.caveat_catalog import SqliteCatalog
-from marque.target.row_images import (
-    ImageUnavailable,
-    explain_images,
-    finish_capture,
-    start_capture,
-    writes_rows,
 )
 
 # Progress handler granularity, in SQLite VM instructions.
@@ -93,6 +84,8 @@ class _ImageSession:
             cur = self.conn.execute(sql, tuple(params))
             return [d[0] for d in cur.description or ()], list(cur.fetchall())
         except sqlite3.Error as exc:
+            from marque.target.row_images import ImageUnavailable
+
             raise ImageUnavailable(
                 f"the derived row-image query failed ({' '.join(str(exc).split())}): "
                 "previewed by count only") from exc
@@ -139,6 +132,8 @@ class _ImageSession:
 def table_shape(conn: sqlite3.Connection, table: str) -> dict[str, Any] | None:
     """What ``marque pilot target row-key`` checks a declared key against: the table's
     ``{columns, key, key_source}`` (its own key, if any), or None if it does not exist."""
+    from marque.target.row_images import ImageUnavailable
+
     schema, _, name = table.rpartition(".")
     session = _ImageSession(conn)
     try:
@@ -407,6 +402,17 @@ class SqliteTarget(SqlTarget):
     def preview(
         self, change: Change, *, mode: str, sample_rows: int, statement_timeout_ms: int
     ) -> list[dict[str, Any]]:
+        # Imported here, not with the module: they load sqlglot (tens of ms), which an
+        # execution never needs and a fresh `marque exec` process would pay for.
+        from marque.preview_caveats import statement_caveats
+        from marque.target.caveat_catalog import SqliteCatalog
+        from marque.target.row_images import (
+            explain_images,
+            finish_capture,
+            start_capture,
+            writes_rows,
+        )
+
         try:
             conn = self._connect()
         except sqlite3.Error as exc:
