@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from joserfc.jwk import RSAKey
-
 from e2e.harbour_support import TIMEOUT, free_port
+from joserfc.jwk import RSAKey
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "oidc" / "provider.mjs"

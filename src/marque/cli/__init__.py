@@ -21,6 +21,7 @@ from marque.cli.control import COMMANDS as CONTROL_COMMANDS
 from marque.cli.effects import effects
 from marque.cli.execution import exec_, outcome_, reconcile
 from marque.cli.harbour import harbour
+from marque.cli.harbour_oidc import oidc  # noqa: F401 - registers `harbour oidc`
 from marque.cli.harbour_serve import harbour_serve  # noqa: F401 - registers `harbour serve`
 from marque.cli.issue import issue, proof
 from marque.cli.keys import keys
