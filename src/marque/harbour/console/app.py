@@ -35,10 +35,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from marque.errors import InvalidInput, MarqueError, Unauthenticated
+from marque.errors import InvalidInput, MarqueError, TokenLoginDisabled, Unauthenticated
 from marque.harbour.console import csrf as console_csrf
 from marque.harbour.console import views
 from marque.harbour.console.logbook import logbook_page
+from marque.harbour.console.oidc import ConsoleOidc
 from marque.harbour.console.pilots import pilots_view
 from marque.harbour.console.sessions import (
     LOGIN_COOKIE,
@@ -79,6 +80,7 @@ _WHY = {
     "revoked": "You logged out. Log in again to go on.",
     "logged_out": "You have logged out.",
     "principal_revoked": "Your principal was revoked: its sessions no longer work.",
+    "role_revoked": "A role you signed in with was revoked: sign in again.",
     "unknown": "Log in with your principal's token to use the console.",
 }
 
@@ -160,6 +162,8 @@ class Console:
         for asset in sorted(STATIC.iterdir()):
             digest.update(asset.read_bytes())
         self.asset_version = digest.hexdigest()[:12]
+        self.headers = _HEADERS
+        self.oidc = ConsoleOidc(self)
         self.routes: list[BaseRoute] = [
             Route("/", self.queue, methods=["GET"]),
             Route("/login", self.login_form, methods=["GET"]),
@@ -172,6 +176,7 @@ class Console:
             Route("/pilots", self.pilots, methods=["GET"]),
             Route("/logbook", self.logbook, methods=["GET"]),
             Route("/favicon.ico", self.favicon, methods=["GET"]),
+            *self.oidc.routes,
             Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
         ]
 
@@ -225,6 +230,8 @@ class Console:
             found: Viewer = await self._run(self.sessions.find, session_id, self._now())
         except Unauthenticated as exc:
             raise _ToLogin(str(exc.detail.get("reason") or "unknown")) from None
+        if found.session.via == "cli":  # a command line's sign-in is a bearer token only
+            raise _ToLogin("unknown")
         request.state.viewer = found
         return found
 
@@ -245,33 +252,43 @@ class Console:
     # -- login and logout ----------------------------------------------------------------
 
     def _login_page(self, request: Request, status: int = 200, *, error: Any = None,
-                    why: str = "") -> Response:
+                    why: str = "", oidc: dict[str, Any] | None = None) -> Response:
         nonce = request.cookies.get(LOGIN_COOKIE) or new_secret()
         token = console_csrf.csrf_token(nonce, "login", purpose=console_csrf.LOGIN_PURPOSE)
         response = self.render(request, "login.html", status, error=error,
                                message=_WHY.get(why) if why else None,
                                next=_safe_next(request.query_params.get("next")),
-                               login_csrf=token)
+                               login_csrf=token, oidc=oidc)
         set_cookie(response, LOGIN_COOKIE, nonce, max_age=LOGIN_FORM_SECONDS,
                    secure=is_secure(request))
         return response
 
     async def login_form(self, request: Request) -> Response:
         """``GET /login``: the token form (and why the viewer was sent here)."""
-        return self._login_page(request, why=request.query_params.get("why", ""))
+        return self._login_page(request, why=request.query_params.get("why", ""),
+                                oidc=await self.oidc.offer())
+
+    async def login_refused(self, request: Request, exc: MarqueError) -> Response:
+        """The login page again, saying what was refused (no session is made)."""
+        return self._login_page(request, exc.http_status, oidc=await self.oidc.offer(),
+                                error={"code": exc.code, "message": exc.message})
 
     async def login(self, request: Request) -> Response:
         """``POST /login``: a principal's token becomes a session cookie."""
         data = await request.form()
         form = {key: value for key, value in data.items() if isinstance(value, str)}
+        offer = await self.oidc.offer()
         try:
+            if offer is not None and offer["require"]:
+                raise TokenLoginDisabled("the console's token login is off: sign in through "
+                                         "the identity provider")
             console_csrf.check_token(request.cookies.get(LOGIN_COOKIE) or new_secret(),
                                      "login", form.get("csrf"),
                                      purpose=console_csrf.LOGIN_PURPOSE)
             principal = await self._run(self.hm.authenticate, form.get("token", "").strip())
             session_id, _ = await self._run(self.sessions.start, principal, self._now())
         except MarqueError as exc:
-            return self._login_page(request, exc.http_status,
+            return self._login_page(request, exc.http_status, oidc=offer,
                                     error={"code": exc.code, "message": exc.message})
         response = RedirectResponse(_safe_next(form.get("next")), status_code=303,
                                     headers=_HEADERS)

@@ -42,6 +42,7 @@ class Discovery:
     jwks_uri: str
     device_authorization_endpoint: str | None
     end_session_endpoint: str | None
+    userinfo_endpoint: str | None
     code_challenge_methods: tuple[str, ...] | None
     signing_algs: tuple[str, ...]
 
@@ -64,6 +65,7 @@ class Discovery:
                    token_endpoint=data["token_endpoint"], jwks_uri=data["jwks_uri"],
                    device_authorization_endpoint=_optional(data, "device_authorization_endpoint"),
                    end_session_endpoint=_optional(data, "end_session_endpoint"),
+                   userinfo_endpoint=_optional(data, "userinfo_endpoint"),
                    code_challenge_methods=None if not isinstance(methods, list)
                    else tuple(str(m) for m in methods),
                    signing_algs=tuple(str(a) for a in algs if isinstance(a, str)))
@@ -118,6 +120,24 @@ def post_token(endpoint: str, form: dict[str, str],
     if not isinstance(body, dict) or (response.status_code != 200 and "error" not in body):
         raise OidcProviderUnavailable(f"the provider's token endpoint answered HTTP "
                                       f"{response.status_code}")
+    return body
+
+
+def fetch_userinfo(endpoint: str, access_token: str) -> dict[str, Any]:
+    """The UserInfo endpoint's claims for ``access_token`` (OpenID Connect Core §5.3)."""
+    try:
+        response = httpx.get(endpoint, timeout=TIMEOUT, follow_redirects=False,
+                             headers={"Authorization": f"Bearer {access_token}",
+                                      "Accept": "application/json"})
+    except httpx.HTTPError as exc:
+        raise OidcProviderUnavailable(f"cannot reach the provider's UserInfo endpoint: "
+                                      f"{type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise OidcProviderUnavailable(f"the provider's UserInfo endpoint answered HTTP "
+                                      f"{response.status_code}")
+    body = _json(response, "UserInfo answer")
+    if not isinstance(body, dict):
+        raise OidcProviderUnavailable("the provider's UserInfo answer is not a JSON object")
     return body
 
 

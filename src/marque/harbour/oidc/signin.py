@@ -34,7 +34,7 @@ from urllib.parse import urlencode
 
 from marque.errors import NotFound, OidcConfigInvalid, OidcLoginRefused, OidcSubjectUnknown
 from marque.harbour.oidc.config import OidcConfig, read_secret
-from marque.harbour.oidc.provider import Providers, post_token
+from marque.harbour.oidc.provider import Provider, Providers, fetch_userinfo, post_token
 from marque.harbour.oidc.tokens import refuse, verify_id_token
 from marque.harbour.principals import Principal, Role
 from marque.harbour.store.base import HarbourStore, OidcLogin
@@ -143,13 +143,31 @@ class SignIn:
                                    detail={"check": "code"})
         claims = verify_id_token(token, provider, client_id=config.client_id, now=now,
                                  nonce=login.nonce)
+        claims = self._with_userinfo(config, provider, claims, answer.get("access_token"))
         identity = self.identify(config, claims)
         return Identity(identity.principal, identity.roles, identity.roles_from,
                         identity.subject, identity.sid, login.next_path)
 
     # -- the command line's exchange ------------------------------------------------
 
-    def exchange(self, id_token: str, now: float) -> tuple[Identity, float]:
+    def _with_userinfo(self, config: OidcConfig, provider: Provider, claims: dict[str, Any],
+                       access_token: Any) -> dict[str, Any]:
+        """The ID token's claims, completed from the UserInfo endpoint when a claim the
+        settings use is not in the ID token (a provider may put only ``sub`` there). The
+        UserInfo answer must be for the same ``sub``; it never replaces a claim the signed
+        ID token carries."""
+        wanted = {config.subject_claim, *([config.groups_claim] if config.groups_claim else []),
+                  *(["email_verified"] if config.subject_claim == "email" else [])}
+        endpoint = provider.discovery().userinfo_endpoint
+        if wanted <= set(claims) or endpoint is None or not isinstance(access_token, str):
+            return claims
+        info = fetch_userinfo(endpoint, access_token)
+        if info.get("sub") != claims["sub"]:
+            raise refuse("subject", "the provider's UserInfo answer is for another subject")
+        return {**info, **claims}
+
+    def exchange(self, id_token: str, now: float,
+                 access_token: str | None = None) -> tuple[Identity, float]:
         """A command line's ID token (for ``cli_client_id``), checked and used once: who it
         is, and when the token expires."""
         config = self.required()
@@ -164,6 +182,7 @@ class SignIn:
         if not self.store.note_exchanged_token(sha256_hex(id_token),
                                                expires_at=float(claims["exp"]), now=now):
             raise refuse("replayed", "it was exchanged before")
+        claims = self._with_userinfo(config, provider, claims, access_token)
         return self.identify(config, claims), float(claims["exp"])
 
     # -- who it is -------------------------------------------------------------------

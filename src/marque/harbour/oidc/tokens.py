@@ -55,6 +55,37 @@ def verify_id_token(token: str, provider: Provider, *, client_id: str, now: floa
                     nonce: str | None) -> dict[str, Any]:
     """The claims of ``token`` once every check holds; ``OidcLoginRefused`` naming the first
     that does not."""
+    claims = _signed_claims(token, provider)
+    _check_claims(claims, provider.issuer, client_id, now, nonce)
+    return claims
+
+
+BACKCHANNEL_EVENT = "http://schemas.openid.net/event/backchannel-logout"
+
+
+def verify_logout_token(token: str, provider: Provider, *, client_id: str,
+                        now: float) -> dict[str, Any]:
+    """A back-channel logout token's claims (OpenID Connect Back-Channel Logout §2.6): signed
+    by the provider, for this client, recent, carrying the logout event and a ``sid`` or
+    ``sub``, and no ``nonce`` (so an ID token cannot pass for one)."""
+    claims = _signed_claims(token, provider)
+    if claims.get("iss") != provider.issuer:
+        raise refuse("issuer", "the logout token was issued by another issuer")
+    aud = claims.get("aud")
+    if client_id not in ([aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []):
+        raise refuse("audience", "the logout token is not for this client")
+    iat = claims.get("iat")
+    if not isinstance(iat, int | float) or abs(now - iat) > 5 * LEEWAY_SECONDS:
+        raise refuse("issued_at", "the logout token is not recent")
+    events = claims.get("events")
+    if not isinstance(events, dict) or BACKCHANNEL_EVENT not in events or "nonce" in claims:
+        raise refuse("malformed", "it is not a back-channel logout token")
+    if not isinstance(claims.get("sid"), str) and not isinstance(claims.get("sub"), str):
+        raise refuse("malformed", "the logout token names neither a session nor a subject")
+    return claims
+
+
+def _signed_claims(token: str, provider: Provider) -> dict[str, Any]:
     header = _header(token)
     alg, kid = header.get("alg"), header.get("kid")
     allowed = [a for a in ALGORITHMS if a in provider.discovery().signing_algs] or ["RS256"]
@@ -69,7 +100,8 @@ def verify_id_token(token: str, provider: Provider, *, client_id: str, now: floa
     except (JoseError, ValueError) as exc:
         raise refuse("signature", f"its signature does not verify ({type(exc).__name__})") \
             from None
-    _check_claims(claims, provider.issuer, client_id, now, nonce)
+    if not isinstance(claims, dict):
+        raise refuse("malformed", "its claims are not a JSON object")
     return claims
 
 
