@@ -112,3 +112,37 @@ def back_at_console(page: Any, url: str) -> None:
     except Exception as exc:
         raise AssertionError(f"not back at the console: {page.url}\n"
                              f"{page.inner_text('body')[:1500]}") from exc
+
+
+def confirm_device(browser: Any, url: str, who: str) -> None:
+    """In a browser of its own, confirm a device code at ``url`` and sign in as ``who``."""
+    context = browser.new_context()
+    try:
+        context.set_default_timeout(15_000)
+        page = context.new_page()
+        page.goto(url)
+        page.get_by_role("button", name="Continue").click()
+        page.locator("input[name=login]").fill(who)
+        page.locator("input[name=password]").fill("any password")
+        page.get_by_role("button", name="Sign-in").click()
+        page.get_by_text("Sign-in Success").wait_for()
+    finally:
+        context.close()
+
+
+def device_tokens(provider: OidcProvider, client_id: str, browser: Any,
+                  who: str) -> dict[str, Any]:
+    """The device authorization grant for ``client_id``, confirmed in a browser as ``who``,
+    done by hand (as any other application would): the provider's token answer."""
+    import httpx
+
+    settings = httpx.get(provider.issuer + "/.well-known/openid-configuration").json()
+    grant = httpx.post(settings["device_authorization_endpoint"],
+                       data={"client_id": client_id, "scope": "openid email"}).json()
+    confirm_device(browser, grant["verification_uri_complete"], who)
+    answer = httpx.post(settings["token_endpoint"], data={
+        "grant_type": "urn:ietf:params:oauth:grant-type:device_code",
+        "device_code": grant["device_code"], "client_id": client_id})
+    assert answer.status_code == 200, answer.text
+    tokens: dict[str, Any] = answer.json()
+    return tokens

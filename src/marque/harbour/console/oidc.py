@@ -20,10 +20,10 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from marque.errors import MarqueError, OidcConfigInvalid
+from marque.errors import InvalidInput, MarqueError, NotFound, OidcConfigInvalid
 from marque.harbour.console.sessions import (
     SESSION_COOKIE,
     expiry,
@@ -33,8 +33,15 @@ from marque.harbour.console.sessions import (
     set_cookie,
 )
 from marque.harbour.oidc.provider import Providers
-from marque.harbour.oidc.signin import LOGIN_SECONDS, Identity, SignIn
+from marque.harbour.oidc.signin import (
+    CLI_TOKEN_PREFIX,
+    CLI_TOKEN_SECONDS,
+    LOGIN_SECONDS,
+    Identity,
+    SignIn,
+)
 from marque.harbour.oidc.tokens import verify_logout_token
+from marque.httpcommon import json_body
 
 if TYPE_CHECKING:
     from marque.harbour.console.app import Console
@@ -63,6 +70,11 @@ class ConsoleOidc:
             Route("/login/oidc", self.start, methods=["GET"]),
             Route(CALLBACK_PATH, self.callback, methods=["GET"]),
             Route("/oidc/backchannel-logout", self.backchannel_logout, methods=["POST"]),
+        ]
+        #: The command line's sign-in, under ``/v1/`` (its errors are problem documents).
+        self.api_routes: list[BaseRoute] = [
+            Route("/v1/oidc", self.api_settings, methods=["GET"]),
+            Route("/v1/oidc/exchange", self.api_exchange, methods=["POST"]),
         ]
 
     async def offer(self) -> dict[str, Any] | None:
@@ -116,16 +128,59 @@ class ConsoleOidc:
                                secure=is_secure(request))
         return response
 
-    def _open(self, identity: Identity, via: str = "oidc") -> str:
+    def _open(self, identity: Identity, via: str = "oidc",
+              seconds: float | None = None) -> str:
         """A session for a signed-in identity; its id."""
         now = self.console._now()
-        session_id = new_secret()
+        session_id = (CLI_TOKEN_PREFIX if via == "cli" else "") + new_secret()
         self.console.hm.store.create_session(
             session_hash(session_id), identity.principal.name, csrf_secret=new_secret(),
-            expires_at=expiry(now, self.console.sessions.seconds), now=now, via=via,
+            expires_at=expiry(now, seconds or self.console.sessions.seconds), now=now, via=via,
             roles=identity.roles, roles_from=identity.roles_from,
             oidc_subject=identity.subject, oidc_sid=identity.sid)
         return session_id
+
+    # -- the command line ------------------------------------------------------------
+
+    async def api_settings(self, request: Request) -> Response:
+        """``GET /v1/oidc``: what ``marque login --oidc`` needs to sign in at the provider
+        (public, like the JWKS: it holds no secret)."""
+        found = await self.console._run(self._cli_settings)
+        return JSONResponse(found, headers={"Cache-Control": "no-store"})
+
+    def _cli_settings(self) -> dict[str, Any]:
+        config = self.signin.required()
+        if config.cli_client_id is None:
+            raise NotFound("this Harbourmaster does not let the command line sign in through "
+                           "its identity provider (`harbour oidc set --cli-client-id`)")
+        discovery = self.providers.get(config.issuer).discovery()
+        if discovery.device_authorization_endpoint is None:
+            raise NotFound("the identity provider offers no device authorization grant")
+        return {"issuer": config.issuer, "client_id": config.cli_client_id,
+                "scopes": list(config.scopes),
+                "device_authorization_endpoint": discovery.device_authorization_endpoint,
+                "token_endpoint": discovery.token_endpoint}
+
+    async def api_exchange(self, request: Request) -> Response:
+        """``POST /v1/oidc/exchange`` ``{id_token, access_token?}``: the command line's ID
+        token (for its own client, fresh, never exchanged before) for a short-lived bearer
+        token of this Harbourmaster: ``{token, expires_at, principal, roles}``."""
+        body = json_body(await request.body(), "{id_token, access_token?}")
+        if not isinstance(body, dict) or not isinstance(body.get("id_token"), str):
+            raise InvalidInput("the body must be a JSON object {id_token, access_token?}")
+        access = body.get("access_token")
+        found = await self.console._run(self._exchange, body["id_token"],
+                                        access if isinstance(access, str) else None)
+        return JSONResponse(found, headers={"Cache-Control": "no-store"})
+
+    def _exchange(self, id_token: str, access_token: str | None) -> dict[str, Any]:
+        now = self.console._now()
+        identity, _ = self.signin.exchange(id_token, now, access_token)
+        token = self._open(identity, via="cli", seconds=CLI_TOKEN_SECONDS)
+        log.info("command-line sign-in for %s through the identity provider",
+                 identity.principal.name)
+        return {"token": token, "expires_at": now + CLI_TOKEN_SECONDS,
+                "principal": identity.principal.name, "roles": list(identity.roles)}
 
     async def backchannel_logout(self, request: Request) -> Response:
         """``POST /oidc/backchannel-logout`` (``logout_token``): the provider ended a session;

@@ -43,6 +43,9 @@ from marque.harbour.store.base import HarbourStore, OidcLogin
 LOGIN_SECONDS = 600
 #: How recently an ID token exchanged by the command line must have been issued.
 EXCHANGE_FRESH_SECONDS = 600
+#: The bearer token a command line's sign-in gets: its prefix, and how long it lasts.
+CLI_TOKEN_PREFIX = "mqs_"
+CLI_TOKEN_SECONDS = 3600
 
 
 def sha256_hex(value: str) -> str:
