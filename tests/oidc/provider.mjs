@@ -59,6 +59,16 @@ const provider = new Provider(config.issuer, {
     Grant: 3600,
   },
   cookies: { keys: ['marque-test-provider-cookie-key-0123456789'] },
+  // The provider refuses to call special-use addresses (its SSRF guard); the relying party
+  // under test listens on loopback, so calls to 127.0.0.1 (back-channel logout) go out
+  // without that guard, and every other call keeps it.
+  fetch: (url, options) => {
+    if (new URL(url).hostname === '127.0.0.1') {
+      const { dispatcher, ...rest } = options;
+      return globalThis.fetch(url, rest);
+    }
+    return globalThis.fetch(url, options);
+  },
   // First-party clients only: grant what was asked, with no consent screen.
   loadExistingGrant: async (ctx) => {
     const grantId = ctx.oidc.result?.consent?.grantId
@@ -73,6 +83,12 @@ const provider = new Provider(config.issuer, {
   },
 });
 provider.proxy = false;
+// What the provider did that a test may need to read afterwards, on stderr.
+provider.on('backchannel.success', () => console.error('backchannel.success'));
+provider.on('backchannel.error', (ctx, err, client) => console.error(
+  `backchannel.error ${client?.clientId} ${err?.message} ${err?.cause}`));
+provider.on('server_error', (ctx, err) => console.error(`server_error ${err?.stack}`));
+provider.on('end_session.success', () => console.error('end_session.success'));
 
 const server = provider.listen(config.port, '127.0.0.1', () => {
   console.log(`listening ${config.issuer}`);
