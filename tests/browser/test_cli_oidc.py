@@ -38,8 +38,8 @@ def oidc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcWorld]:
 def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
         oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
     """`marque login --oidc` prints a URL and a code; once Carol confirms them in a browser
-    it stores a token of the Harbourmaster's (0600) that authenticates as carol; `marque
-    logout` removes it."""
+    it stores a token of the Harbourmaster's (0600) that authenticates as carol; once it
+    has expired a command renews it with the refresh token; `marque logout` removes it."""
     config = tmp_path / "config"
     env = cli_env({"XDG_CONFIG_HOME": str(config)})
     url = oidc.world.url
@@ -71,6 +71,21 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     page = oidc.world.server.call("GET", "/", cookies={"marque_session": entry["token"]},
                                   follow_redirects=False)
     assert page.status_code == 303 and "/login" in page.headers["location"]
+    # An hour later (the stored expiry moved back to say so), a command renews the sign-in
+    # by itself with the provider's refresh token, and keeps the new token.
+    assert entry["refresh_token"]
+    data = json.loads(stored.read_text())
+    data["harbours"][url]["expires_at"] = 0
+    stored.write_text(json.dumps(data))
+    listed = subprocess.run([str(MARQUE), "requests", "list", "--harbour", url, "--json"],
+                            capture_output=True, text=True, timeout=TIMEOUT, env=env,
+                            stdin=subprocess.DEVNULL)
+    assert listed.returncode == 0, (listed.stdout, listed.stderr)
+    renewed = json.loads(stored.read_text())["harbours"][url]
+    assert renewed["token"].startswith("mqs_") and renewed["token"] != entry["token"]
+    assert renewed["expires_at"] > entry["expires_at"] - 5
+    assert oidc.world.server.call("GET", "/v1/whoami", renewed["token"]).json()["name"] \
+        == "carol"
     logout = subprocess.run([str(MARQUE), "logout", "--harbour", url, "--json"],
                             capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert json.loads(logout.stdout)["removed"] == [url]

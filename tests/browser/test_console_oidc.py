@@ -8,11 +8,14 @@ keeps it: no session cookie, no session row. Nothing is mocked.
 
 from __future__ import annotations
 
+import html
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from e2e.harbour_support import DEBIT
 
@@ -234,3 +237,43 @@ def test_signing_out_at_the_provider_ends_the_console_session(
         s for s in sessions(oidc.world) if s[0] == "dave" and s[4] is None])
     dave.page.goto(oidc.world.url + "/")
     assert "why=revoked" in dave.page.url
+
+
+def begun_by_hand(world: World, who: str) -> tuple[httpx.Client, str]:
+    """The code flow up to the provider's redirect back, driven over plain HTTP (the
+    provider's own sign-in form posted as a browser would): the client holding the
+    sign-in's cookie, and the callback URL it was sent to but did not open."""
+    http = httpx.Client(timeout=30)
+    answer = http.get(world.url + "/login/oidc", follow_redirects=False)
+    while "/oidc/callback" not in answer.headers.get("location", ""):
+        if answer.status_code in (302, 303):
+            answer = http.get(httpx.URL(str(answer.url)).join(answer.headers["location"]),
+                              follow_redirects=False)
+            continue
+        action = re.search(r'<form[^>]*action="([^"]+)"', answer.text)
+        assert action, answer.text[:500]
+        answer = http.post(httpx.URL(str(answer.url)).join(html.unescape(action.group(1))),
+                           data={"prompt": "login", "login": who, "password": "x"},
+                           follow_redirects=False)
+    return http, answer.headers["location"]
+
+
+def test_a_callback_in_another_browser_is_refused(oidc: OidcWorld, browser: Any) -> None:
+    """A sign-in begun in one browser whose callback is opened in another (how a forged
+    login would plant the attacker's session on a victim) is refused there (`browser`),
+    and the state is spent: the one who began cannot use it afterwards either."""
+    world = oidc.world
+    attacker, callback = begun_by_hand(world, "carol")
+    victim = Console(browser, world, None)
+    try:
+        before = len(sessions(world))
+        victim.page.goto(callback)
+        error = victim.page.get_by_test_id("error").inner_text()
+        assert "another browser" in error, error
+        assert session_cookie(victim) is None
+        again = attacker.get(callback)
+        assert again.status_code == 401 and "already used" in again.text
+        assert len(sessions(world)) == before
+    finally:
+        victim.close()
+        attacker.close()

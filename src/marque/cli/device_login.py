@@ -10,7 +10,11 @@ grant (RFC 8628), for a terminal that may have no browser (an SSH session).
    was denied.
 4. The ID token (and the access token, for claims the ID token lacks) is posted to
    ``{harbour}/v1/oidc/exchange``, which answers a bearer token of that Harbourmaster
-   lasting an hour — the one stored, never the provider's tokens.
+   lasting an hour. That token is what is stored, with — when the provider offers
+   ``offline_access`` — the provider's refresh token, so that a command run after the
+   hour signs in again by itself (:func:`refresh_sign_in`): a fresh ID token from the
+   refresh grant, exchanged the same way. The provider's ID and access tokens are never
+   stored.
 """
 
 from __future__ import annotations
@@ -80,8 +84,9 @@ def device_sign_in(harbour_url: str, *, sleep: Any = time.sleep) -> dict[str, An
     base = harbour_url.rstrip("/")
     settings = _harbour("GET", f"{base}/v1/oidc")
     client_id = str(settings["client_id"])
+    scopes = list(settings["scopes"]) + (["offline_access"] if settings.get("refresh") else [])
     status, grant = _provider(settings["device_authorization_endpoint"],
-                              {"client_id": client_id, "scope": " ".join(settings["scopes"])})
+                              {"client_id": client_id, "scope": " ".join(scopes)})
     if status != 200 or "device_code" not in grant:
         raise OidcLoginRefused(f"the identity provider would not start a device sign-in "
                                f"({str(grant.get('error', status))[:80]})",
@@ -110,7 +115,32 @@ def device_sign_in(harbour_url: str, *, sleep: Any = time.sleep) -> dict[str, An
             continue
         raise OidcLoginRefused(f"the identity provider did not sign you in "
                                f"({str(error or status)[:80]})", detail={"check": "provider"})
+    return _exchange(base, tokens)
+
+
+def _exchange(base: str, tokens: dict[str, Any]) -> dict[str, Any]:
+    """The provider's tokens exchanged at the Harbourmaster; its answer, with the provider's
+    refresh token (if any) to keep."""
     body = {"id_token": tokens["id_token"]}
     if isinstance(tokens.get("access_token"), str):
         body["access_token"] = tokens["access_token"]
-    return _harbour("POST", f"{base}/v1/oidc/exchange", json=body)
+    answer = _harbour("POST", f"{base}/v1/oidc/exchange", json=body)
+    refresh = tokens.get("refresh_token")
+    return {**answer, "refresh_token": refresh if isinstance(refresh, str) else None}
+
+
+def refresh_sign_in(harbour_url: str, refresh_token: str) -> dict[str, Any]:
+    """Sign in again without a person: the refresh grant at the provider for a new ID token,
+    exchanged at the Harbourmaster. A refusal is ``OidcLoginRefused`` (sign in again)."""
+    base = harbour_url.rstrip("/")
+    settings = _harbour("GET", f"{base}/v1/oidc")
+    status, tokens = _provider(settings["token_endpoint"], {
+        "grant_type": "refresh_token", "refresh_token": refresh_token,
+        "client_id": str(settings["client_id"])})
+    if status != 200 or not isinstance(tokens.get("id_token"), str):
+        raise OidcLoginRefused("the identity provider would not renew your sign-in "
+                               f"({str(tokens.get('error', status))[:80]}): run "
+                               "`marque login --oidc` again", detail={"check": "refresh"})
+    if not isinstance(tokens.get("refresh_token"), str):
+        tokens["refresh_token"] = refresh_token  # a provider that does not rotate it
+    return _exchange(base, tokens)

@@ -124,18 +124,49 @@ def _write(path: Path, harbours: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+#: A sign-in through the identity provider is renewed this long before it would expire.
+RENEW_BEFORE_SECONDS = 60
+
+
 def stored_token(url: str) -> str | None:
-    """The token ``marque login`` stored for the Harbourmaster at ``url``, or None. A
-    sign-in through the identity provider that has expired is ``Unauthenticated``, saying
-    to sign in again (never sent, to be refused)."""
-    entry = _read(_path()).get(normalise_url(url))
+    """The token ``marque login`` stored for the Harbourmaster at ``url``, or None.
+
+    A sign-in through the identity provider that has (nearly) expired is renewed with the
+    provider's refresh token, if one was kept, and the new token stored; without one, or
+    when the provider refuses, it is ``Unauthenticated`` saying to sign in again (never
+    sent, to be refused)."""
+    key = normalise_url(url)
+    entry = _read(_path()).get(key)
     token = entry.get("token") if isinstance(entry, dict) else None
     expires_at = entry.get("expires_at") if isinstance(entry, dict) else None
-    if isinstance(expires_at, int | float) and time.time() >= expires_at:
-        raise Unauthenticated(f"your sign-in to {normalise_url(url)} through the identity "
-                              "provider has expired: run `marque login --oidc` again",
-                              detail={"reason": "expired"})
+    if isinstance(expires_at, int | float) and time.time() >= expires_at - RENEW_BEFORE_SECONDS:
+        return _renewed(key)
     return token if isinstance(token, str) and token else None
+
+
+def _renewed(key: str) -> str:
+    """Renew the sign-in kept for ``key`` (under the file's lock: one renewal at a time)."""
+    from marque.cli.device_login import refresh_sign_in
+
+    with _locked() as path:
+        harbours = _read(path)
+        found = harbours.get(key)
+        entry: dict[str, Any] = found if isinstance(found, dict) else {}
+        expires_at = entry.get("expires_at")
+        if isinstance(expires_at, int | float) \
+                and time.time() < expires_at - RENEW_BEFORE_SECONDS:
+            return str(entry["token"])  # another command renewed it meanwhile
+        refresh = entry.get("refresh_token")
+        if not isinstance(refresh, str) or not refresh:
+            raise Unauthenticated(f"your sign-in to {key} through the identity provider has "
+                                  "expired: run `marque login --oidc` again",
+                                  detail={"reason": "expired"})
+        signed = refresh_sign_in(key, refresh)
+        entry = {**entry, "token": signed["token"], "expires_at": float(signed["expires_at"]),
+                 "refresh_token": signed.get("refresh_token"), "saved_at": time.time()}
+        harbours[key] = entry
+        _write(path, harbours)
+        return str(signed["token"])
 
 
 def _read_token(token: str | None) -> str:
@@ -181,6 +212,7 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
 
         signed = device_sign_in(key)
         secret, expires_at = str(signed["token"]), float(signed["expires_at"])
+        refresh = signed.get("refresh_token")
     else:
         secret = _read_token(token)
     with HarbourClient(harbour_url, secret) as client:
@@ -191,7 +223,7 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
         harbours[key] = {"token": secret, "principal": who.get("name"),
                          "saved_at": time.time()}
         if expires_at is not None:
-            harbours[key].update(expires_at=expires_at, via="oidc")
+            harbours[key].update(expires_at=expires_at, via="oidc", refresh_token=refresh)
         _write(path, harbours)
     result = {"harbour": key, "principal": who.get("name"), "roles": who.get("roles"),
               "path": str(path), "expires_at": expires_at}

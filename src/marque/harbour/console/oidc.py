@@ -54,7 +54,11 @@ CALLBACK_PATH = "/oidc/callback"
 
 
 def _safe_next(target: str | None) -> str:
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    """A path on this site to go on to after signing in (never another host: browsers drop
+    tabs and newlines from URLs, so ``/\t/evil.example`` would be ``//evil.example``;
+    anything but printable ASCII without spaces is refused)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target \
+            or not all("\x21" <= c <= "\x7e" for c in target) or len(target) > 2000:
         return "/"
     return target
 
@@ -158,6 +162,7 @@ class ConsoleOidc:
             raise NotFound("the identity provider offers no device authorization grant")
         return {"issuer": config.issuer, "client_id": config.cli_client_id,
                 "scopes": list(config.scopes),
+                "refresh": "offline_access" in discovery.scopes_supported,
                 "device_authorization_endpoint": discovery.device_authorization_endpoint,
                 "token_endpoint": discovery.token_endpoint}
 

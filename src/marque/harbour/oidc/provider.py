@@ -45,6 +45,7 @@ class Discovery:
     userinfo_endpoint: str | None
     code_challenge_methods: tuple[str, ...] | None
     signing_algs: tuple[str, ...]
+    scopes_supported: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, issuer: str, data: Any) -> Discovery:
@@ -68,7 +69,9 @@ class Discovery:
                    userinfo_endpoint=_optional(data, "userinfo_endpoint"),
                    code_challenge_methods=None if not isinstance(methods, list)
                    else tuple(str(m) for m in methods),
-                   signing_algs=tuple(str(a) for a in algs if isinstance(a, str)))
+                   signing_algs=tuple(str(a) for a in algs if isinstance(a, str)),
+                   scopes_supported=tuple(str(s) for s in data.get("scopes_supported") or ()
+                                          if isinstance(s, str)))
 
 
 def _optional(data: dict[str, Any], member: str) -> str | None:

@@ -88,9 +88,9 @@ class OidcRecords(HarbourStore):
         _check_hash(state_hash, "a sign-in's state")
         _check_hash(login.browser_hash, "a sign-in's browser binding")
         with self.transaction() as tx:
-            # Old sign-ins nobody finished go as new ones begin (no sweep needed).
-            tx.execute("DELETE FROM oidc_logins WHERE expires_at < ?",
-                       (login.created_at - 86_400,))
+            # Expired sign-ins go as new ones begin (no sweep needed), so the table holds at
+            # most one sign-in's life of them, however many are begun and abandoned.
+            tx.execute("DELETE FROM oidc_logins WHERE expires_at < ?", (login.created_at,))
             tx.execute("INSERT INTO oidc_logins (state_hash, browser_hash, nonce, code_verifier, "
                        "next_path, issuer, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (state_hash, login.browser_hash, login.nonce, login.code_verifier,
