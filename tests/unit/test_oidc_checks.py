@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from marque.errors import OidcConfigInvalid, OidcLoginRefused
-from marque.harbour.console.oidc import _safe_next
+from marque.harbour.console.oidc import safe_next
 from marque.harbour.oidc.config import OidcConfig, parse_group_role
 from marque.harbour.oidc.tokens import LEEWAY_SECONDS, _check_claims
 from marque.harbour.principals import Role
@@ -92,7 +92,7 @@ def test_claims_that_hold_pass() -> None:
 @pytest.mark.parametrize(("target", "safe"), [
     ("/requests/rq_1?x=1", "/requests/rq_1?x=1"), ("//evil.example", "/"),
     ("/\t/evil.example", "/"), ("/\\evil.example", "/"), ("https://evil.example", "/"),
-    (None, "/"), ("/a b", "/"),
+    (None, "/"), ("/a b", "/"), ("/requests/ré", "/requests/ré"), ("/\u2028/x", "/"),
 ])
 def test_a_sign_in_returns_only_to_a_path_of_this_site(target: str | None, safe: str) -> None:
-    assert _safe_next(target) == safe
+    assert safe_next(target) == safe

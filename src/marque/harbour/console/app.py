@@ -39,7 +39,7 @@ from marque.errors import InvalidInput, MarqueError, TokenLoginDisabled, Unauthe
 from marque.harbour.console import csrf as console_csrf
 from marque.harbour.console import views
 from marque.harbour.console.logbook import logbook_page
-from marque.harbour.console.oidc import ConsoleOidc
+from marque.harbour.console.oidc import ConsoleOidc, safe_next
 from marque.harbour.console.pilots import pilots_view
 from marque.harbour.console.sessions import (
     LOGIN_COOKIE,
@@ -136,10 +136,9 @@ def _cell(value: Any) -> str:
 
 
 def _safe_next(target: str | None) -> str:
-    """A same-site path to return to after login (never another host)."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/"
-    return target
+    """A same-site path to return to after login (never another host; see
+    :func:`marque.harbour.console.oidc.safe_next`)."""
+    return safe_next(target)
 
 
 class Console:

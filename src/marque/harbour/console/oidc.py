@@ -53,12 +53,13 @@ OIDC_COOKIE = "marque_oidc"
 CALLBACK_PATH = "/oidc/callback"
 
 
-def _safe_next(target: str | None) -> str:
+def safe_next(target: str | None) -> str:
     """A path on this site to go on to after signing in (never another host: browsers drop
     tabs and newlines from URLs, so ``/\t/evil.example`` would be ``//evil.example``;
-    anything but printable ASCII without spaces is refused)."""
+    a path with any control character or space in it is refused)."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target \
-            or not all("\x21" <= c <= "\x7e" for c in target) or len(target) > 2000:
+            or not all(c.isprintable() and not c.isspace() for c in target) \
+            or len(target) > 2000:
         return "/"
     return target
 
@@ -99,7 +100,7 @@ class ConsoleOidc:
         """``GET /login/oidc[?next=PATH]``: a new sign-in, and off to the provider."""
         console = self.console
         browser = request.cookies.get(OIDC_COOKIE) or new_secret()
-        next_path = _safe_next(request.query_params.get("next"))
+        next_path = safe_next(request.query_params.get("next"))
         try:
             url = await console._run(self.signin.begin, browser, next_path,
                                      self._redirect_uri(request), console._now())
