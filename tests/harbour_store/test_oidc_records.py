@@ -11,9 +11,10 @@ import pytest
 
 from marque.errors import OidcLoginRefused, Unauthenticated
 from marque.harbour.principals import Role
+from marque.harbour.store import schema
 from marque.harbour.store.base import HarbourStore, OidcLogin
 
-from .conftest import T0, all_entries
+from .conftest import T0, StorePool, all_entries, raw_tx
 
 HOUR = 3600.0
 
@@ -129,3 +130,24 @@ def test_requiring_the_provider_ends_token_sessions_and_is_logged(store: Harbour
     assert store.oidc_settings() is None
     kinds = [e.kind for e in all_entries(store)]
     assert kinds[-3:] == ["oidc.configured", "oidc.configured", "oidc.cleared"]
+
+
+def test_migration_9_keeps_a_version_8_session_as_a_token_session(stores: StorePool) -> None:
+    """A session written by a version-8 store (no `via`, no roles) still works after the
+    migration, as a token session with its principal's live roles."""
+    location = stores.location()
+    old = stores.create_at_version(location, 8)
+    old.add_principal("carol", ["approver"], actor="root", now=T0)
+    session = digest("old session")
+    with raw_tx(old) as tx:
+        tx.execute("INSERT INTO console_sessions (session_hash, principal, principal_id, "
+                   "csrf_secret, created_at, expires_at) SELECT ?, name, id, ?, ?, ? "
+                   "FROM principals WHERE name = 'carol'",
+                   (session, "c" * 43, T0, T0 + HOUR))
+    old.close()
+    store = stores.open(location)
+    assert store.schema_version == schema.LATEST >= 9
+    found, carol = store.get_session(session, now=T0 + 1)
+    assert (found.via, found.roles, found.roles_from) == ("token", None, None)
+    assert carol.roles == {Role.APPROVER}
+    assert store.oidc_settings() is None

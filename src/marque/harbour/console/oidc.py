@@ -125,6 +125,8 @@ class ConsoleOidc:
             log.info("console sign-in through the identity provider refused: %s (%s)",
                      exc.code, exc.detail.get("check") or exc.detail.get("subject", ""))
             return await console.login_refused(request, exc)
+        log.info("console sign-in for %s through the identity provider (roles %s from the %s)",
+                 identity.principal.name, ",".join(identity.roles), identity.roles_from)
         response = console.render(request, "signed_in.html", next=identity.next_path,
                                   who=identity.principal.name)
         set_cookie(response, SESSION_COOKIE, session_id, max_age=int(console.sessions.seconds),
