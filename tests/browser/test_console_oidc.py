@@ -223,13 +223,19 @@ def test_a_key_rotation_at_the_provider(own_oidc: OidcWorld, browser: Any) -> No
 
 def test_signing_out_at_the_provider_ends_the_console_session(
         oidc: OidcWorld, consoles: Consoles) -> None:
-    """Dave signs in, then signs out at the provider (its end-session page): the provider's
-    back-channel logout token reaches the Harbourmaster, which ends his session at once."""
+    """Dave signs in; a forged logout token ends nothing; then he signs out at the provider
+    (its end-session page): the provider's back-channel logout token reaches the
+    Harbourmaster, which ends his session at once."""
     dave = consoles(None)
     sign_in(dave.page, "dave")
     back_at_console(dave.page, oidc.world.url)
     live = [s for s in sessions(oidc.world) if s[0] == "dave" and s[4] is None]
     assert len(live) == 1
+    # A logout token the provider did not sign is refused, and ends nothing.
+    forged = oidc.world.server.call("POST", "/oidc/backchannel-logout",
+                                    data={"logout_token": "eyJhbGciOiJub25lIn0.e30."})
+    assert forged.status_code == 400
+    assert [s for s in sessions(oidc.world) if s[0] == "dave" and s[4] is None] == live
     dave.page.goto(oidc.provider.issuer + "/session/end")
     dave.page.get_by_role("button", name="Yes, sign me out").click()
     dave.page.wait_for_load_state()

@@ -151,3 +151,20 @@ def test_migration_9_keeps_a_version_8_session_as_a_token_session(stores: StoreP
     assert (found.via, found.roles, found.roles_from) == ("token", None, None)
     assert carol.roles == {Role.APPROVER}
     assert store.oidc_settings() is None
+
+
+def test_a_state_used_through_one_process_is_used_for_all(stores: StorePool) -> None:
+    """Two stores on one location (two `harbour serve` processes): a sign-in begun through
+    one is finished through the other, and a replay through the first finds it used."""
+    location = stores.location()
+    first = stores.create(location)
+    second = stores.open(location)
+    state = digest("shared")
+    first.begin_oidc_login(state, a_login())
+    assert second.finish_oidc_login(state, now=T0 + 1).next_path == "/requests/rq_1"
+    with pytest.raises(OidcLoginRefused) as replayed:
+        first.finish_oidc_login(state, now=T0 + 2)
+    assert check_of(replayed) == "state_used"
+    token = digest("an id token")
+    assert first.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
+    assert not second.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
