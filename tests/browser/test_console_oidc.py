@@ -107,7 +107,8 @@ def test_a_replayed_state_is_refused(oidc: OidcWorld, consoles: Consoles,
 
 def test_logout_ends_the_signed_in_session(oidc: OidcWorld, consoles: Consoles) -> None:
     """Logging out of a session opened through the provider ends it in the store; the old
-    cookie opens nothing."""
+    cookie opens nothing; the page offers signing out at the provider too, after which
+    the provider asks for the password again."""
     dave = consoles(None)
     sign_in(dave.page, "dave")
     back_at_console(dave.page, oidc.world.url)
@@ -115,10 +116,19 @@ def test_logout_ends_the_signed_in_session(oidc: OidcWorld, consoles: Consoles) 
     assert cookie is not None
     dave.page.get_by_role("button", name="Log out").click()
     dave.page.wait_for_url("**/login?why=logged_out")
+    link = dave.page.get_by_test_id("provider-logout")
+    assert link.get_attribute("href").startswith(oidc.provider.issuer + "/session/end?")
     dave.context.add_cookies([cookie])
     dave.page.goto("/")
     assert "/login" in dave.page.url
     assert [s for s in sessions(oidc.world) if s[0] == "dave"][-1][4] is not None
+    # Signing out at the provider too: the next sign-in asks for the password again.
+    dave.page.goto("/login?why=logged_out")
+    dave.page.get_by_test_id("provider-logout").click()
+    dave.page.get_by_role("button", name="Yes, sign me out").click()
+    dave.page.wait_for_url(f"{oidc.world.url}/login**")
+    dave.page.get_by_test_id("oidc-sign-in").click()
+    dave.page.locator("input[name=password]").wait_for()
 
 
 def test_a_role_revoked_ends_the_session_at_the_next_request(

@@ -251,21 +251,27 @@ class Console:
     # -- login and logout ----------------------------------------------------------------
 
     def _login_page(self, request: Request, status: int = 200, *, error: Any = None,
-                    why: str = "", oidc: dict[str, Any] | None = None) -> Response:
+                    why: str = "", oidc: dict[str, Any] | None = None,
+                    provider_logout: str | None = None) -> Response:
         nonce = request.cookies.get(LOGIN_COOKIE) or new_secret()
         token = console_csrf.csrf_token(nonce, "login", purpose=console_csrf.LOGIN_PURPOSE)
         response = self.render(request, "login.html", status, error=error,
                                message=_WHY.get(why) if why else None,
                                next=_safe_next(request.query_params.get("next")),
-                               login_csrf=token, oidc=oidc)
+                               login_csrf=token, oidc=oidc,
+                               provider_logout=provider_logout)
         set_cookie(response, LOGIN_COOKIE, nonce, max_age=LOGIN_FORM_SECONDS,
                    secure=is_secure(request))
         return response
 
     async def login_form(self, request: Request) -> Response:
         """``GET /login``: the token form (and why the viewer was sent here)."""
-        return self._login_page(request, why=request.query_params.get("why", ""),
-                                oidc=await self.oidc.offer())
+        why = request.query_params.get("why", "")
+        offer = await self.oidc.offer()
+        provider_logout = None
+        if why == "logged_out" and offer is not None:
+            provider_logout = await self.oidc.provider_logout_url(request)
+        return self._login_page(request, why=why, oidc=offer, provider_logout=provider_logout)
 
     async def login_refused(self, request: Request, exc: MarqueError) -> Response:
         """The login page again, saying what was refused (no session is made)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -92,6 +93,24 @@ class ConsoleOidc:
         if config is None:
             return None
         return {"require": config.require, "error": None}
+
+    async def provider_logout_url(self, request: Request) -> str | None:
+        """Where to sign out at the provider too, after logging out of the console (its
+        end-session endpoint, coming back to the login page); None if it has none, or
+        cannot be reached now — the console's own logout has happened either way."""
+        try:
+            config = await self.console._run(self.signin.config)
+            if config is None:
+                return None
+            discovery = await self.console._run(self.providers.get(config.issuer).discovery)
+        except MarqueError:
+            return None
+        if discovery.end_session_endpoint is None:
+            return None
+        back = str(request.base_url).rstrip("/") + "/login"
+        query = urlencode({"client_id": config.client_id, "post_logout_redirect_uri": back})
+        separator = "&" if "?" in discovery.end_session_endpoint else "?"
+        return f"{discovery.end_session_endpoint}{separator}{query}"
 
     def _redirect_uri(self, request: Request) -> str:
         return str(request.base_url).rstrip("/") + CALLBACK_PATH
