@@ -23,6 +23,7 @@ test: lint
 	./scripts/ensure-postgres
 	./scripts/ensure-chromium
 	./scripts/ensure-faketime
+	./scripts/ensure-oidc-provider
 	$(BIN)/python -m pytest -q
 
 # The reliability campaign (docs/reliability.md): `make soak` is bounded (at most 15

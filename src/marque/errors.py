@@ -20,8 +20,12 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── EffectPreviewInvalid effect_preview_invalid  a preview whose CIDs do not verify
     │   ├── EffectReceiptInvalid effect_receipt_invalid  a receipt that breaks its closed shape
     │   ├── ReconciliationInvalid reconciliation_invalid  a receipt that does not extend its chain
+    │   ├── OidcConfigInvalid    oidc_config_invalid   `harbour oidc set` input that cannot work
     │   ├── Unauthenticated      unauthenticated       (HTTP 401)
+    │   │   └── OidcLoginRefused oidc_login_refused    a sign-in whose state or ID token fails
     │   ├── Forbidden            forbidden             (HTTP 403)
+    │   │   ├── OidcSubjectUnknown oidc_subject_unknown  no principal for who signed in
+    │   │   ├── TokenLoginDisabled token_login_disabled  console token login off (--require)
     │   │   ├── ReportSignatureInvalid report_signature_invalid  a report its Pilot did not sign
     │   │   └── ReportKeyChanged report_key_changed    a registration naming another report key
     │   ├── NotFound             not_found             (HTTP 404)
@@ -76,7 +80,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
         ├── HarbourUnavailable   harbour_unavailable
         ├── PilotUnavailable     pilot_unavailable
-        └── WebhookDeliveryFailed webhook_delivery_failed  an endpoint did not accept a test
+        ├── WebhookDeliveryFailed webhook_delivery_failed  an endpoint did not accept a test
+        └── OidcProviderUnavailable oidc_provider_unavailable  the identity provider
 
 The CLI derives exit statuses and the HTTP layer derives bodies from these
 classes; nothing else maps codes by hand.
@@ -251,6 +256,28 @@ class ReportKeyChanged(Forbidden, code="report_key_changed"):
     holds for it: refused (only an admin replaces a Pilot's report key, with
     ``marque harbour pilot accept-key``), so a stolen Pilot token cannot register a key
     of its own and sign outcomes in the Pilot's name."""
+
+
+class OidcConfigInvalid(UsageError, code="oidc_config_invalid"):
+    """``harbour oidc set`` was given a setting that cannot work (an issuer that is not
+    https, a provider whose discovery document disagrees, a groups mapping to no known
+    role, a client secret file others may read): nothing is written."""
+
+
+class OidcLoginRefused(Unauthenticated, code="oidc_login_refused"):
+    """An OpenID Connect sign-in that did not prove who is signing in: an unknown, used or
+    expired ``state``, an ID token whose signature, issuer, audience, expiry or nonce does
+    not hold (``detail["check"]`` names which). No session is made."""
+
+
+class OidcSubjectUnknown(Forbidden, code="oidc_subject_unknown"):
+    """The provider vouched for someone no unrevoked principal stands for, or whose groups
+    map to no role: no session is made (an admin adds the principal, or the group)."""
+
+
+class TokenLoginDisabled(Forbidden, code="token_login_disabled"):
+    """The console's token login is off (``harbour oidc set --require``): sign in through
+    the identity provider."""
 
 
 class NotFound(UsageError, code="not_found"):
@@ -534,3 +561,8 @@ class PilotUnavailable(Unavailable, code="pilot_unavailable"):
 
 class WebhookDeliveryFailed(Unavailable, code="webhook_delivery_failed"):
     """A webhook endpoint did not accept a delivery (``marque harbour webhooks test``)."""
+
+
+class OidcProviderUnavailable(Unavailable, code="oidc_provider_unavailable"):
+    """The identity provider's discovery document, keys or token endpoint could not be
+    reached or answered nonsense: nobody was signed in (try again, or use break-glass)."""

@@ -172,6 +172,8 @@ HARBOUR = [
     ("GET", "/.well-known/jwks.json", [], None),
     ("GET", "/v1/health", [], None),
     ("GET", "/metrics", [], None),
+    ("GET", "/v1/oidc", [], None),
+    ("POST", "/v1/oidc/exchange", [], {"id_token": "a.b.c", "access_token": "t"}),
 ]
 
 
@@ -202,7 +204,8 @@ def test_the_harbourmasters_api_answers_any_input_without_a_5xx(
 # -- the console -------------------------------------------------------------------------
 
 CONSOLE = [("/", ["state"]), ("/requests/{id}", ["done"]), ("/requests/{id}/live", []),
-           ("/pilots", []), ("/logbook", ["after", "kind"]), ("/login", ["next", "why"])]
+           ("/pilots", []), ("/logbook", ["after", "kind"]), ("/login", ["next", "why"]),
+           ("/login/oidc", ["next"]), ("/oidc/callback", ["state", "code", "error"])]
 
 
 def console_cookie(world: World) -> str:

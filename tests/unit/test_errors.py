@@ -50,11 +50,17 @@ OWN_CODES = {
     "row_key_invalid": 2,
     # an endpoint that did not accept `harbour webhooks test` (docs/notifications.md)
     "webhook_delivery_failed": 7,
+    # signing in through an identity provider (docs/console.md, "Signing in with OIDC")
+    "oidc_config_invalid": 2, "oidc_login_refused": 2, "oidc_subject_unknown": 2,
+    "token_login_disabled": 2, "oidc_provider_unavailable": 7,
 }
 HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 409,
         "ledger_unavailable": 503, "budget_exhausted": 403, "input_invalid": 400,
         "target_replaced": 403, "target_unsettled": 409, "method_not_allowed": 405,
-        "payload_too_large": 413, "undo_unavailable": 403, "undo_conflict": 422}
+        "payload_too_large": 413, "undo_unavailable": 403, "undo_conflict": 422,
+        "oidc_login_refused": 401, "oidc_subject_unknown": 403,
+        "token_login_disabled": 403, "oidc_provider_unavailable": 503,
+        "oidc_config_invalid": 400}
 
 
 @pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))

@@ -30,7 +30,8 @@ def _read_text(path: Path, what: str) -> str:
 # `harbour serve` (its web stack) is imported only when it runs or `--help` lists it.
 @click.group("harbour", cls=LazyGroup, no_args_is_help=True,
              lazy_subcommands={"serve": "marque.cli.harbour_serve:harbour_serve",
-                               "webhooks": "marque.cli.webhooks:webhooks"})
+                               "webhooks": "marque.cli.webhooks:webhooks",
+                               "oidc": "marque.cli.harbour_oidc:oidc"})
 def harbour() -> None:
     """Create and administer a Harbourmaster: store, issuer key, principals, routing."""
 

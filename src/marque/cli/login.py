@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from marque.cli.common import emit_json, guarded, json_option, literal, out
-from marque.errors import InvalidInput
+from marque.errors import InvalidInput, Unauthenticated
 
 VERSION = "marque-credentials/0.1"
 FILE_NAME = "credentials.json"
@@ -124,11 +124,49 @@ def _write(path: Path, harbours: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
+#: A sign-in through the identity provider is renewed this long before it would expire.
+RENEW_BEFORE_SECONDS = 60
+
+
 def stored_token(url: str) -> str | None:
-    """The token ``marque login`` stored for the Harbourmaster at ``url``, or None."""
-    entry = _read(_path()).get(normalise_url(url))
+    """The token ``marque login`` stored for the Harbourmaster at ``url``, or None.
+
+    A sign-in through the identity provider that has (nearly) expired is renewed with the
+    provider's refresh token, if one was kept, and the new token stored; without one, or
+    when the provider refuses, it is ``Unauthenticated`` saying to sign in again (never
+    sent, to be refused)."""
+    key = normalise_url(url)
+    entry = _read(_path()).get(key)
     token = entry.get("token") if isinstance(entry, dict) else None
+    expires_at = entry.get("expires_at") if isinstance(entry, dict) else None
+    if isinstance(expires_at, int | float) and time.time() >= expires_at - RENEW_BEFORE_SECONDS:
+        return _renewed(key)
     return token if isinstance(token, str) and token else None
+
+
+def _renewed(key: str) -> str:
+    """Renew the sign-in kept for ``key`` (under the file's lock: one renewal at a time)."""
+    from marque.cli.device_login import refresh_sign_in
+
+    with _locked() as path:
+        harbours = _read(path)
+        found = harbours.get(key)
+        entry: dict[str, Any] = found if isinstance(found, dict) else {}
+        expires_at = entry.get("expires_at")
+        if isinstance(expires_at, int | float) \
+                and time.time() < expires_at - RENEW_BEFORE_SECONDS:
+            return str(entry["token"])  # another command renewed it meanwhile
+        refresh = entry.get("refresh_token")
+        if not isinstance(refresh, str) or not refresh:
+            raise Unauthenticated(f"your sign-in to {key} through the identity provider has "
+                                  "expired: run `marque login --oidc` again",
+                                  detail={"reason": "expired"})
+        signed = refresh_sign_in(key, refresh)
+        entry = {**entry, "token": signed["token"], "expires_at": float(signed["expires_at"]),
+                 "refresh_token": signed.get("refresh_token"), "saved_at": time.time()}
+        harbours[key] = entry
+        _write(path, harbours)
+        return str(signed["token"])
 
 
 def _read_token(token: str | None) -> str:
@@ -150,18 +188,33 @@ def _read_token(token: str | None) -> str:
 @click.option("--token", default=None,
               help="The token itself (discouraged: a command line is visible to other users; "
                    "by default it is read from stdin, or asked for on a terminal).")
+@click.option("--oidc", "use_oidc", is_flag=True,
+              help="Sign in through the Harbourmaster's identity provider (device "
+                   "authorization grant: prints a URL and a code to confirm in a browser).")
 @json_option
 @guarded
-def login(harbour_url: str, token: str | None, as_json: bool) -> None:
+def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) -> None:
     """Check a principal's token with the Harbourmaster, then keep it for that URL.
 
     Prints whom it authenticates, never the token. A token the Harbourmaster
-    does not accept is `unauthenticated` and nothing is stored.
+    does not accept is `unauthenticated` and nothing is stored. With `--oidc`,
+    sign in at the identity provider instead; the Harbourmaster's token it
+    answers lasts an hour.
     """
     from marque.harbour.client import HarbourClient
 
     key = normalise_url(harbour_url)
-    secret = _read_token(token)
+    expires_at = None
+    if use_oidc:
+        if token is not None:
+            raise InvalidInput("--oidc signs in at the identity provider: give no --token")
+        from marque.cli.device_login import device_sign_in
+
+        signed = device_sign_in(key)
+        secret, expires_at = str(signed["token"]), float(signed["expires_at"])
+        refresh = signed.get("refresh_token")
+    else:
+        secret = _read_token(token)
     with HarbourClient(harbour_url, secret) as client:
         who = client.whoami()
         secret = client.token or secret
@@ -169,9 +222,11 @@ def login(harbour_url: str, token: str | None, as_json: bool) -> None:
         harbours = _read(path)
         harbours[key] = {"token": secret, "principal": who.get("name"),
                          "saved_at": time.time()}
+        if expires_at is not None:
+            harbours[key].update(expires_at=expires_at, via="oidc", refresh_token=refresh)
         _write(path, harbours)
     result = {"harbour": key, "principal": who.get("name"), "roles": who.get("roles"),
-              "path": str(path)}
+              "path": str(path), "expires_at": expires_at}
     if as_json:
         emit_json(result)
         return

@@ -214,6 +214,7 @@ class HarbourService:
                 Route("/v1/whoami", self.whoami, methods=["GET"]),
                 Route("/v1/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
+                *self.console.oidc.api_routes,
                 *self.console.routes,
             ],
             middleware=[Middleware(RequestIdMiddleware), Middleware(BodyLimit,

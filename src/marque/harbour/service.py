@@ -21,6 +21,7 @@ leaves the request where it was, for a retry to resume.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -65,6 +66,7 @@ from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.intake import read_registration, read_submission
 from marque.harbour.issuance import Issuer, approval_for_allow, approval_for_checkpoint, check_ttl
 from marque.harbour.lifecycle import TERMINAL, IntentConflict, RequestState, StaleVersion
+from marque.harbour.oidc.signin import CLI_TOKEN_PREFIX
 from marque.harbour.preparation import DEFAULT_RETRY, RetrySchedule, defer, retry_due
 from marque.harbour.principals import Principal, Role
 from marque.harbour.reports import ingest
@@ -186,7 +188,17 @@ class Harbourmaster:
         if not token:
             raise Unauthenticated("send `Authorization: Bearer <token>`: this endpoint needs "
                                   "a principal's token")
+        if token.startswith(CLI_TOKEN_PREFIX):  # `marque login --oidc`: a short-lived session
+            return self._signed_in(token)
         return self.store.authenticate(token)
+
+    def _signed_in(self, token: str) -> Principal:
+        """The principal of a command line's sign-in token, with the roles it was granted."""
+        session, principal = self.store.get_session(
+            hashlib.sha256(token.encode("utf-8")).hexdigest(), now=self._now())
+        if session.via != "cli":
+            raise Unauthenticated("the token is not one this Harbourmaster issued")
+        return principal
 
     def whoami(self, principal: Principal) -> dict[str, Any]:
         """Whom a token authenticates: ``{name, roles, key_thumbprint, harbour_id}`` (never

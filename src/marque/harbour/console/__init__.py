@@ -8,6 +8,7 @@ JavaScript (``static/``); every action is a plain form that works without it.
     app.py        routes: session, CSRF, one core call, one template
     sessions.py   login sessions kept in the store (HttpOnly, SameSite=Strict cookies)
     csrf.py       per-session CSRF tokens
+    oidc.py       signing in through the identity provider; back-channel logout
     views.py      the core's answers shaped for pages; states by word and colour
     pilots.py     the Pilots page: their live health, execution timelines, findings
     logbook.py    logbook pages and the chain's verification

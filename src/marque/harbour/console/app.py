@@ -35,11 +35,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from marque.errors import InvalidInput, MarqueError, Unauthenticated
+from marque.errors import InvalidInput, MarqueError, TokenLoginDisabled, Unauthenticated
 from marque.harbour.console import csrf as console_csrf
 from marque.harbour.console import views
 from marque.harbour.console.logbook import logbook_page
 from marque.harbour.console.notifications import notifications_view
+from marque.harbour.console.oidc import ConsoleOidc, safe_next
 from marque.harbour.console.pilots import pilots_view
 from marque.harbour.console.sessions import (
     LOGIN_COOKIE,
@@ -80,6 +81,7 @@ _WHY = {
     "revoked": "You logged out. Log in again to go on.",
     "logged_out": "You have logged out.",
     "principal_revoked": "Your principal was revoked: its sessions no longer work.",
+    "role_revoked": "A role you signed in with was revoked: sign in again.",
     "unknown": "Log in with your principal's token to use the console.",
 }
 
@@ -135,10 +137,9 @@ def _cell(value: Any) -> str:
 
 
 def _safe_next(target: str | None) -> str:
-    """A same-site path to return to after login (never another host)."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/"
-    return target
+    """A same-site path to return to after login (never another host; see
+    :func:`marque.harbour.console.oidc.safe_next`)."""
+    return safe_next(target)
 
 
 class Console:
@@ -161,6 +162,8 @@ class Console:
         for asset in sorted(STATIC.iterdir()):
             digest.update(asset.read_bytes())
         self.asset_version = digest.hexdigest()[:12]
+        self.headers = _HEADERS
+        self.oidc = ConsoleOidc(self)
         self.routes: list[BaseRoute] = [
             Route("/", self.queue, methods=["GET"]),
             Route("/login", self.login_form, methods=["GET"]),
@@ -175,6 +178,7 @@ class Console:
             Route("/logbook", self.logbook, methods=["GET"]),
             Route("/notifications", self.notifications, methods=["GET"]),
             Route("/favicon.ico", self.favicon, methods=["GET"]),
+            *self.oidc.routes,
             Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
         ]
 
@@ -228,6 +232,8 @@ class Console:
             found: Viewer = await self._run(self.sessions.find, session_id, self._now())
         except Unauthenticated as exc:
             raise _ToLogin(str(exc.detail.get("reason") or "unknown")) from None
+        if found.session.via == "cli":  # a command line's sign-in is a bearer token only
+            raise _ToLogin("unknown")
         request.state.viewer = found
         return found
 
@@ -248,33 +254,49 @@ class Console:
     # -- login and logout ----------------------------------------------------------------
 
     def _login_page(self, request: Request, status: int = 200, *, error: Any = None,
-                    why: str = "") -> Response:
+                    why: str = "", oidc: dict[str, Any] | None = None,
+                    provider_logout: str | None = None) -> Response:
         nonce = request.cookies.get(LOGIN_COOKIE) or new_secret()
         token = console_csrf.csrf_token(nonce, "login", purpose=console_csrf.LOGIN_PURPOSE)
         response = self.render(request, "login.html", status, error=error,
                                message=_WHY.get(why) if why else None,
                                next=_safe_next(request.query_params.get("next")),
-                               login_csrf=token)
+                               login_csrf=token, oidc=oidc,
+                               provider_logout=provider_logout)
         set_cookie(response, LOGIN_COOKIE, nonce, max_age=LOGIN_FORM_SECONDS,
                    secure=is_secure(request))
         return response
 
     async def login_form(self, request: Request) -> Response:
         """``GET /login``: the token form (and why the viewer was sent here)."""
-        return self._login_page(request, why=request.query_params.get("why", ""))
+        why = request.query_params.get("why", "")
+        offer = await self.oidc.offer()
+        provider_logout = None
+        if why == "logged_out" and offer is not None:
+            provider_logout = await self.oidc.provider_logout_url(request)
+        return self._login_page(request, why=why, oidc=offer, provider_logout=provider_logout)
+
+    async def login_refused(self, request: Request, exc: MarqueError) -> Response:
+        """The login page again, saying what was refused (no session is made)."""
+        return self._login_page(request, exc.http_status, oidc=await self.oidc.offer(),
+                                error={"code": exc.code, "message": exc.message})
 
     async def login(self, request: Request) -> Response:
         """``POST /login``: a principal's token becomes a session cookie."""
         data = await request.form()
         form = {key: value for key, value in data.items() if isinstance(value, str)}
+        offer = await self.oidc.offer()
         try:
+            if offer is not None and offer["require"]:
+                raise TokenLoginDisabled("the console's token login is off: sign in through "
+                                         "the identity provider")
             console_csrf.check_token(request.cookies.get(LOGIN_COOKIE) or new_secret(),
                                      "login", form.get("csrf"),
                                      purpose=console_csrf.LOGIN_PURPOSE)
             principal = await self._run(self.hm.authenticate, form.get("token", "").strip())
             session_id, _ = await self._run(self.sessions.start, principal, self._now())
         except MarqueError as exc:
-            return self._login_page(request, exc.http_status,
+            return self._login_page(request, exc.http_status, oidc=offer,
                                     error={"code": exc.code, "message": exc.message})
         response = RedirectResponse(_safe_next(form.get("next")), status_code=303,
                                     headers=_HEADERS)

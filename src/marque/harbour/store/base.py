@@ -205,6 +205,29 @@ class ConsoleSession:
     created_at: float
     expires_at: float
     revoked_at: float | None = None
+    #: How it was opened: ``token`` (a principal's token), ``oidc`` (the console, through
+    #: the identity provider) or ``cli`` (a command line's sign-in, used as a bearer token).
+    via: str = "token"
+    #: The roles granted at sign-in (None for a token session: the principal's, live).
+    roles: tuple[str, ...] | None = None
+    #: Where ``roles`` came from: ``principal`` or ``groups`` (None for a token session).
+    roles_from: str | None = None
+    #: The provider's subject and session id (``sid``) it was opened for, if any.
+    oidc_subject: str | None = None
+    oidc_sid: str | None = None
+
+
+@dataclass(frozen=True)
+class OidcLogin:
+    """One sign-in started at the console, as stored until its callback uses it (once)."""
+
+    browser_hash: str
+    nonce: str = field(repr=False)
+    code_verifier: str = field(repr=False)
+    next_path: str
+    issuer: str
+    created_at: float
+    expires_at: float
 
 
 class HarbourStore(NotificationStore, abc.ABC):
@@ -513,11 +536,16 @@ class HarbourStore(NotificationStore, abc.ABC):
 
     @abc.abstractmethod
     def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
-                       expires_at: float, now: float | None = None) -> ConsoleSession:
+                       expires_at: float, now: float | None = None, via: str = "token",
+                       roles: tuple[str, ...] | None = None, roles_from: str | None = None,
+                       oidc_subject: str | None = None,
+                       oidc_sid: str | None = None) -> ConsoleSession:
         """Store a new console session for a principal that exists and is not revoked.
 
         ``session_hash`` is the SHA-256 of the session id the browser holds; a
         revoked or unknown principal is ``Unauthenticated`` and nothing is stored.
+        A session opened through the identity provider carries the roles it was
+        granted and where from (``principal`` or ``groups``).
         """
 
     @abc.abstractmethod
@@ -527,7 +555,10 @@ class HarbourStore(NotificationStore, abc.ABC):
 
         ``Unauthenticated`` for an unknown, expired or logged-out session, and for
         one whose principal has been revoked since; ``detail["reason"]`` says which
-        (``unknown``, ``expired``, ``revoked``, ``principal_revoked``).
+        (``unknown``, ``expired``, ``revoked``, ``principal_revoked``, and
+        ``role_revoked`` for a sign-in granted a role its principal no longer holds).
+        A session whose roles came from the provider's groups returns the principal
+        with those roles.
         """
 
     @abc.abstractmethod
@@ -537,3 +568,39 @@ class HarbourStore(NotificationStore, abc.ABC):
     @abc.abstractmethod
     def purge_sessions(self, *, before: float) -> int:
         """Delete sessions that expired before ``before``; how many went."""
+
+    # -- signing in through an identity provider (store/oidc_sql.py) --------------
+
+    @abc.abstractmethod
+    def set_oidc_settings(self, body: dict[str, Any], *, actor: str,
+                          now: float | None = None) -> int:
+        """Keep the OIDC settings (logged as ``oidc.configured``); with ``require`` on, end
+        every console session opened with a token in the same transaction (how many)."""
+
+    @abc.abstractmethod
+    def clear_oidc_settings(self, *, actor: str, now: float | None = None) -> bool:
+        """Forget the OIDC settings (logged as ``oidc.cleared``); False if there were none."""
+
+    @abc.abstractmethod
+    def oidc_settings(self) -> dict[str, Any] | None:
+        """The stored OIDC settings, or None."""
+
+    @abc.abstractmethod
+    def begin_oidc_login(self, state_hash: str, login: OidcLogin) -> None:
+        """Keep a sign-in's state until its callback (one row per state)."""
+
+    @abc.abstractmethod
+    def finish_oidc_login(self, state_hash: str, *, now: float | None = None) -> OidcLogin:
+        """Use a sign-in's state, once: ``OidcLoginRefused`` (``detail["check"]`` =
+        ``state_unknown``, ``state_used`` or ``state_expired``) otherwise."""
+
+    @abc.abstractmethod
+    def note_exchanged_token(self, token_hash: str, *, expires_at: float,
+                             now: float | None = None) -> bool:
+        """Record that an ID token was exchanged; False if it already was (a replay)."""
+
+    @abc.abstractmethod
+    def end_oidc_sessions(self, *, subject: str | None = None, sid: str | None = None,
+                          now: float | None = None) -> int:
+        """End the live sessions opened for a provider session id or subject (back-channel
+        logout); how many."""

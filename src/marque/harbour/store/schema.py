@@ -332,14 +332,49 @@ _V9 = [
     "CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, state)",
 ]
 
+# Version 10: signing in through an OpenID provider (docs/console.md). One row of settings
+# (``harbour oidc set``); each sign-in's one-time ``state`` with its nonce and PKCE verifier
+# (stored by the SHA-256 of the state, bound to the browser that started it); the SHA-256
+# of each ID token the command line exchanged, so one is never exchanged twice; and, on a
+# session, how it was opened (``via``: token, oidc or cli), the roles it was granted and
+# where they came from, and the provider's subject and session id (for back-channel
+# logout). Existing sessions get NULLs: token sessions, as they were.
+_V10 = [
+    """CREATE TABLE oidc_settings (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        body TEXT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE oidc_logins (
+        state_hash TEXT PRIMARY KEY,
+        browser_hash TEXT NOT NULL,
+        nonce TEXT NOT NULL,
+        code_verifier TEXT NOT NULL,
+        next_path TEXT NOT NULL,
+        issuer TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        used_at DOUBLE PRECISION)""",
+    "CREATE INDEX oidc_logins_expires ON oidc_logins (expires_at)",
+    """CREATE TABLE oidc_exchanged (
+        token_hash TEXT PRIMARY KEY,
+        expires_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX oidc_exchanged_expires ON oidc_exchanged (expires_at)",
+    "ALTER TABLE console_sessions ADD COLUMN via TEXT",
+    "ALTER TABLE console_sessions ADD COLUMN roles TEXT",
+    "ALTER TABLE console_sessions ADD COLUMN roles_from TEXT",
+    "ALTER TABLE console_sessions ADD COLUMN oidc_subject TEXT",
+    "ALTER TABLE console_sessions ADD COLUMN oidc_sid TEXT",
+    "CREATE INDEX console_sessions_oidc_sid ON console_sessions (oidc_sid)",
+]
+
 #: Every column of ``requests`` this code reads and writes, in table order.
 CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_COLUMNS_V3, "requester_jkt",
                                             "prepare_attempts", "prepare_due")
 
 MIGRATIONS: dict[str, list[Sequence[str | Step]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9, _V10],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9, _V10],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 9
+LATEST = 10

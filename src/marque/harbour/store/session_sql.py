@@ -21,27 +21,49 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 from marque.errors import InvalidInput, Unauthenticated
 from marque.harbour.principals import Principal, hashes_equal, parse_roles
 from marque.harbour.store.base import ConsoleSession, HarbourStore
-from marque.harbour.store.tx import Tx, loads
+from marque.harbour.store.tx import Tx, dumps, loads
 
 _SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
-                   "s.revoked_at"
+                   "s.revoked_at, s.via, s.roles, s.roles_from, s.oidc_subject, s.oidc_sid"
+_SESSION_WIDTH = 11
+_VIA = frozenset({"token", "oidc", "cli"})
 _HEX64 = frozenset("0123456789abcdef")
 
 
 def _session(row: tuple[Any, ...]) -> ConsoleSession:
+    roles = loads(row[7])
     return ConsoleSession(session_hash=row[0], principal=row[1], csrf_secret=row[2],
-                          created_at=row[3], expires_at=row[4], revoked_at=row[5])
+                          created_at=row[3], expires_at=row[4], revoked_at=row[5],
+                          via=row[6] or "token", roles=None if roles is None else tuple(roles),
+                          roles_from=row[8], oidc_subject=row[9], oidc_sid=row[10])
 
 
 def _check_hash(session_hash: str) -> None:
     if not isinstance(session_hash, str) or len(session_hash) != 64 \
             or not set(session_hash) <= _HEX64:
         raise InvalidInput("a session is stored by the SHA-256 of its id (64 hex digits)")
+
+
+def _granted(session: ConsoleSession, principal: Principal) -> Principal:
+    """The principal as this session may act: a token session's roles are the principal's
+    own, live; a sign-in through the provider holds the roles granted at sign-in — from
+    the groups claim, or from the principal, and then it ends once the principal no
+    longer holds one of them (an admin's revocation takes effect at the next request)."""
+    if session.roles is None:
+        return principal
+    granted = parse_roles(session.roles)
+    if session.roles_from == "groups":
+        return replace(principal, roles=granted)
+    if not granted <= principal.roles:
+        raise Unauthenticated(f"principal {principal.name} no longer holds a role this sign-in "
+                              "was granted: sign in again", detail={"reason": "role_revoked"})
+    return principal
 
 
 class SessionRecords(HarbourStore):
@@ -60,8 +82,17 @@ class SessionRecords(HarbourStore):
         """``now``, or the store's clock."""
 
     def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
-                       expires_at: float, now: float | None = None) -> ConsoleSession:
+                       expires_at: float, now: float | None = None, via: str = "token",
+                       roles: tuple[str, ...] | None = None, roles_from: str | None = None,
+                       oidc_subject: str | None = None,
+                       oidc_sid: str | None = None) -> ConsoleSession:
         _check_hash(session_hash)
+        if via not in _VIA or (via == "token") != (roles is None) \
+                or (roles is None) != (roles_from is None):
+            raise InvalidInput("a session opened through the identity provider carries its "
+                               "granted roles and where they came from; a token session none")
+        if roles is not None:
+            roles = tuple(sorted(r.value for r in parse_roles(roles)))
         if not isinstance(csrf_secret, str) or len(csrf_secret) < 32:
             raise InvalidInput("a session's CSRF secret must be at least 32 characters")
         at = self._now(now)
@@ -71,15 +102,20 @@ class SessionRecords(HarbourStore):
             # One statement: the principal must exist and be unrevoked as the row goes in.
             row = tx.one(
                 "INSERT INTO console_sessions (session_hash, principal, principal_id, "
-                "csrf_secret, created_at, expires_at) SELECT ?, name, id, ?, ?, ? FROM principals "
+                "csrf_secret, created_at, expires_at, via, roles, roles_from, oidc_subject, "
+                "oidc_sid) SELECT ?, name, id, ?, ?, ?, ?, ?, ?, ?, ? FROM principals "
                 "WHERE name = ? AND revoked_at IS NULL RETURNING session_hash",
-                (session_hash, csrf_secret, at, float(expires_at), principal))
+                (session_hash, csrf_secret, at, float(expires_at), via,
+                 None if roles is None else dumps(list(roles)), roles_from, oidc_subject,
+                 oidc_sid, principal))
         if row is None:
             raise Unauthenticated(f"no unrevoked principal named {str(principal)[:128]!r} can "
                                   "hold a console session", detail={"reason": "principal"})
         return ConsoleSession(session_hash=session_hash, principal=principal,
                               csrf_secret=csrf_secret, created_at=at,
-                              expires_at=float(expires_at))
+                              expires_at=float(expires_at), via=via, roles=roles,
+                              roles_from=roles_from, oidc_subject=oidc_subject,
+                              oidc_sid=oidc_sid)
 
     def get_session(self, session_hash: str, *,
                     now: float | None = None) -> tuple[ConsoleSession, Principal]:
@@ -95,7 +131,7 @@ class SessionRecords(HarbourStore):
         # The index found the row; the constant-time comparison is what decides.
         if row is None or not hashes_equal(row[0], session_hash):
             raise Unauthenticated("no such console session", detail={"reason": "unknown"})
-        session = _session(row[:6])
+        session = _session(row[:_SESSION_WIDTH])
         if session.revoked_at is not None:
             raise Unauthenticated("this console session was ended (by logging out, or by "
                                   "a rotation of its principal's token)",
@@ -103,14 +139,14 @@ class SessionRecords(HarbourStore):
         if at >= session.expires_at:
             raise Unauthenticated("this console session has expired",
                                   detail={"reason": "expired"})
-        principal = Principal(name=row[6], roles=parse_roles(loads(row[7])),
-                              public_jwk=loads(row[8]), revoked_at=row[9], created_at=row[10],
-                              id=row[11], key_thumbprint=row[12])
+        p = row[_SESSION_WIDTH:]
+        principal = Principal(name=p[0], roles=parse_roles(loads(p[1])), public_jwk=loads(p[2]),
+                              revoked_at=p[3], created_at=p[4], id=p[5], key_thumbprint=p[6])
         if principal.revoked:
             raise Unauthenticated(f"principal {principal.name} was revoked: its console "
                                   "sessions no longer work",
                                   detail={"reason": "principal_revoked"})
-        return session, principal
+        return session, _granted(session, principal)
 
     def revoke_session(self, session_hash: str, *, now: float | None = None) -> bool:
         at = self._now(now)

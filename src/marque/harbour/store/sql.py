@@ -8,7 +8,8 @@ RETURNING``, partial indexes — with ``?`` placeholders.
 This module holds the store's lifecycle (create, open, migrate), the logbook,
 principals, routing configs and Pilots; requests, Checkpoints, Resolutions and
 reports are in ``request_sql.py``; the console's sessions in ``session_sql.py``; webhook
-endpoints and the outbox in ``webhook_sql.py``.
+endpoints and the outbox in ``webhook_sql.py``; signing in through an identity provider in
+``oidc_sql.py``.
 
 The logbook's appends are serialised by its head row: the first statement of
 an append is ``UPDATE logbook_head SET seq = seq + 1 … RETURNING seq, hash``,
@@ -49,6 +50,7 @@ from marque.harbour.principals import (
 )
 from marque.harbour.store import schema
 from marque.harbour.store.base import AdoptedConfig, LogbookEntry, PilotRecord
+from marque.harbour.store.oidc_sql import OidcRecords
 from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.session_sql import SessionRecords
 from marque.harbour.store.tx import Tx, dumps, loads
@@ -97,7 +99,7 @@ _PILOT_COLUMNS = ("pilot_id, url, incarnation, targets, registered_at, last_seen
                   "report_key")
 
 
-class SqlHarbourStore(SessionRecords, WebhookRecords, RequestRecords):
+class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecords):
     """The store's behaviour over any engine that provides :meth:`transaction`."""
 
     #: ``sqlite`` or ``postgres``: which list of :data:`schema.MIGRATIONS` applies.

@@ -1,0 +1,146 @@
+"""``marque login --oidc``: sign in at the identity provider with the device authorization
+grant (RFC 8628), for a terminal that may have no browser (an SSH session).
+
+1. ``GET {harbour}/v1/oidc`` names the provider's device and token endpoints and the
+   command line's public client id (no secret: a command line cannot keep one).
+2. The device authorization endpoint answers a user code and a verification URL, which
+   are printed (to stderr); the user opens the URL anywhere, signs in and confirms.
+3. The token endpoint is polled at the interval the provider asks (``slow_down`` adds
+   five seconds, as the RFC says) until it answers tokens, or says the code expired or
+   was denied.
+4. The ID token (and the access token, for claims the ID token lacks) is posted to
+   ``{harbour}/v1/oidc/exchange``, which answers a bearer token of that Harbourmaster
+   lasting an hour. That token is what is stored, with — when the provider offers
+   ``offline_access`` — the provider's refresh token, so that a command run after the
+   hour signs in again by itself (:func:`refresh_sign_in`): a fresh ID token from the
+   refresh grant, exchanged the same way. The provider's ID and access tokens are never
+   stored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from marque.cli.common import err, literal
+from marque.errors import (
+    HarbourUnavailable,
+    MarqueError,
+    OidcLoginRefused,
+    OidcProviderUnavailable,
+    lookup,
+)
+
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+TIMEOUT = httpx.Timeout(15.0)
+
+
+def _problem(response: httpx.Response) -> MarqueError:
+    """The Harbourmaster's problem document as the error it names."""
+    try:
+        body = response.json()
+        cls = lookup(str(body.get("code")))
+        return cls(str(body.get("detail") or body.get("title")),
+                   detail={k: v for k, v in body.items() if k not in ("type", "title",
+                                                                        "status", "detail",
+                                                                        "code")})
+    except (ValueError, KeyError, AttributeError):
+        return HarbourUnavailable(f"the Harbourmaster answered HTTP {response.status_code}")
+
+
+def _harbour(method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        response = httpx.request(method, url, timeout=TIMEOUT, **kwargs)
+    except httpx.HTTPError as exc:
+        raise HarbourUnavailable(f"cannot reach the Harbourmaster at {url}: "
+                                 f"{type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise _problem(response)
+    found: dict[str, Any] = response.json()
+    return found
+
+
+def _provider(url: str, form: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    try:
+        response = httpx.post(url, data=form, timeout=TIMEOUT,
+                              headers={"Accept": "application/json"})
+        body = response.json()
+    except httpx.HTTPError as exc:
+        raise OidcProviderUnavailable(f"cannot reach the identity provider at {url}: "
+                                      f"{type(exc).__name__}") from None
+    except ValueError:
+        raise OidcProviderUnavailable(f"the identity provider at {url} did not answer "
+                                      "JSON") from None
+    if not isinstance(body, dict):
+        raise OidcProviderUnavailable(f"the identity provider at {url} answered nonsense")
+    return response.status_code, body
+
+
+def device_sign_in(harbour_url: str, *, sleep: Any = time.sleep) -> dict[str, Any]:
+    """Run the device flow against the Harbourmaster's provider; the exchange's answer
+    ``{token, expires_at, principal, roles}``."""
+    base = harbour_url.rstrip("/")
+    settings = _harbour("GET", f"{base}/v1/oidc")
+    client_id = str(settings["client_id"])
+    scopes = list(settings["scopes"]) + (["offline_access"] if settings.get("refresh") else [])
+    status, grant = _provider(settings["device_authorization_endpoint"],
+                              {"client_id": client_id, "scope": " ".join(scopes)})
+    if status != 200 or "device_code" not in grant:
+        raise OidcLoginRefused(f"the identity provider would not start a device sign-in "
+                               f"({str(grant.get('error', status))[:80]})",
+                               detail={"check": "provider"})
+    shown = grant.get("verification_uri_complete") or grant["verification_uri"]
+    err.say(f"To sign in, open {literal(shown)} and confirm the code "
+            f"{literal(grant['user_code'])}")
+    interval = float(grant.get("interval", 5))
+    deadline = time.monotonic() + float(grant.get("expires_in", 600))
+    while True:
+        if time.monotonic() > deadline:
+            raise OidcLoginRefused("the device code expired before the sign-in was confirmed: "
+                                   "run `marque login --oidc` again",
+                                   detail={"check": "expired"})
+        sleep(interval)
+        status, tokens = _provider(settings["token_endpoint"], {
+            "grant_type": DEVICE_GRANT, "device_code": grant["device_code"],
+            "client_id": client_id})
+        error = tokens.get("error")
+        if status == 200 and isinstance(tokens.get("id_token"), str):
+            break
+        if error == "authorization_pending":
+            continue
+        if error == "slow_down":
+            interval += 5
+            continue
+        raise OidcLoginRefused(f"the identity provider did not sign you in "
+                               f"({str(error or status)[:80]})", detail={"check": "provider"})
+    return _exchange(base, tokens)
+
+
+def _exchange(base: str, tokens: dict[str, Any]) -> dict[str, Any]:
+    """The provider's tokens exchanged at the Harbourmaster; its answer, with the provider's
+    refresh token (if any) to keep."""
+    body = {"id_token": tokens["id_token"]}
+    if isinstance(tokens.get("access_token"), str):
+        body["access_token"] = tokens["access_token"]
+    answer = _harbour("POST", f"{base}/v1/oidc/exchange", json=body)
+    refresh = tokens.get("refresh_token")
+    return {**answer, "refresh_token": refresh if isinstance(refresh, str) else None}
+
+
+def refresh_sign_in(harbour_url: str, refresh_token: str) -> dict[str, Any]:
+    """Sign in again without a person: the refresh grant at the provider for a new ID token,
+    exchanged at the Harbourmaster. A refusal is ``OidcLoginRefused`` (sign in again)."""
+    base = harbour_url.rstrip("/")
+    settings = _harbour("GET", f"{base}/v1/oidc")
+    status, tokens = _provider(settings["token_endpoint"], {
+        "grant_type": "refresh_token", "refresh_token": refresh_token,
+        "client_id": str(settings["client_id"])})
+    if status != 200 or not isinstance(tokens.get("id_token"), str):
+        raise OidcLoginRefused("the identity provider would not renew your sign-in "
+                               f"({str(tokens.get('error', status))[:80]}): run "
+                               "`marque login --oidc` again", detail={"check": "refresh"})
+    if not isinstance(tokens.get("refresh_token"), str):
+        tokens["refresh_token"] = refresh_token  # a provider that does not rotate it
+    return _exchange(base, tokens)

@@ -1,0 +1,226 @@
+"""Signing in through the identity provider: the authorization code flow with PKCE, and the
+command line's ID-token exchange (docs/console.md, "Signing in with OIDC").
+
+**The console** (:meth:`SignIn.begin`, :meth:`SignIn.finish`). ``begin`` draws a
+``state``, a ``nonce`` and a PKCE verifier (256 bits each), stores them by the state's
+SHA-256 bound to the SHA-256 of a secret the browser holds in a cookie, and answers the
+provider's authorization URL (``S256`` challenge). ``finish`` uses the state once (a
+replay through any ``harbour serve`` finds it used), checks the browser is the one that
+began, redeems the code at the token endpoint with the client secret and the verifier,
+and verifies the ID token (:mod:`.tokens`) against the nonce it stored.
+
+**The command line** (:meth:`SignIn.exchange`). ``marque login --oidc`` obtains an ID
+token from the provider itself (the device authorization grant, for its own public client
+``cli_client_id``) and posts it here. It is accepted only if its audience is that client —
+an ID token issued to any other application is refused — if it was issued in the last
+:data:`EXCHANGE_FRESH_SECONDS`, and only once (its SHA-256 is recorded in the store).
+
+**Who it is** (:meth:`SignIn.identify`). The configured claim (``sub`` by default, or e.g.
+``email``, which must then be ``email_verified``) is the name of a principal, which must
+exist and be unrevoked: nobody is created by signing in. Its roles are the principal's
+(never ``pilot``), or — with a groups claim configured — those its groups map to; no role
+is no session.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from marque.errors import NotFound, OidcConfigInvalid, OidcLoginRefused, OidcSubjectUnknown
+from marque.harbour.oidc.config import OidcConfig, read_secret
+from marque.harbour.oidc.provider import Provider, Providers, fetch_userinfo, post_token
+from marque.harbour.oidc.tokens import refuse, verify_id_token
+from marque.harbour.principals import Principal, Role
+from marque.harbour.store.base import HarbourStore, OidcLogin
+
+#: How long a started sign-in may take, from the login page to the callback.
+LOGIN_SECONDS = 600
+#: How recently an ID token exchanged by the command line must have been issued.
+EXCHANGE_FRESH_SECONDS = 600
+#: The bearer token a command line's sign-in gets: its prefix, and how long it lasts.
+CLI_TOKEN_PREFIX = "mqs_"
+CLI_TOKEN_SECONDS = 3600
+
+
+def sha256_hex(value: str) -> str:
+    """The SHA-256 (hex) a secret is stored and looked up as."""
+    return hashlib.sha256(value.encode("utf-8")).hexdigest()
+
+
+def _challenge(verifier: str) -> str:
+    digest = hashlib.sha256(verifier.encode("ascii")).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who signed in: the principal, the roles granted and from where, and the provider's
+    subject and session id."""
+
+    principal: Principal
+    roles: tuple[str, ...]
+    roles_from: str
+    subject: str
+    sid: str | None
+    next_path: str = "/"
+
+
+class SignIn:
+    """Sign-ins against one Harbourmaster's store. Blocking: call from a worker thread."""
+
+    def __init__(self, store: HarbourStore, providers: Providers) -> None:
+        self.store = store
+        self.providers = providers
+
+    def config(self) -> OidcConfig | None:
+        """The stored settings, or None when signing in through a provider is not set up."""
+        body = self.store.oidc_settings()
+        return None if body is None else OidcConfig.from_dict(body)
+
+    def required(self) -> OidcConfig:
+        """The stored settings; ``not_found`` when there are none."""
+        config = self.config()
+        if config is None:
+            raise NotFound("this Harbourmaster has no identity provider configured "
+                           "(`marque harbour oidc set`)")
+        return config
+
+    # -- the console's authorization code flow -------------------------------------
+
+    def begin(self, browser_secret: str, next_path: str, redirect_uri: str,
+              now: float) -> str:
+        """Store a new sign-in; the provider's authorization URL to send the browser to."""
+        config = self.required()
+        discovery = self.providers.get(config.issuer).discovery()
+        methods = discovery.code_challenge_methods
+        if methods is not None and "S256" not in methods:
+            raise OidcConfigInvalid("the provider does not offer PKCE with S256, which Marque "
+                                    "requires", detail={"setting": "issuer"})
+        state, nonce = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        verifier = secrets.token_urlsafe(48)
+        self.store.begin_oidc_login(sha256_hex(state), OidcLogin(
+            browser_hash=sha256_hex(browser_secret), nonce=nonce, code_verifier=verifier,
+            next_path=next_path, issuer=config.issuer, created_at=now,
+            expires_at=now + LOGIN_SECONDS))
+        query = urlencode({"response_type": "code", "client_id": config.client_id,
+                           "redirect_uri": config.redirect_uri or redirect_uri,
+                           "scope": " ".join(config.scopes), "state": state, "nonce": nonce,
+                           "code_challenge": _challenge(verifier),
+                           "code_challenge_method": "S256"})
+        separator = "&" if "?" in discovery.authorization_endpoint else "?"
+        return f"{discovery.authorization_endpoint}{separator}{query}"
+
+    def finish(self, state: str, code: str | None, error: str | None, browser_secret: str,
+               redirect_uri: str, now: float) -> Identity:
+        """The callback: use the state once, redeem the code, verify the ID token, and
+        say who signed in (``OidcLoginRefused`` / ``OidcSubjectUnknown`` otherwise)."""
+        login = self.store.finish_oidc_login(sha256_hex(state or ""), now=now)
+        if not hmac.compare_digest(login.browser_hash, sha256_hex(browser_secret)):
+            raise OidcLoginRefused("this sign-in was started in another browser, so it was "
+                                   "refused: start again from the login page",
+                                   detail={"check": "browser"})
+        config = self.required()
+        if login.issuer != config.issuer:
+            raise OidcLoginRefused("the identity provider was changed while this sign-in was "
+                                   "under way: start again", detail={"check": "issuer"})
+        if error or not code:
+            raise OidcLoginRefused(f"the identity provider did not sign you in "
+                                   f"({(error or 'no code')[:80]})",
+                                   detail={"check": "provider", "error": (error or "")[:80]})
+        provider = self.providers.get(config.issuer)
+        answer = post_token(provider.discovery().token_endpoint, {
+            "grant_type": "authorization_code", "code": code,
+            "redirect_uri": config.redirect_uri or redirect_uri,
+            "code_verifier": login.code_verifier},
+            auth=(config.client_id, read_secret(config.client_secret_file)))
+        token = answer.get("id_token")
+        if "error" in answer or not isinstance(token, str):
+            raise OidcLoginRefused("the identity provider would not redeem the sign-in's code "
+                                   f"({str(answer.get('error', 'no ID token'))[:80]})",
+                                   detail={"check": "code"})
+        claims = verify_id_token(token, provider, client_id=config.client_id, now=now,
+                                 nonce=login.nonce)
+        claims = self._with_userinfo(config, provider, claims, answer.get("access_token"))
+        identity = self.identify(config, claims)
+        return Identity(identity.principal, identity.roles, identity.roles_from,
+                        identity.subject, identity.sid, login.next_path)
+
+    # -- the command line's exchange ------------------------------------------------
+
+    def _with_userinfo(self, config: OidcConfig, provider: Provider, claims: dict[str, Any],
+                       access_token: Any) -> dict[str, Any]:
+        """The ID token's claims, completed from the UserInfo endpoint when a claim the
+        settings use is not in the ID token (a provider may put only ``sub`` there). The
+        UserInfo answer must be for the same ``sub``; it never replaces a claim the signed
+        ID token carries."""
+        wanted = {config.subject_claim, *([config.groups_claim] if config.groups_claim else []),
+                  *(["email_verified"] if config.subject_claim == "email" else [])}
+        endpoint = provider.discovery().userinfo_endpoint
+        if wanted <= set(claims) or endpoint is None or not isinstance(access_token, str):
+            return claims
+        info = fetch_userinfo(endpoint, access_token)
+        if info.get("sub") != claims["sub"]:
+            raise refuse("subject", "the provider's UserInfo answer is for another subject")
+        return {**info, **claims}
+
+    def exchange(self, id_token: str, now: float,
+                 access_token: str | None = None) -> tuple[Identity, float]:
+        """A command line's ID token (for ``cli_client_id``), checked and used once: who it
+        is, and when the token expires."""
+        config = self.required()
+        if config.cli_client_id is None:
+            raise NotFound("this Harbourmaster does not let the command line sign in through "
+                           "its identity provider (`harbour oidc set --cli-client-id`)")
+        provider = self.providers.get(config.issuer)
+        claims = verify_id_token(id_token, provider, client_id=config.cli_client_id, now=now,
+                                 nonce=None)
+        if float(claims["iat"]) < now - EXCHANGE_FRESH_SECONDS:
+            raise refuse("issued_at", "it was issued too long ago to be exchanged: sign in again")
+        if not self.store.note_exchanged_token(sha256_hex(id_token),
+                                               expires_at=float(claims["exp"]), now=now):
+            raise refuse("replayed", "it was exchanged before")
+        claims = self._with_userinfo(config, provider, claims, access_token)
+        return self.identify(config, claims), float(claims["exp"])
+
+    # -- who it is -------------------------------------------------------------------
+
+    def identify(self, config: OidcConfig, claims: dict[str, Any]) -> Identity:
+        """The principal the claims name and the roles this sign-in is granted."""
+        name = claims.get(config.subject_claim)
+        if not isinstance(name, str) or not name or len(name.encode()) > 128:
+            raise OidcSubjectUnknown(f"the identity provider's token has no usable "
+                                     f"{config.subject_claim!r} claim to name a principal by",
+                                     detail={"claim": config.subject_claim})
+        if config.subject_claim == "email" and claims.get("email_verified") is not True:
+            raise OidcSubjectUnknown("the identity provider does not say this email address is "
+                                     "verified, so it names no principal",
+                                     detail={"claim": "email"})
+        try:
+            principal = self.store.get_principal(name)
+        except NotFound:
+            principal = None
+        if principal is None or principal.revoked:
+            raise OidcSubjectUnknown(f"you signed in as {name!r}, and no principal of that name "
+                                     "may use this Harbourmaster: ask an admin to add one",
+                                     detail={"subject": name})
+        if config.groups_claim:
+            granted = config.roles_for(claims.get(config.groups_claim))
+            source = "groups"
+        else:
+            granted = principal.roles - {Role.PILOT}
+            source = "principal"
+        if not granted:
+            raise OidcSubjectUnknown(f"you signed in as {name!r}, whose groups grant no role "
+                                     "here: ask an admin to add you to a group that does"
+                                     if source == "groups" else
+                                     f"principal {name!r} holds no role the console grants",
+                                     detail={"subject": name})
+        sid = claims.get("sid")
+        return Identity(principal, tuple(sorted(r.value for r in granted)), source,
+                        str(claims["sub"]), sid if isinstance(sid, str) else None)

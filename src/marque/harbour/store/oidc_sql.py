@@ -1,0 +1,151 @@
+"""Signing in through an identity provider, in the Harbourmaster's store, for both engines.
+
+What must hold across every ``harbour serve`` sharing a store lives here as constraints
+and compare-and-sets, never in one process's memory:
+
+* the settings are one row (``id = 1``), replaced whole and logged;
+* a sign-in's ``state`` is a row keyed by its SHA-256, used by one ``UPDATE … WHERE
+  used_at IS NULL RETURNING``: a replayed callback, through this process or another,
+  finds it used and is refused;
+* an ID token the command line exchanged is a row keyed by its SHA-256, inserted with
+  ``ON CONFLICT DO NOTHING``: the second exchange of one token inserts nothing.
+
+Turning ``require`` on ends the console sessions opened with a principal's token in the
+same transaction that stores it, so break-glass sessions do not outlive the switch.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any
+
+from marque.errors import InvalidInput, OidcLoginRefused
+from marque.harbour.principals import hashes_equal
+from marque.harbour.store.base import HarbourStore, OidcLogin
+from marque.harbour.store.tx import Tx, dumps, loads
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _check_hash(value: str, what: str) -> None:
+    if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
+        raise InvalidInput(f"{what} is stored by its SHA-256 (64 hex digits)")
+
+
+class OidcRecords(HarbourStore):
+    """OIDC operations, over the hooks ``sql.SqlHarbourStore`` provides."""
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
+        """A write transaction."""
+
+    @abc.abstractmethod
+    def reading(self) -> contextlib.AbstractContextManager[Tx]:
+        """A read-only transaction."""
+
+    @abc.abstractmethod
+    def _now(self, now: float | None) -> float:
+        """``now``, or the store's clock."""
+
+    @abc.abstractmethod
+    def _append_tx(self, tx: Tx, kind: str, actor: str, subject: str, body: dict[str, Any],
+                   at: float) -> Any:
+        """Append a logbook entry inside ``tx``."""
+
+    def set_oidc_settings(self, body: dict[str, Any], *, actor: str,
+                          now: float | None = None) -> int:
+        at = self._now(now)
+        text = dumps(body)
+        with self.transaction() as tx:
+            tx.execute("INSERT INTO oidc_settings (id, body, updated_at) VALUES (1, ?, ?) "
+                       "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "
+                       "updated_at = excluded.updated_at", (text, at))
+            ended = []
+            if body.get("require"):
+                ended = tx.execute("UPDATE console_sessions SET revoked_at = ? "
+                                   "WHERE revoked_at IS NULL AND (via IS NULL OR via = 'token') "
+                                   "RETURNING session_hash", (at,))
+            self._append_tx(tx, "oidc.configured", actor, "oidc",
+                            {**body, "token_sessions_ended": len(ended)}, at)
+        return len(ended)
+
+    def clear_oidc_settings(self, *, actor: str, now: float | None = None) -> bool:
+        at = self._now(now)
+        with self.transaction() as tx:
+            gone = tx.execute("DELETE FROM oidc_settings WHERE id = 1 RETURNING id")
+            if gone:
+                self._append_tx(tx, "oidc.cleared", actor, "oidc", {}, at)
+        return bool(gone)
+
+    def oidc_settings(self) -> dict[str, Any] | None:
+        with self.reading() as tx:
+            row = tx.one("SELECT body FROM oidc_settings WHERE id = 1")
+        found: dict[str, Any] | None = None if row is None else loads(row[0])
+        return found
+
+    def begin_oidc_login(self, state_hash: str, login: OidcLogin) -> None:
+        _check_hash(state_hash, "a sign-in's state")
+        _check_hash(login.browser_hash, "a sign-in's browser binding")
+        with self.transaction() as tx:
+            # Expired sign-ins go as new ones begin (no sweep needed), so the table holds at
+            # most one sign-in's life of them, however many are begun and abandoned.
+            tx.execute("DELETE FROM oidc_logins WHERE expires_at < ?", (login.created_at,))
+            tx.execute("INSERT INTO oidc_logins (state_hash, browser_hash, nonce, code_verifier, "
+                       "next_path, issuer, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (state_hash, login.browser_hash, login.nonce, login.code_verifier,
+                        login.next_path, login.issuer, login.created_at, login.expires_at))
+
+    def finish_oidc_login(self, state_hash: str, *, now: float | None = None) -> OidcLogin:
+        if not isinstance(state_hash, str) or len(state_hash) != 64:
+            raise OidcLoginRefused("this sign-in's state is unknown: start again from the login "
+                                   "page", detail={"check": "state_unknown"})
+        at = self._now(now)
+        with self.transaction() as tx:
+            row = tx.one("UPDATE oidc_logins SET used_at = ? WHERE state_hash = ? AND "
+                         "used_at IS NULL RETURNING state_hash, browser_hash, nonce, "
+                         "code_verifier, next_path, issuer, created_at, expires_at",
+                         (at, state_hash))
+            used = None if row is not None else tx.one(
+                "SELECT used_at FROM oidc_logins WHERE state_hash = ?", (state_hash,))
+        if row is None or not hashes_equal(row[0], state_hash):
+            check = "state_used" if used is not None else "state_unknown"
+            said = "was already used" if used is not None else "is unknown"
+            raise OidcLoginRefused(f"this sign-in's state {said}, so it was refused: start "
+                                   "again from the login page", detail={"check": check})
+        login = OidcLogin(browser_hash=row[1], nonce=row[2], code_verifier=row[3],
+                          next_path=row[4], issuer=row[5], created_at=row[6], expires_at=row[7])
+        if at >= login.expires_at:
+            raise OidcLoginRefused("this sign-in took too long and its state expired: start "
+                                   "again from the login page", detail={"check": "state_expired"})
+        return login
+
+    def note_exchanged_token(self, token_hash: str, *, expires_at: float,
+                             now: float | None = None) -> bool:
+        _check_hash(token_hash, "an exchanged ID token")
+        at = self._now(now)
+        with self.transaction() as tx:
+            tx.execute("DELETE FROM oidc_exchanged WHERE expires_at < ?", (at - 3600,))
+            fresh = tx.execute("INSERT INTO oidc_exchanged (token_hash, expires_at) "
+                               "VALUES (?, ?) ON CONFLICT (token_hash) DO NOTHING "
+                               "RETURNING token_hash", (token_hash, float(expires_at)))
+        return bool(fresh)
+
+    def end_oidc_sessions(self, *, subject: str | None = None, sid: str | None = None,
+                          now: float | None = None) -> int:
+        if subject is None and sid is None:
+            raise InvalidInput("a back-channel logout names a subject or a session id")
+        at = self._now(now)
+        clauses: list[str] = []
+        params: list[Any] = [at]
+        if sid is not None:
+            clauses.append("oidc_sid = ?")
+            params.append(sid)
+        if subject is not None:
+            clauses.append("oidc_subject = ?")
+            params.append(subject)
+        with self.transaction() as tx:
+            ended = tx.execute("UPDATE console_sessions SET revoked_at = ? WHERE revoked_at IS "
+                               f"NULL AND via <> 'token' AND {' AND '.join(clauses)} "
+                               "RETURNING session_hash", tuple(params))
+        return len(ended)

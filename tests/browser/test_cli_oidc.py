@@ -1,0 +1,124 @@
+"""``marque login --oidc``: the command line signs in through the device authorization grant
+at a real OpenID provider (oidc-provider on loopback), confirmed in Chromium (issue 27).
+
+What it stores is the Harbourmaster's own short-lived token (``mqs_…``), in a 0600 file;
+it authenticates API calls as the principal; ``marque logout`` removes it. The exchange
+refuses an ID token issued to another application (audience), and one exchanged twice.
+Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.harbour_support import MARQUE, TIMEOUT, cli_env
+
+from .oidc_world import (
+    CLI_CLIENT,
+    OTHER_CLIENT,
+    OidcWorld,
+    confirm_device,
+    device_tokens,
+    make_oidc_world,
+)
+
+
+@pytest.fixture(scope="module")
+def oidc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcWorld]:
+    yield from make_oidc_world(tmp_path_factory.mktemp("oidc-cli"))
+
+
+def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
+        oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
+    """`marque login --oidc` prints a URL and a code; once Carol confirms them in a browser
+    it stores a token of the Harbourmaster's (0600) that authenticates as carol; once it
+    has expired a command renews it with the refresh token; `marque logout` removes it."""
+    config = tmp_path / "config"
+    env = cli_env({"XDG_CONFIG_HOME": str(config)})
+    url = oidc.world.url
+    proc = subprocess.Popen([str(MARQUE), "login", "--harbour", url, "--oidc", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()
+        assert "To sign in, open" in said, said
+        verification = said.split("open ", 1)[1].split(" and confirm", 1)[0].strip()
+        assert verification.startswith(oidc.provider.issuer + "/device")
+        confirm_device(browser, verification, "carol")
+        out, rest = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (out, rest)
+    result = json.loads(out)
+    assert (result["principal"], result["roles"]) == ("carol", ["approver"])
+    stored = config / "marque" / "credentials.json"
+    assert stat.S_IMODE(os.stat(stored).st_mode) == 0o600
+    entry = json.loads(stored.read_text())["harbours"][url]
+    assert entry["token"].startswith("mqs_") and entry["via"] == "oidc"
+    assert entry["expires_at"] == result["expires_at"]
+    who = oidc.world.server.call("GET", "/v1/whoami", entry["token"])
+    assert who.status_code == 200 and who.json()["name"] == "carol"
+    # The token is the command line's: it opens no console page.
+    page = oidc.world.server.call("GET", "/", cookies={"marque_session": entry["token"]},
+                                  follow_redirects=False)
+    assert page.status_code == 303 and "/login" in page.headers["location"]
+    # An hour later (the stored expiry moved back to say so), a command renews the sign-in
+    # by itself with the provider's refresh token, and keeps the new token.
+    assert entry["refresh_token"]
+    data = json.loads(stored.read_text())
+    data["harbours"][url]["expires_at"] = 0
+    stored.write_text(json.dumps(data))
+    listed = subprocess.run([str(MARQUE), "requests", "list", "--harbour", url, "--json"],
+                            capture_output=True, text=True, timeout=TIMEOUT, env=env,
+                            stdin=subprocess.DEVNULL)
+    assert listed.returncode == 0, (listed.stdout, listed.stderr)
+    renewed = json.loads(stored.read_text())["harbours"][url]
+    assert renewed["token"].startswith("mqs_") and renewed["token"] != entry["token"]
+    assert renewed["expires_at"] > entry["expires_at"] - 5
+    assert oidc.world.server.call("GET", "/v1/whoami", renewed["token"]).json()["name"] \
+        == "carol"
+    logout = subprocess.run([str(MARQUE), "logout", "--harbour", url, "--json"],
+                            capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert json.loads(logout.stdout)["removed"] == [url]
+    assert url not in json.loads(stored.read_text())["harbours"]
+
+
+def test_an_id_token_for_another_audience_is_refused(oidc: OidcWorld, browser: Any) -> None:
+    """An ID token the provider issued to another application (a real one, for Carol) is
+    refused by the exchange: its audience is not the Harbourmaster's command-line client."""
+    tokens = device_tokens(oidc.provider, OTHER_CLIENT + "-cli", browser, "carol")
+    answer = oidc.world.server.call("POST", "/v1/oidc/exchange",
+                                    json={"id_token": tokens["id_token"]})
+    assert answer.status_code == 401, answer.text
+    problem = answer.json()
+    assert problem["code"] == "oidc_login_refused" and problem["check"] == "audience"
+
+
+def test_an_id_token_is_exchanged_once(oidc: OidcWorld, browser: Any) -> None:
+    """The command line's own ID token is exchanged once; the same token again is refused
+    (check `replayed`), so a copy of it is worth nothing after its first use."""
+    tokens = device_tokens(oidc.provider, CLI_CLIENT, browser, "dave")
+    first = oidc.world.server.call("POST", "/v1/oidc/exchange",
+                                   json={"id_token": tokens["id_token"]})
+    assert first.status_code == 200, first.text
+    assert first.json()["principal"] == "dave"
+    again = oidc.world.server.call("POST", "/v1/oidc/exchange",
+                                   json={"id_token": tokens["id_token"]})
+    assert again.status_code == 401 and again.json()["check"] == "replayed", again.text
+
+
+def test_an_unknown_subject_cannot_exchange(oidc: OidcWorld, browser: Any) -> None:
+    """Mallory's real ID token for the command line's client names no principal: 403."""
+    tokens = device_tokens(oidc.provider, CLI_CLIENT, browser, "mallory")
+    answer = oidc.world.server.call("POST", "/v1/oidc/exchange",
+                                    json={"id_token": tokens["id_token"]})
+    assert answer.status_code == 403 and answer.json()["code"] == "oidc_subject_unknown"

@@ -1,0 +1,170 @@
+"""Signing in through an identity provider, in the store (store/oidc_sql.py), on SQLite and
+PostgreSQL alike: one-time states, ID tokens exchanged once, sessions granted roles, and
+the switch that turns token login off ending token sessions."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import pytest
+
+from marque.errors import OidcLoginRefused, Unauthenticated
+from marque.harbour.principals import Role
+from marque.harbour.store import schema
+from marque.harbour.store.base import HarbourStore, OidcLogin
+
+from .conftest import T0, StorePool, all_entries, raw_tx
+
+HOUR = 3600.0
+
+
+def digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def a_login(browser: str = "browser-secret", *, expires_at: float = T0 + 600) -> OidcLogin:
+    return OidcLogin(browser_hash=digest(browser), nonce="n" * 43, code_verifier="v" * 64,
+                     next_path="/requests/rq_1", issuer="https://idp.example",
+                     created_at=T0, expires_at=expires_at)
+
+
+def check_of(excinfo: pytest.ExceptionInfo[OidcLoginRefused]) -> str:
+    check: str = excinfo.value.detail["check"]
+    return check
+
+
+def test_a_state_is_used_once(store: HarbourStore) -> None:
+    """The first finish answers what begin stored; the second is `state_used`; a state
+    never stored is `state_unknown`."""
+    state = digest(secrets.token_urlsafe(32))
+    store.begin_oidc_login(state, a_login())
+    found = store.finish_oidc_login(state, now=T0 + 5)
+    assert (found.nonce, found.code_verifier, found.next_path) == ("n" * 43, "v" * 64,
+                                                                   "/requests/rq_1")
+    with pytest.raises(OidcLoginRefused) as used:
+        store.finish_oidc_login(state, now=T0 + 6)
+    assert check_of(used) == "state_used"
+    with pytest.raises(OidcLoginRefused) as unknown:
+        store.finish_oidc_login(digest("never"), now=T0)
+    assert check_of(unknown) == "state_unknown"
+
+
+def test_an_expired_state_is_refused_and_spent(store: HarbourStore) -> None:
+    """A callback after the sign-in's time is `state_expired`, and the state is used up."""
+    state = digest("late")
+    store.begin_oidc_login(state, a_login(expires_at=T0 + 600))
+    with pytest.raises(OidcLoginRefused) as late:
+        store.finish_oidc_login(state, now=T0 + 600)
+    assert check_of(late) == "state_expired"
+    with pytest.raises(OidcLoginRefused) as again:
+        store.finish_oidc_login(state, now=T0 + 1)
+    assert check_of(again) == "state_used"
+
+
+def test_an_id_token_is_noted_once(store: HarbourStore) -> None:
+    """note_exchanged_token answers True once per token hash, then False."""
+    token = digest("an id token")
+    assert store.note_exchanged_token(token, expires_at=T0 + 300, now=T0) is True
+    assert store.note_exchanged_token(token, expires_at=T0 + 300, now=T0 + 1) is False
+    assert store.note_exchanged_token(digest("another"), expires_at=T0 + 300, now=T0) is True
+
+
+def test_a_signed_in_session_holds_the_roles_it_was_granted(store: HarbourStore) -> None:
+    """Roles from groups replace the principal's; roles from the principal end the session
+    (`role_revoked`) once it no longer holds one of them."""
+    store.add_principal("gina", ["requester"], actor="root", now=T0)
+    store.add_principal("carol", ["approver"], actor="root", now=T0)
+    groups, principal = digest("s1"), digest("s2")
+    store.create_session(groups, "gina", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0,
+                         via="oidc", roles=("approver",), roles_from="groups",
+                         oidc_subject="gina", oidc_sid="sid-1")
+    store.create_session(principal, "carol", csrf_secret="c" * 43, expires_at=T0 + HOUR,
+                         now=T0, via="oidc", roles=("approver",), roles_from="principal",
+                         oidc_subject="carol", oidc_sid="sid-2")
+    session, gina = store.get_session(groups, now=T0 + 1)
+    assert gina.roles == {Role.APPROVER} and session.via == "oidc"
+    assert store.get_session(principal, now=T0 + 1)[1].roles == {Role.APPROVER}
+    store.set_roles("carol", ["auditor"], actor="root", now=T0 + 2)
+    with pytest.raises(Unauthenticated) as revoked:
+        store.get_session(principal, now=T0 + 3)
+    assert revoked.value.detail["reason"] == "role_revoked"
+
+
+def test_back_channel_logout_ends_the_sessions_of_a_provider_session(
+        store: HarbourStore) -> None:
+    """end_oidc_sessions by sid ends that sign-in's sessions only, never a token session."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    mine, other, token = digest("a"), digest("b"), digest("c")
+    for session, sid in ((mine, "sid-x"), (other, "sid-y")):
+        store.create_session(session, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR,
+                             now=T0, via="oidc", roles=("approver",), roles_from="principal",
+                             oidc_subject="dave", oidc_sid=sid)
+    store.create_session(token, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    assert store.end_oidc_sessions(sid="sid-x", now=T0 + 1) == 1
+    with pytest.raises(Unauthenticated):
+        store.get_session(mine, now=T0 + 2)
+    store.get_session(other, now=T0 + 2)
+    assert store.end_oidc_sessions(subject="dave", now=T0 + 3) == 1
+    store.get_session(token, now=T0 + 4)  # a token session is not the provider's to end
+
+
+def test_requiring_the_provider_ends_token_sessions_and_is_logged(store: HarbourStore) -> None:
+    """Settings with require on end every token session in the same transaction; the
+    logbook says so; signed-in sessions stay; clearing is logged too."""
+    store.add_principal("admin", ["admin"], actor="root", now=T0)
+    token, signed = digest("t"), digest("o")
+    store.create_session(token, "admin", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    store.create_session(signed, "admin", csrf_secret="c" * 43, expires_at=T0 + HOUR,
+                         now=T0, via="oidc", roles=("admin",), roles_from="principal")
+    assert store.set_oidc_settings({"issuer": "https://idp.example", "require": False},
+                                   actor="root", now=T0 + 1) == 0
+    assert store.set_oidc_settings({"issuer": "https://idp.example", "require": True},
+                                   actor="root", now=T0 + 2) == 1
+    assert store.oidc_settings() == {"issuer": "https://idp.example", "require": True}
+    with pytest.raises(Unauthenticated):
+        store.get_session(token, now=T0 + 3)
+    store.get_session(signed, now=T0 + 3)
+    assert store.clear_oidc_settings(actor="root", now=T0 + 4) is True
+    assert store.clear_oidc_settings(actor="root", now=T0 + 5) is False
+    assert store.oidc_settings() is None
+    kinds = [e.kind for e in all_entries(store)]
+    assert kinds[-3:] == ["oidc.configured", "oidc.configured", "oidc.cleared"]
+
+
+def test_migration_10_keeps_a_version_9_session_as_a_token_session(stores: StorePool) -> None:
+    """A session written by a version-9 store (no `via`, no roles) still works after the
+    migration, as a token session with its principal's live roles."""
+    location = stores.location()
+    old = stores.create_at_version(location, 9)
+    old.add_principal("carol", ["approver"], actor="root", now=T0)
+    session = digest("old session")
+    with raw_tx(old) as tx:
+        tx.execute("INSERT INTO console_sessions (session_hash, principal, principal_id, "
+                   "csrf_secret, created_at, expires_at) SELECT ?, name, id, ?, ?, ? "
+                   "FROM principals WHERE name = 'carol'",
+                   (session, "c" * 43, T0, T0 + HOUR))
+    old.close()
+    store = stores.open(location)
+    assert store.schema_version == schema.LATEST == 10
+    found, carol = store.get_session(session, now=T0 + 1)
+    assert (found.via, found.roles, found.roles_from) == ("token", None, None)
+    assert carol.roles == {Role.APPROVER}
+    assert store.oidc_settings() is None
+
+
+def test_a_state_used_through_one_process_is_used_for_all(stores: StorePool) -> None:
+    """Two stores on one location (two `harbour serve` processes): a sign-in begun through
+    one is finished through the other, and a replay through the first finds it used."""
+    location = stores.location()
+    first = stores.create(location)
+    second = stores.open(location)
+    state = digest("shared")
+    first.begin_oidc_login(state, a_login())
+    assert second.finish_oidc_login(state, now=T0 + 1).next_path == "/requests/rq_1"
+    with pytest.raises(OidcLoginRefused) as replayed:
+        first.finish_oidc_login(state, now=T0 + 2)
+    assert check_of(replayed) == "state_used"
+    token = digest("an id token")
+    assert first.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
+    assert not second.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
