@@ -269,7 +269,7 @@ def test_a_value_the_image_cannot_carry_makes_the_undo_unavailable(engine: Engin
                   "before": {"id": 1, "v": 1, "p": {"$unencoded": "point", "text": "(1,2)"}},
                   "after": {"id": 1, "v": 2,
                             "p": {"$unencoded": "point", "text": "(1,2)"}}}]}}]}
-    with pytest.raises(UndoUnavailable, match="column p holds a point value") as caught:
+    with pytest.raises(UndoUnavailable, match="column p holds a value of type point") as caught:
         compensate(preview, engine.dialect)
     assert caught.value.code == "undo_unavailable"
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import ipaddress
 import json
 import uuid
 from decimal import Decimal
@@ -51,7 +52,9 @@ UNENCODED_TAG = "$unencoded"
 
 #: The Python values whose ``str`` is a text their type reads back exactly (a timedelta
 #: is not one: it merges months into days, so intervals are read as text instead).
-_PLAIN = (str, bool, int, float, Decimal, datetime.date, datetime.time, uuid.UUID)
+_PLAIN = (str, bool, int, float, Decimal, datetime.date, datetime.time, uuid.UUID,
+          ipaddress.IPv4Address, ipaddress.IPv6Address, ipaddress.IPv4Interface,
+          ipaddress.IPv6Interface, ipaddress.IPv4Network, ipaddress.IPv6Network)
 
 
 def typed_kind(type_name: str | None) -> str | None:
@@ -155,7 +158,7 @@ def encode(value: Any, type_name: str | None = None) -> Any:
 def unencoded_reason(column: str, value: Any) -> str | None:
     """Why ``value`` (an image value of ``column``) cannot be bound back (None: it can)."""
     if isinstance(value, dict) and UNENCODED_TAG in value:
-        return (f"column {column} holds a {value.get(UNENCODED_TAG)} value the row image "
+        return (f"column {column} holds a value of type {value.get(UNENCODED_TAG)} the row image "
                 "cannot carry exactly, so it cannot be restored")
     return None
 

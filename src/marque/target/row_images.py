@@ -178,18 +178,20 @@ class Capture:
         self.declared_types: dict[str, str] = {}
         self.types: dict[str, str] = {}
 
-    def _encode(self, column: str, value: Any) -> Any:
+    def _encode(self, column: str, value: Any, record: bool = True) -> Any:
         declared = self.declared_types.get(column)
         encoded = _value(value, declared)
-        if isinstance(encoded, dict) and (BYTES_TAG in encoded or UNENCODED_TAG in encoded):
+        if record and isinstance(encoded, dict) \
+                and (BYTES_TAG in encoded or UNENCODED_TAG in encoded):
             self.types[column] = declared or ("blob" if BYTES_TAG in encoded
                                               else type(value).__name__)
         return encoded
 
-    def _keyed(self, columns: list[str], rows: list[tuple[Any, ...]]
+    def _keyed(self, columns: list[str], rows: list[tuple[Any, ...]], record: bool = True
                ) -> dict[str, tuple[list[Any], dict[str, Any], list[Any]]]:
         """Rows by the canonical text of their key: ``(key as JSON, row as JSON, key as
-        the driver gave it)`` — the raw key is what a later query binds."""
+        the driver gave it)`` — the raw key is what a later query binds. ``record``: the
+        rows are shown (not only a statement's RETURNING, read by other loaders)."""
         if not rows:
             return {}
         lowered = [c.lower() for c in columns]
@@ -199,15 +201,15 @@ class Capture:
         index = [lowered.index(k.lower()) for k in self._plan.key]
         out: dict[str, tuple[list[Any], dict[str, Any], list[Any]]] = {}
         for row in rows:
-            key = [self._encode(columns[i], row[i]) for i in index]
+            key = [self._encode(columns[i], row[i], record) for i in index]
             order = _key_order(key)
             declared = self._plan.key_source == "declared"
             if order in out or (declared and None in key):
                 # A declared key can do this (and a SQLite primary key, which admits NULLs);
                 # merged into one row, two rows would make a wrong diff.
                 raise _not_a_key(self._plan, key, order in out)
-            out[order] = (key, {c: self._encode(c, v) for c, v in zip(columns, row,
-                                                                         strict=True)},
+            out[order] = (key, {c: self._encode(c, v, record)
+                                for c, v in zip(columns, row, strict=True)},
                           [row[i] for i in index])
         return out
 
@@ -222,7 +224,7 @@ class Capture:
                 raise ImageUnavailable("the statement's RETURNING did not name every "
                                        "inserted row: previewed by count only")
             mark = "%s" if session.dialect == "postgres" else "?"
-            named = self._keyed(*returned)
+            named = self._keyed(*returned, record=False)
             plan = _Plan("insert", plan.table, plan.key, None, [],
                          insert_keys=[([mark] * len(plan.key), list(raw))
                                       for _, _, raw in named.values()],
