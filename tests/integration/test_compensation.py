@@ -233,6 +233,8 @@ def test_typed_values_are_restored_byte_for_byte(engine: Engine) -> None:
     previewed = engine.target.preview(Change(undo.statements), mode="rollback",
                                       sample_rows=5, statement_timeout_ms=5_000)
     assert [s["rows"] for s in previewed] == [1, 1]
+    # decode() and unhex() are catalogued, deterministic functions: no caveat for them.
+    assert [s["preview_caveats"] for s in previewed] == [[], []]
     assert engine.apply(undo.statements) == [1, 1]
     assert _exact(engine) == before
     # An inserted row of every typed value is removed again, fenced on all of them.
