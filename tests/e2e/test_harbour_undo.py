@@ -239,6 +239,12 @@ def test_an_undo_puts_typed_values_back_byte_for_byte(stack: UndoStack, target: 
     assert images["rows"][0]["before"]["blob"] == {"$bytes": "AP8="}
     shown = cli("requests", "show", original["id"], token=stack.alice, harbour=stack.server.url)
     assert "| blob | bytes:AP8= → bytes:AQ==" in shown.stdout, shown.stdout
+    alice = _console(stack, stack.alice)
+    try:
+        page = alice.get(f"/requests/{original['id']}").text
+    finally:
+        alice.close()
+    assert "bytes:AP8=" in page and "bytes:AQ==" in page  # the console's diff table
     undo = stack.undone(original["id"])
     assert undo["state"] == "verified", undo
     assert exact() == before
