@@ -37,6 +37,12 @@ A captured statement stores up to :data:`ROW_IMAGE_CAP` rows in key order
 shown) — what revalidation at approval compares, because a before-image does
 not change from one rolled-back run to the next unless the data did (new
 values such as ``now()`` or a sequence's next number would).
+
+Values are typed JSON (:mod:`marque.target.image_values`): a jsonb as its JSON,
+json as its text, arrays as lists, bytes as ``{"$bytes": …}``, numerics as exact
+text. A captured statement whose table has typed columns names them in
+``types``, and a diff holding one is ``marque-row-diff/0.2``; a plain table's
+images keep the 0.1 bytes they always had.
 """
 
 from __future__ import annotations
