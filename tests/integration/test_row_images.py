@@ -446,3 +446,64 @@ def test_a_merge_whose_rows_do_not_add_up_is_count_only(engine: Engine) -> None:
                      "ON s.id = a.id WHEN NOT MATCHED THEN INSERT VALUES (s.id, 'new', s.v)")
     assert images["status"] == "unavailable"
     assert "reports 1 row(s) but its images account for 2" in images["reason"]
+
+
+#: A table of typed values on each engine, and its row as the image must hold it.
+TYPED = {
+    "postgres": (
+        "CREATE TABLE typed (id int PRIMARY KEY, doc jsonb, raw json, ints int[], "
+        "tags text[], blob bytea, amount numeric(40,20), at timestamptz, span interval, "
+        "priced jsonb, nothing jsonb)",
+        "INSERT INTO typed VALUES (1, '{\"b\": [true, null, \"x\"], \"a\": 1, \"n\": 1.5}', "
+        "'{ \"b\":1,  \"a\":2, \"a\":3 }', '{1,NULL,3}', '{\"a b\",\"c,d\",NULL,\"\"}', "
+        "'\\x00ff10', 12345678901234567890.12345678901234567890, "
+        "'2026-12-04 18:00:00.123456+00', '1 mon 2 days 03:04:05', "
+        "'{\"p\": 10.50, \"big\": 12345678901234567890}', 'null')",
+        {"id": 1, "doc": {"a": 1, "b": [True, None, "x"], "n": 1.5},
+         "raw": '{ "b":1,  "a":2, "a":3 }', "ints": [1, None, 3],
+         "tags": ["a b", "c,d", None, ""], "blob": {"$bytes": "AP8Q"},
+         "amount": "12345678901234567890.12345678901234567890",
+         "at": "2026-12-04 18:00:00.123456+00:00", "span": "1 mon 2 days 03:04:05",
+         "priced": {"$json": '{"p": 10.50, "big": 12345678901234567890}'},
+         "nothing": {"$json": "null"}},
+        {"blob": "bytea", "doc": "jsonb", "ints": "integer[]", "nothing": "jsonb",
+         "priced": "jsonb", "raw": "json", "tags": "text[]"}),
+    "sqlite": (
+        "CREATE TABLE typed (id INTEGER PRIMARY KEY, blob BLOB, amount TEXT, doc TEXT, "
+        "big INTEGER)",
+        "INSERT INTO typed VALUES (1, x'00ff10', '12345678901234567890.12345678901234567890', "
+        "'{\"a\": 1}', 9007199254740993)",
+        {"id": 1, "blob": {"$bytes": "AP8Q"},
+         "amount": "12345678901234567890.12345678901234567890", "doc": '{"a": 1}',
+         "big": "9007199254740993"},
+        {"blob": "blob"}),
+}
+
+
+def test_typed_values_are_imaged_exactly(engine: Engine) -> None:
+    """jsonb as its JSON (as its text where a double would not carry it, or where it is a
+    JSON null), json as its text, arrays as lists, bytes tagged, a 40-digit numeric and a
+    timestamptz as their exact text; the image says which columns are typed, and the diff
+    is version 0.2 — a plain table's stays 0.1 (test_the_diff_content_id_follows_the_rows)."""
+    create, insert, row, types = TYPED[engine.name]
+    engine.run(create)
+    engine.run(insert)
+    images = _images(engine, "DELETE FROM typed WHERE id = 1")
+    assert images["rows"] == [{"key": {"id": 1}, "op": "delete", "before": row,
+                               "after": None, "changed": sorted(row)}]
+    assert images["types"] == types
+    (statement,) = _preview(engine, Statement("DELETE FROM typed WHERE id = 1"))
+    assert diff_body([statement])["version"] == "marque-row-diff/0.2"
+
+
+def test_a_value_without_a_faithful_form_says_its_type(engine: Engine) -> None:
+    """A PostgreSQL range (read as a Python value the image has no exact form for) is shown
+    tagged by its type, never as a guess; SQLite's values all have a form."""
+    if engine.name != "postgres":
+        pytest.skip("PostgreSQL only: every SQLite value has a form")
+    engine.run("CREATE TABLE shapes (id int PRIMARY KEY, r int4range, v int)")
+    engine.run("INSERT INTO shapes VALUES (1, '[1,5)', 0)")
+    images = _images(engine, "UPDATE shapes SET v = 1")
+    (row,) = images["rows"]
+    assert row["before"]["r"] == {"$unencoded": "int4range", "text": row["before"]["r"]["text"]}
+    assert images["types"] == {"r": "int4range"}

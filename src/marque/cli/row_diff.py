@@ -8,10 +8,10 @@ could not be imaged says why. ``--json`` prints the object itself.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from marque.cli.common import one_line, out
+from marque.target.image_values import display
 
 __all__ = ["print_row_images", "print_undo", "cell"]
 
@@ -19,8 +19,9 @@ _OP_MARK = {"update": "~", "insert": "+", "delete": "-"}
 
 
 def cell(value: Any) -> str:
-    """One value as the table shows it: JSON, so text and numbers and null stay apart."""
-    return json.dumps(value, ensure_ascii=False)
+    """One value as the table shows it: JSON, compact, so text and numbers and null stay
+    apart; bytes as ``bytes:<base64>`` (:func:`marque.target.image_values.display`)."""
+    return display(value)
 
 
 #: Said after a key the schema does not make: the Pilot's operator declared it.

@@ -205,7 +205,7 @@ class Checkpoint:
     incarnation: str
     target: str
     expires_at: str
-    #: The CID of the preview's row images (``marque-row-diff/0.1``), None when the
+    #: The CID of the preview's row images (``marque-row-diff/0.1`` or ``/0.2``), None when the
     #: preview has none: a body with it is version 0.2, one without it 0.1.
     diff_cid: str | None = None
     cid: str = field(init=False)

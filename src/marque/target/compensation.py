@@ -19,7 +19,13 @@ whole attempt back as ``undo_conflict`` (:class:`marque.errors.UndoConflict`):
 an undo never overwrites a later change, and is never half-applied.
 
 The statements are built with sqlglot from quoted identifiers and bound
-parameters (the image values); no value is ever pasted into SQL text. The
+parameters — JSON scalars, as every statement's are: the image values by the
+image's ``types``, bytes as hex the statement decodes (``decode(…, 'hex')``,
+SQLite's ``unhex``), a jsonb as its JSON text, an array as its literal, each
+typed parameter cast to its column's type on PostgreSQL, and a ``json`` value, which
+has no equality operator, compared by its exact text); no value is ever pasted
+into SQL text. A value the image could not carry (``{"$unencoded": …}``) makes
+its statement's undo unavailable, never a guessed restore. The
 statements undo the original's in reverse order, so a row two statements
 changed is walked back through both.
 
@@ -38,6 +44,7 @@ from sqlglot import exp
 
 from marque.change import Statement
 from marque.errors import UndoUnavailable
+from marque.target.image_values import bind_text, is_bytes, typed_kind, unencoded_reason
 
 __all__ = ["UndoRow", "Compensation", "compensate"]
 
@@ -91,52 +98,106 @@ def _column(name: str) -> exp.Column:
     return exp.column(name, quoted=True)
 
 
-def _fence(values: dict[str, Any], key: Sequence[str]) -> tuple[Any, list[Any]]:
+class _Binder:
+    """Image values as one statement's undo binds them: decoded by their column's type
+    (``types``), each typed parameter cast to it on PostgreSQL (see
+    :mod:`marque.target.image_values`)."""
+
+    def __init__(self, types: dict[str, str], dialect: str, index: int) -> None:
+        self.types = types
+        self.dialect = dialect
+        self.index = index
+
+    def param(self, column: str, value: Any) -> exp.Expression:
+        """The placeholder ``value`` of ``column`` is bound to: bytes decoded from their
+        hex, a PostgreSQL json, jsonb or array cast to the column's type."""
+        mark = exp.Placeholder()
+        if is_bytes(value) or (self.dialect == "postgres"
+                               and typed_kind(self.types.get(column)) == "bytea"):
+            return exp.Anonymous(this="unhex", expressions=[mark]) if self.dialect == "sqlite" \
+                else exp.Anonymous(this="decode", expressions=[mark, exp.Literal.string("hex")])
+        type_name = self.types.get(column)
+        if self.dialect != "postgres" or typed_kind(type_name) is None:
+            return mark
+        try:
+            to = exp.DataType.build(str(type_name), dialect="postgres", udt=True)
+        except Exception as exc:  # sqlglot raises several error types on text it cannot read
+            raise _refuse(f"statement {self.index}'s column {column} has the type "
+                          f"{str(type_name)[:80]!r}, which the undo cannot write a cast to",
+                          statement=self.index, column=column) from exc
+        return exp.Cast(this=mark, to=to)
+
+    def value(self, column: str, value: Any) -> Any:
+        """``value`` as it is bound (UndoUnavailable if the image does not carry it)."""
+        why = unencoded_reason(column, value)
+        if why is None:
+            try:
+                return bind_text(value, self.types.get(column))
+            except ValueError as exc:
+                why = f"column {column}'s image value cannot be read back ({exc})"
+        raise _refuse(f"statement {self.index}'s rows cannot be restored: {why}",
+                      statement=self.index, column=column, reason=why)
+
+    def equals(self, column: str, value: Any, key: bool) -> exp.Expression:
+        """``column`` compared with its parameter: the key's by ``=``, any other NULL-safely;
+        a ``json`` value by its text (json has no equality operator; its text is exact)."""
+        if self.dialect == "postgres" and typed_kind(self.types.get(column)) == "json":
+            return exp.NullSafeEQ(this=exp.Cast(this=_column(column),
+                                                to=exp.DataType.build("text")),
+                                  expression=exp.Placeholder())
+        kind = exp.EQ if key else exp.NullSafeEQ
+        return kind(this=_column(column), expression=self.param(column, value))
+
+
+def _fence(values: dict[str, Any], key: Sequence[str], bind: _Binder
+           ) -> tuple[Any, list[Any]]:
     """``k = ? AND … AND col IS ? AND …`` over every column of ``values``: the key's
     columns (NOT NULL by definition, and indexed) by ``=``, every other NULL-safely;
     each part sorted by name, so the text is stable."""
     conditions: list[exp.Expression] = []
     params: list[Any] = []
     for name in sorted(k for k in values if k in key):
-        conditions.append(exp.EQ(this=_column(name), expression=exp.Placeholder()))
-        params.append(values[name])
+        conditions.append(bind.equals(name, values[name], True))
+        params.append(bind.value(name, values[name]))
     for name in sorted(k for k in values if k not in key):
-        conditions.append(exp.NullSafeEQ(this=_column(name), expression=exp.Placeholder()))
-        params.append(values[name])
+        conditions.append(bind.equals(name, values[name], False))
+        params.append(bind.value(name, values[name]))
     return exp.and_(*conditions), params
 
 
 def _restore(table: exp.Table, key: dict[str, Any], row: dict[str, Any],
-             dialect: str) -> tuple[str, list[Any]]:
+             bind: _Binder) -> tuple[str, list[Any]]:
     before, after = row["before"], row["after"]
     changed = [c for c in row.get("changed") or [] if c in before]
-    sets = [exp.EQ(this=_column(c), expression=exp.Placeholder()) for c in changed]
-    fence, fence_params = _fence(after, list(key))
+    sets = [exp.EQ(this=_column(c), expression=bind.param(c, before[c])) for c in changed]
+    fence, fence_params = _fence(after, list(key), bind)
     node = exp.Update(this=table.copy(), expressions=sets, where=exp.Where(this=fence))
-    return node.sql(dialect=dialect), [before[c] for c in changed] + fence_params
+    return node.sql(dialect=bind.dialect), [bind.value(c, before[c]) for c in changed] \
+        + fence_params
 
 
 def _reinsert(table: exp.Table, key: dict[str, Any], row: dict[str, Any],
-              dialect: str) -> tuple[str, list[Any]]:
+              bind: _Binder) -> tuple[str, list[Any]]:
     before = row["before"]
     columns = sorted(before)
-    taken, key_params = _fence(key, list(key))
+    taken, key_params = _fence(key, list(key), bind)
     exists = exp.Exists(this=exp.select(exp.Literal.number(1)).from_(table.copy())
                         .where(taken))
-    select = exp.select(*[exp.Placeholder() for _ in columns]).where(exp.not_(exists))
+    select = exp.select(*[bind.param(c, before[c]) for c in columns]).where(exp.not_(exists))
     node = exp.Insert(this=exp.Schema(this=table.copy(),
                                       expressions=[exp.to_identifier(c, quoted=True)
                                                    for c in columns]),
                       expression=select,
                       returning=exp.Returning(expressions=[_column(k) for k in key]))
-    return node.sql(dialect=dialect), [before[c] for c in columns] + key_params
+    return node.sql(dialect=bind.dialect), [bind.value(c, before[c]) for c in columns] \
+        + key_params
 
 
 def _remove(table: exp.Table, key: dict[str, Any], row: dict[str, Any],
-            dialect: str) -> tuple[str, list[Any]]:
-    fence, params = _fence(row["after"], list(key))
+            bind: _Binder) -> tuple[str, list[Any]]:
+    fence, params = _fence(row["after"], list(key), bind)
     node = exp.Delete(this=table.copy(), where=exp.Where(this=fence))
-    return node.sql(dialect=dialect), params
+    return node.sql(dialect=bind.dialect), params
 
 
 def _usable(index: int, images: Any) -> dict[str, Any] | None:
@@ -183,6 +244,9 @@ def compensate(preview: Any, dialect: str) -> Compensation:
         if images is None:
             continue
         table = _table(str(images.get("table")), dialect)
+        types = images.get("types")
+        bind = _Binder({str(c): str(t) for c, t in (types or {}).items()}
+                       if isinstance(types, dict) else {}, dialect, index)
         for row in reversed(images.get("rows") or []):
             op, key = row.get("op"), dict(row.get("key") or {})
             image = row.get("after") if op != "delete" else row.get("before")
@@ -190,13 +254,13 @@ def compensate(preview: Any, dialect: str) -> Compensation:
             if op == "update" and not row.get("changed"):
                 continue  # nothing was changed, so nothing is put back
             if op == "update":
-                sql, params = _restore(table, key, row, dialect)
+                sql, params = _restore(table, key, row, bind)
                 restores = {c: row["before"][c] for c in row["changed"]}
             elif op == "delete":
-                sql, params = _reinsert(table, key, row, dialect)
+                sql, params = _reinsert(table, key, row, bind)
                 restores = dict(row["before"])
             elif op == "insert":
-                sql, params = _remove(table, key, row, dialect)
+                sql, params = _remove(table, key, row, bind)
                 restores = None
             else:
                 raise _refuse(f"statement {index} has a row image of unknown kind {op!r}",

@@ -49,6 +49,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
+from psycopg.types.string import TextLoader
 
 from marque.change import Change
 from marque.dsn import describe
@@ -127,6 +128,10 @@ def _kept_message(*parts: str) -> str:
 
 
 
+#: The types the row-image queries read as the server's text (see _ImageSession.query).
+_TEXT_LOADED = ("json", "jsonb", "interval")
+
+
 class _ImageSession:
     """The derived queries of row images (:mod:`marque.target.row_images`), each in a
     savepoint of the preview's transaction: one that fails leaves the preview going."""
@@ -143,7 +148,12 @@ class _ImageSession:
     def query(self, sql: str, params: Sequence[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
             with self.conn.transaction():  # a savepoint: the preview's transaction is open
-                cur = self.conn.execute(sql, tuple(params) or None)
+                cur = self.conn.cursor()
+                # As the server writes them: json keeps its text verbatim, a jsonb number
+                # its digits, an interval its months (marque.target.image_values).
+                for name in _TEXT_LOADED:
+                    cur.adapters.register_loader(name, TextLoader)
+                cur.execute(sql, tuple(params) or None)
                 return [d.name for d in cur.description or ()], list(cur.fetchall())
         except psycopg.Error as exc:
             from marque.target.row_images import ImageUnavailable
@@ -151,6 +161,13 @@ class _ImageSession:
             raise ImageUnavailable(
                 f"the derived row-image query failed ({reason(exc)}): previewed by count "
                 "only") from exc
+
+    def column_types(self, table_sql: str) -> dict[str, str]:
+        _, rows = self.query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+            (table_sql,))
+        return {str(name): str(type_name) for name, type_name in rows}
 
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
         return self._own_key(table_sql)[0]

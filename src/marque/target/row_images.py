@@ -37,6 +37,12 @@ A captured statement stores up to :data:`ROW_IMAGE_CAP` rows in key order
 shown) — what revalidation at approval compares, because a before-image does
 not change from one rolled-back run to the next unless the data did (new
 values such as ``now()`` or a sequence's next number would).
+
+Values are typed JSON (:mod:`marque.target.image_values`): a jsonb as its JSON,
+json as its text, arrays as lists, bytes as ``{"$bytes": …}``, numerics as exact
+text. A captured statement whose table has typed columns names them in
+``types``, and a diff holding one is ``marque-row-diff/0.2``; a plain table's
+images keep the 0.1 bytes they always had.
 """
 
 from __future__ import annotations
@@ -49,16 +55,20 @@ from typing import Any, Protocol
 import sqlglot
 from sqlglot import exp
 
-from marque.cid import MAX_SAFE_INT, cid
+from marque.cid import cid
+from marque.target.image_values import BYTES_TAG, UNENCODED_TAG, encode, typed_kind
 
-__all__ = ["ROW_DIFF_VERSION", "ROW_IMAGE_CAP", "KEY_SOURCES", "ImageSession", "Capture",
-           "ImageUnavailable",
+__all__ = ["ROW_DIFF_VERSION", "ROW_DIFF_VERSION_PLAIN", "ROW_IMAGE_CAP", "KEY_SOURCES",
+           "ImageSession", "Capture", "ImageUnavailable",
            "start_capture", "finish_capture", "explain_images", "writes_rows",
            "unavailable", "diff_body",
            "diff_cid", "before_state"]
 
-#: The version of the diff's content-id preimage (:func:`diff_body`).
-ROW_DIFF_VERSION = "marque-row-diff/0.1"
+#: The version of the diff's content-id preimage (:func:`diff_body`): 0.2 holds typed
+#: values (an image with ``types``); a diff with none keeps 0.1, its bytes unchanged.
+ROW_DIFF_VERSION = "marque-row-diff/0.2"
+#: The version of a diff none of whose images holds a typed value.
+ROW_DIFF_VERSION_PLAIN = "marque-row-diff/0.1"
 #: Rows stored in full per statement; past it the first ones in key order, and the count.
 ROW_IMAGE_CAP = 100
 
@@ -96,6 +106,10 @@ class ImageSession(Protocol):
         """As :meth:`primary_key`, else the key declared for the table; with where it came
         from (one of :data:`KEY_SOURCES`, or ``""`` with ``[]`` when there is none)."""
 
+    def column_types(self, table_sql: str) -> dict[str, str]:
+        """The table's declared column types by column name ({} where the engine's values
+        say their own type, as SQLite's do)."""
+
 
 def unavailable(reason: str, code: str | None = None) -> dict[str, Any]:
     """A statement's ``row_images`` when its rows cannot be imaged soundly (``code`` only
@@ -106,18 +120,9 @@ def unavailable(reason: str, code: str | None = None) -> dict[str, Any]:
     return images
 
 
-def _value(value: Any) -> Any:
-    # JSON, with one canonical form (the diff is hashed): bytes as hex, anything else as text.
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return value if abs(value) <= MAX_SAFE_INT else str(value)
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) \
-            else str(value)
-    return str(value)
+def _value(value: Any, type_name: str | None = None) -> Any:
+    # Typed JSON, with one canonical form (the diff is hashed): marque.target.image_values.
+    return encode(value, type_name)
 
 
 def _key_order(key: list[Any]) -> str:
@@ -175,11 +180,24 @@ class Capture:
         self._plan = plan
         self._columns = columns
         self._before = before
+        #: Declared column types (PostgreSQL), and the columns holding a typed form.
+        self.declared_types: dict[str, str] = {}
+        self.types: dict[str, str] = {}
 
-    def _keyed(self, columns: list[str], rows: list[tuple[Any, ...]]
+    def _encode(self, column: str, value: Any, record: bool = True) -> Any:
+        declared = self.declared_types.get(column)
+        encoded = _value(value, declared)
+        if record and isinstance(encoded, dict) \
+                and (BYTES_TAG in encoded or UNENCODED_TAG in encoded):
+            self.types[column] = declared or ("blob" if BYTES_TAG in encoded
+                                              else type(value).__name__)
+        return encoded
+
+    def _keyed(self, columns: list[str], rows: list[tuple[Any, ...]], record: bool = True
                ) -> dict[str, tuple[list[Any], dict[str, Any], list[Any]]]:
         """Rows by the canonical text of their key: ``(key as JSON, row as JSON, key as
-        the driver gave it)`` — the raw key is what a later query binds."""
+        the driver gave it)`` — the raw key is what a later query binds. ``record``: the
+        rows are shown (not only a statement's RETURNING, read by other loaders)."""
         if not rows:
             return {}
         lowered = [c.lower() for c in columns]
@@ -189,14 +207,15 @@ class Capture:
         index = [lowered.index(k.lower()) for k in self._plan.key]
         out: dict[str, tuple[list[Any], dict[str, Any], list[Any]]] = {}
         for row in rows:
-            key = [_value(row[i]) for i in index]
+            key = [self._encode(columns[i], row[i], record) for i in index]
             order = _key_order(key)
             declared = self._plan.key_source == "declared"
             if order in out or (declared and None in key):
                 # A declared key can do this (and a SQLite primary key, which admits NULLs);
                 # merged into one row, two rows would make a wrong diff.
                 raise _not_a_key(self._plan, key, order in out)
-            out[order] = (key, {c: _value(v) for c, v in zip(columns, row, strict=True)},
+            out[order] = (key, {c: self._encode(c, v, record)
+                                for c, v in zip(columns, row, strict=True)},
                           [row[i] for i in index])
         return out
 
@@ -211,7 +230,7 @@ class Capture:
                 raise ImageUnavailable("the statement's RETURNING did not name every "
                                        "inserted row: previewed by count only")
             mark = "%s" if session.dialect == "postgres" else "?"
-            named = self._keyed(*returned)
+            named = self._keyed(*returned, record=False)
             plan = _Plan("insert", plan.table, plan.key, None, [],
                          insert_keys=[([mark] * len(plan.key), list(raw))
                                       for _, _, raw in named.values()],
@@ -538,21 +557,29 @@ def start_capture(session: ImageSession, sql: str, params: Sequence[Any]
     if isinstance(plan, str):
         return unavailable(plan)
     try:
+        declared = session.column_types(plan.table.sql(dialect=session.dialect))
+        capture: Capture
         if plan.kind == "merge":
             from marque.target.merge_images import start_merge
 
-            return start_merge(session, plan)
-        if plan.before_sql is not None:
-            columns, rows = session.query(plan.before_sql, plan.before_params)
-        elif plan.kind == "upsert":
-            columns, rows = _select_insert_keys(session, plan)
+            capture = start_merge(session, plan)
         else:
-            columns, rows = [], []
+            if plan.before_sql is not None:
+                columns, rows = session.query(plan.before_sql, plan.before_params)
+            elif plan.kind == "upsert":
+                columns, rows = _select_insert_keys(session, plan)
+            else:
+                columns, rows = [], []
+            if plan.kind == "insert" and rows:
+                columns, rows = [], []  # the insert will fail on them (and the preview too)
+            capture = Capture(plan, columns, rows)
     except ImageUnavailable as exc:
         return unavailable(str(exc), exc.code)
-    if plan.kind == "insert" and rows:
-        columns, rows = [], []  # the insert will fail on them (and the preview with it)
-    return Capture(plan, columns, rows)
+    capture.declared_types = declared
+    # Every json, jsonb, bytea and array column holds a typed form, NULL or not: the undo
+    # binds and compares it by its type.
+    capture.types = {c: t for c, t in declared.items() if typed_kind(t) is not None}
+    return capture
 
 
 def finish_capture(capture: Capture | dict[str, Any] | None, session: ImageSession,
@@ -564,9 +591,13 @@ def finish_capture(capture: Capture | dict[str, Any] | None, session: ImageSessi
     if not isinstance(capture, Capture):
         return capture
     try:
-        return capture.finish(session, rowcount, returned)
+        images = capture.finish(session, rowcount, returned)
     except ImageUnavailable as exc:
         return unavailable(str(exc), exc.code)
+    if images.get("status") == "captured" and capture.types:
+        # Only where a typed form is held: plain tables' images keep their 0.1 bytes.
+        images["types"] = dict(sorted(capture.types.items()))
+    return images
 
 
 def writes_rows(sql: str, dialect: str) -> bool:
@@ -593,9 +624,13 @@ def explain_images(sql: str, dialect: str) -> dict[str, Any] | None:
 
 def diff_body(statements: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The preimage of a preview's ``diff_cid``: ``{version, statements: [row_images]}``,
-    one entry per statement in order (``null`` for a statement that writes no rows)."""
-    return {"version": ROW_DIFF_VERSION,
-            "statements": [_preimage(s.get("row_images")) for s in statements]}
+    one entry per statement in order (``null`` for a statement that writes no rows);
+    ``version`` is :data:`ROW_DIFF_VERSION` when an image holds typed values (``types``),
+    else :data:`ROW_DIFF_VERSION_PLAIN` — the bytes such a diff always had."""
+    images = [_preimage(s.get("row_images")) for s in statements]
+    typed = any(isinstance(i, dict) and "types" in i for i in images)
+    return {"version": ROW_DIFF_VERSION if typed else ROW_DIFF_VERSION_PLAIN,
+            "statements": images}
 
 
 def _preimage(images: Any) -> Any:

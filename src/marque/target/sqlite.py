@@ -21,6 +21,7 @@ the stamp's ``rows_affected`` before COMMIT, after checking it was still on.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -95,6 +96,9 @@ class _ImageSession:
     def primary_key(self, table_sql: str, schema: str | None, name: str) -> list[str]:
         return self._own_key(schema, name)[0]
 
+    def column_types(self, table_sql: str) -> dict[str, str]:
+        return {}  # each SQLite value says its own type (a BLOB is bytes)
+
     def row_key(self, table_sql: str, schema: str | None, name: str) -> tuple[list[str], str]:
         key, source = self._own_key(schema, name)
         if key:
@@ -146,6 +150,23 @@ def table_shape(conn: sqlite3.Connection, table: str) -> dict[str, Any] | None:
     return {"columns": columns, "key": key, "key_source": source or None}
 
 
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
+
+def _unhex(text: Any) -> bytes | None:
+    if text is None:
+        return None
+    text = text.decode("latin-1") if isinstance(text, bytes) else str(text)
+    return bytes.fromhex(text) if _HEX.fullmatch(text) else None
+
+
+def provide_unhex(conn: sqlite3.Connection) -> None:
+    """Give ``conn`` SQLite 3.41's ``unhex(X)`` where the library is older: an undo binds
+    a BLOB as hex text (a statement's parameters are JSON scalars) and decodes it so."""
+    if sqlite3.sqlite_version_info < (3, 41, 0):
+        conn.create_function("unhex", 1, _unhex, deterministic=True)
+
+
 class _TargetConnection(sqlite3.Connection):
     """A target connection that knows whether its transaction runs read-only."""
 
@@ -177,6 +198,7 @@ class SqliteTarget(SqlTarget):
             timeout=self.lock_timeout_ms / 1000,
             factory=_TargetConnection,
         )
+        provide_unhex(conn)
         return conn
 
     def _ensure_stamps(self, conn: sqlite3.Connection) -> None:

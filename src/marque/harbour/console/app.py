@@ -55,6 +55,7 @@ from marque.harbour.console.sessions import (
     set_cookie,
 )
 from marque.harbour.lifecycle import RequestState
+from marque.target.image_values import display
 
 if TYPE_CHECKING:
     from marque.harbour.service import Harbourmaster
@@ -133,6 +134,8 @@ def _cell(value: Any) -> str:
         return "NULL"
     if isinstance(value, str):
         return value
+    if isinstance(value, dict) and any(str(k).startswith("$") for k in value):
+        return display(value)  # a row image's typed form: bytes:…, a jsonb's text
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
