@@ -215,14 +215,19 @@ class HarbourClient:
             else:
                 payload.setdefault("request_id", request_id)
         response = self._call("POST", "/v1/requests", json=payload, headers=headers)
+        return self._filed(response, "/v1/requests")
+
+    def _filed(self, response: httpx.Response, path: str) -> tuple[dict[str, Any], bool]:
+        """A filing's answer: the request object, and whether it is new (201) or the one
+        filed before under the same request id (200)."""
         try:
             answer = response.json()
         except ValueError:
             answer = None
         if not isinstance(answer, dict):
             raise HarbourUnavailable(
-                f"{self.url}/v1/requests answered HTTP {response.status_code} without a "
-                "request object", detail={"status": response.status_code, "sent": True})
+                f"{self.url}{path} answered HTTP {response.status_code} without a request "
+                "object", detail={"status": response.status_code, "sent": True})
         return answer, response.status_code == 201
 
     def requests_page(self, state: str | None = None, *, limit: int | None = None,
@@ -281,15 +286,7 @@ class HarbourClient:
         if request_id is not None:
             body["request_id"] = request_id
         response = self._call("POST", f"/v1/requests/{_segment(id)}/undo", json=body)
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise HarbourUnavailable(
-                f"{self.url}/v1/requests/…/undo answered HTTP {response.status_code} without "
-                "a request object", detail={"status": response.status_code, "sent": True})
-        return answer, response.status_code == 201
+        return self._filed(response, "/v1/requests/…/undo")
 
     def expire(self, id_or_request_id: str, reason: str) -> dict[str, Any]:
         """``POST /v1/requests/{id}/expire`` (admin): ADR-038's ``expire_prepared``."""
