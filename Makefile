@@ -19,12 +19,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy src
 
+# The suite runs in JOBS pytest-xdist workers (each with its own PostgreSQL server and
+# Chromium), a whole test file per worker at a time; `make test JOBS=1` runs it in one.
+JOBS ?= 2
+
 test: lint
 	./scripts/ensure-postgres
 	./scripts/ensure-chromium
 	./scripts/ensure-faketime
 	./scripts/ensure-oidc-provider
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile,)
 
 # The reliability campaign (docs/reliability.md): `make soak` is bounded (at most 15
 # minutes here); `make soak FULL=1` runs the fault matrix's full counts (hours).

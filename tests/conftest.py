@@ -1,12 +1,46 @@
-"""Fixtures every tier shares: a real PostgreSQL server started by the test run."""
+"""Fixtures every tier shares: a real PostgreSQL server started by the test run.
+
+Every test is also marked with its tier, the folder it lives in (``unit``,
+``store``, ``harbour_store``, ``integration``, ``pg``, ``e2e``, ``browser``,
+``soak``), and with ``pg`` wherever it needs a PostgreSQL server: the ``pg``
+folder, any test using ``pg_admin_dsn``, ``pg_dsn`` or ``pg_cluster``, and any
+case parametrised onto the ``"postgres"`` engine. So ``pytest -m "not pg and
+not browser"`` runs on a machine with neither PostgreSQL nor Chromium.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pgcluster import PgCluster, create_database, drop_database
+
+TESTS = Path(__file__).resolve().parent
+#: The folders of tests/ that are tiers; each is also a marker (registered in pyproject).
+TIERS = ("unit", "store", "harbour_store", "integration", "pg", "e2e", "browser", "soak")
+#: Fixtures that start or use a PostgreSQL server.
+PG_FIXTURES = frozenset({"pg_admin_dsn", "pg_dsn", "pg_cluster"})
+
+
+def needs_postgres(item: pytest.Item) -> bool:
+    """Whether ``item`` reaches a PostgreSQL server (by fixture, or by its parameters)."""
+    if PG_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "postgres" in callspec.params.values()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (its folder), and with ``pg`` if it needs PostgreSQL."""
+    for item in items:
+        parts = item.path.resolve().relative_to(TESTS).parts
+        tier = parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+        if tier is not None:
+            item.add_marker(tier)
+        if tier != "pg" and needs_postgres(item):
+            item.add_marker("pg")
 
 
 @pytest.fixture(scope="session")
