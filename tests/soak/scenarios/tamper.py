@@ -187,6 +187,9 @@ def _plan_flip(book: RawLogbook, rng: Any) -> tuple[Tamper, list[tuple[str, Sequ
             new = value[:i] + c + value[i + 1:]
             if field == "body" and _same_json(value, new):
                 continue  # the same content in other bytes (an escape's case): no tamper
+            if field == "entry_key" and any(book.row(j)["entry_key"] == new
+                                            for j in range(1, book.n + 1)):
+                continue  # another entry's key (n-1 ↔ n-3): the unique index refuses it
         sql = [(f"UPDATE logbook SET {field} = ? WHERE seq = ?", (new, k))]
         return Tamper("flip", k, f"entry {k}: one bit of {field} flipped", k, k, k), sql
 
