@@ -16,14 +16,13 @@ same transaction that stores it, so break-glass sessions do not outlive the swit
 
 from __future__ import annotations
 
-import abc
-import contextlib
 from typing import Any
 
 from marque.errors import InvalidInput, OidcLoginRefused
 from marque.harbour.principals import hashes_equal
-from marque.harbour.store.base import HarbourStore, OidcLogin
-from marque.harbour.store.tx import Tx, dumps, loads
+from marque.harbour.store.base import OidcLogin
+from marque.harbour.store.hooks import StoreHooks
+from marque.harbour.store.tx import dumps, loads
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -33,25 +32,8 @@ def _check_hash(value: str, what: str) -> None:
         raise InvalidInput(f"{what} is stored by its SHA-256 (64 hex digits)")
 
 
-class OidcRecords(HarbourStore):
+class OidcRecords(StoreHooks):
     """OIDC operations, over the hooks ``sql.SqlHarbourStore`` provides."""
-
-    @abc.abstractmethod
-    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
-        """A write transaction."""
-
-    @abc.abstractmethod
-    def reading(self) -> contextlib.AbstractContextManager[Tx]:
-        """A read-only transaction."""
-
-    @abc.abstractmethod
-    def _now(self, now: float | None) -> float:
-        """``now``, or the store's clock."""
-
-    @abc.abstractmethod
-    def _append_tx(self, tx: Tx, kind: str, actor: str, subject: str, body: dict[str, Any],
-                   at: float) -> Any:
-        """Append a logbook entry inside ``tx``."""
 
     def set_oidc_settings(self, body: dict[str, Any], *, actor: str,
                           now: float | None = None) -> int:

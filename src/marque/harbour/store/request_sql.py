@@ -15,8 +15,6 @@ Three rules hold every write here:
 
 from __future__ import annotations
 
-import abc
-import contextlib
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -41,14 +39,13 @@ from marque.harbour.store.base import (
     DECISIONS,
     UPDATABLE_FIELDS,
     Checkpoint,
-    HarbourStore,
-    LogbookEntry,
     Report,
     Request,
     RequestDraft,
     RequestParts,
     Resolution,
 )
+from marque.harbour.store.hooks import StoreHooks
 from marque.harbour.store.schema import ACTIVE_PREDICATE
 from marque.harbour.store.schema import CURRENT_REQUEST_COLUMNS as REQUEST_COLUMNS
 from marque.harbour.store.tx import Tx, dumps, loads
@@ -99,25 +96,8 @@ def _resolution(row: tuple[Any, ...]) -> Resolution:
 _RESOLUTION_COLUMNS = "resolution_cid, checkpoint_cid, approver, decision, body, at"
 
 
-class RequestRecords(HarbourStore):
+class RequestRecords(StoreHooks):
     """Request operations, over the hooks ``sql.SqlHarbourStore`` provides."""
-
-    @abc.abstractmethod
-    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
-        """A write transaction."""
-
-    @abc.abstractmethod
-    def reading(self) -> contextlib.AbstractContextManager[Tx]:
-        """A read-only transaction."""
-
-    @abc.abstractmethod
-    def _append_tx(self, tx: Tx, kind: str, actor: str, subject: str, body: dict[str, Any],
-                   now: float) -> LogbookEntry:
-        """Append a logbook entry inside ``tx``."""
-
-    @abc.abstractmethod
-    def _now(self, now: float | None) -> float:
-        """``now``, or the store's clock."""
 
     def _flush_tx(self, tx: Tx, journal: Journal, now: float) -> None:
         """Append ``journal``'s entries inside ``tx``.

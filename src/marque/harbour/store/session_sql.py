@@ -19,15 +19,14 @@ no principal.
 
 from __future__ import annotations
 
-import abc
-import contextlib
 from dataclasses import replace
 from typing import Any
 
 from marque.errors import InvalidInput, Unauthenticated
 from marque.harbour.principals import Principal, hashes_equal, parse_roles
-from marque.harbour.store.base import ConsoleSession, HarbourStore
-from marque.harbour.store.tx import Tx, dumps, loads
+from marque.harbour.store.base import ConsoleSession
+from marque.harbour.store.hooks import StoreHooks
+from marque.harbour.store.tx import dumps, loads
 
 _SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
                    "s.revoked_at, s.via, s.roles, s.roles_from, s.oidc_subject, s.oidc_sid"
@@ -66,20 +65,8 @@ def _granted(session: ConsoleSession, principal: Principal) -> Principal:
     return principal
 
 
-class SessionRecords(HarbourStore):
+class SessionRecords(StoreHooks):
     """Console session operations, over the hooks ``sql.SqlHarbourStore`` provides."""
-
-    @abc.abstractmethod
-    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
-        """A write transaction."""
-
-    @abc.abstractmethod
-    def reading(self) -> contextlib.AbstractContextManager[Tx]:
-        """A read-only transaction."""
-
-    @abc.abstractmethod
-    def _now(self, now: float | None) -> float:
-        """``now``, or the store's clock."""
 
     def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
                        expires_at: float, now: float | None = None, via: str = "token",

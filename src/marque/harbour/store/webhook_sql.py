@@ -13,8 +13,6 @@ Two rules hold every write here (see ``outbox.py`` for the why):
 
 from __future__ import annotations
 
-import abc
-import contextlib
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,7 +28,7 @@ from marque.harbour.notifications.events import (
     may_approve,
     request_summary,
 )
-from marque.harbour.store.base import HarbourStore, LogbookEntry
+from marque.harbour.store.hooks import StoreHooks
 from marque.harbour.store.outbox import (
     Delivery,
     DeliveryState,
@@ -172,25 +170,8 @@ def _event_data(tx: Tx, kind: str, row: dict[str, Any], actor: str, body: dict[s
 # -- endpoints and deliveries --------------------------------------------------------------
 
 
-class WebhookRecords(HarbourStore):
+class WebhookRecords(StoreHooks):
     """Endpoint and delivery operations, over the hooks ``sql.SqlHarbourStore`` provides."""
-
-    @abc.abstractmethod
-    def transaction(self) -> contextlib.AbstractContextManager[Tx]:
-        """A write transaction."""
-
-    @abc.abstractmethod
-    def reading(self) -> contextlib.AbstractContextManager[Tx]:
-        """A read-only transaction."""
-
-    @abc.abstractmethod
-    def _now(self, now: float | None) -> float:
-        """``now``, or the store's clock."""
-
-    @abc.abstractmethod
-    def _append_tx(self, tx: Tx, kind: str, actor: str, subject: str, body: dict[str, Any],
-                   now: float) -> LogbookEntry:
-        """Append a logbook entry inside ``tx``."""
 
     def add_webhook(self, url: str, *, format: str, events: list[str], secret: str,
                     principal: str | None, actor: str,
