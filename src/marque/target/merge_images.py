@@ -34,9 +34,7 @@ from typing import Any
 
 from sqlglot import exp
 
-from marque.cid import cid
 from marque.target.row_images import (
-    ROW_IMAGE_CAP,
     Capture,
     ImageSession,
     _bare,
@@ -46,6 +44,7 @@ from marque.target.row_images import (
     _select_keys,
     _sorted,
     _unsafe_where,
+    captured_images,
     unavailable,
 )
 
@@ -194,17 +193,5 @@ class MergeCapture(Capture):
         ordered = [changes[o] for o in _sorted(changes)]
         for change in ordered:
             change["key"] = dict(zip(plan.key, change["key"], strict=True))
-        shown = ordered[:ROW_IMAGE_CAP]
-        return {
-            "status": "captured",
-            "table": plan.table.sql(dialect=session.dialect),
-            "key": list(plan.key),
-            "key_source": plan.key_source,
-            "total": len(ordered),
-            "shown": len(shown),
-            "truncated": len(ordered) > len(shown),
-            "rows": shown,
-            "before_cid": cid([{"key": k, "before": row} for k, row, _ in
-                               (before[o] for o in _sorted(before))]),
-        }
+        return captured_images(plan, session, ordered, before)
 

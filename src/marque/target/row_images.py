@@ -294,20 +294,27 @@ class Capture:
                 f"the statement reports {rowcount} row(s) but its images account for "
                 f"{len(changes)} (a conflict on another constraint, a trigger, or rows "
                 "changed meanwhile): previewed by count only")
-        shown = changes[:ROW_IMAGE_CAP]
-        return {
-            "status": "captured",
-            "table": plan.table.sql(dialect=session.dialect),
-            "key": list(plan.key),
-            "key_source": plan.key_source,
-            "total": len(changes),
-            "shown": len(shown),
-            "truncated": len(changes) > len(shown),
-            "rows": shown,
-            "before_cid": cid([{"key": k, "before": row} for k, row, _ in
-                               (before[o] for o in _sorted(before))]),
-        }
+        return captured_images(plan, session, changes, before)
 
+
+
+def captured_images(plan: _Plan, session: ImageSession, changes: list[dict[str, Any]],
+                    before: dict[Any, Any]) -> dict[str, Any]:
+    """A statement's captured images: every change counted, the first
+    :data:`ROW_IMAGE_CAP` shown, and the CID of all the rows as they were before."""
+    shown = changes[:ROW_IMAGE_CAP]
+    return {
+        "status": "captured",
+        "table": plan.table.sql(dialect=session.dialect),
+        "key": list(plan.key),
+        "key_source": plan.key_source,
+        "total": len(changes),
+        "shown": len(shown),
+        "truncated": len(changes) > len(shown),
+        "rows": shown,
+        "before_cid": cid([{"key": k, "before": row} for k, row, _ in
+                           (before[o] for o in _sorted(before))]),
+    }
 
 # -- planning: what to select, from the statement's parse ---------------------------------
 
