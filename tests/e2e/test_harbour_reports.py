@@ -261,7 +261,7 @@ def rewrite_chain(store: Path, seq: int, edit: Any) -> None:
     """What whoever can write the store (but holds no Pilot's key) can do: edit entry ``seq``'s
     body with ``edit``, then recompute every hash from there and the head row."""
     from marque.harbour.chain import entry_hash
-    from marque.harbour.store.tx import dumps
+    from marque.harbour.store.columns import dumps
 
     conn = sqlite3.connect(store)
     with conn:

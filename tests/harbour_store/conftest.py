@@ -160,7 +160,7 @@ def insert_old_principal(store: HarbourStore, name: str, roles: list[str], *,
     """A principal row as a store before schema 6 wrote it (name as key, no id, no
     thumbprint); returns its token."""
     from marque.harbour.principals import hash_token, mint_token
-    from marque.harbour.store.tx import dumps
+    from marque.harbour.store.columns import dumps
 
     token = mint_token()
     with raw_tx(store) as tx:

@@ -10,8 +10,8 @@ from marque.errors import Conflict, HarbourUnavailable, NotFound
 from marque.harbour.lifecycle import IntentConflict
 from marque.harbour.store import schema
 from marque.harbour.store.base import HarbourStore
+from marque.harbour.store.columns import dumps
 from marque.harbour.store.sqlite import SqliteHarbourStore
-from marque.harbour.store.tx import dumps
 
 from .conftest import T0, HarbourEngine, StorePool, assert_chain_verifies, make_draft, raw_tx
 

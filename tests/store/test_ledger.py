@@ -1413,7 +1413,7 @@ def test_a_version_1_ledger_is_upgraded_and_keeps_its_history(
     engine: LedgerEngine, pool: LedgerPool
 ):
     """A ledger made by schema version 1 opens at the current version with its history intact."""
-    from marque.ledger.sql import MIGRATIONS
+    from marque.ledger.schema import MIGRATIONS
 
     now = time.time()
     location = pool.location()

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from marque.errors import LedgerUnavailable
-from marque.ledger import sql as ledger_sql
+from marque.ledger import schema as ledger_schema
 from marque.ledger.base import Ledger, Observed
+from marque.ledger.sql import SqlLedger
 from marque.ledger.sqlite_schema import WITHOUT_ROWID_TABLES
 from marque.outcome import Status
 
@@ -39,7 +40,7 @@ def _schema_6_statements(now: float) -> list[tuple[str, tuple[Any, ...]]]:
     and a history in it: three marques, some nonces settled and reported, one in progress,
     one aborted and retried."""
     statements: list[tuple[str, tuple[Any, ...]]] = [(s, ()) for s in LEDGER_V1]
-    statements += [(s, ()) for index in range(1, 6) for s in ledger_sql.MIGRATIONS[index]]
+    statements += [(s, ()) for index in range(1, 6) for s in ledger_schema.MIGRATIONS[index]]
     for key, value in (("schema_version", "6"), ("pilot_id", "pilot-v6"),
                        ("incarnation", INCARNATION), ("created_at", repr(now - 60))):
         statements.append(("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value)))
@@ -120,7 +121,7 @@ def test_a_schema_6_ledger_opens_at_7_with_every_row_and_key(
 
     ledger = pool.open(location)
 
-    assert ledger.schema_version == len(ledger_sql.MIGRATIONS) == 7
+    assert ledger.schema_version == len(ledger_schema.MIGRATIONS) == 7
     after = _rows(engine, location)
     assert after == {**before, "meta": sorted(
         [r for r in before["meta"] if r[0] != "schema_version"] + [("schema_version", "7")],
@@ -194,7 +195,7 @@ def test_a_claim_and_its_settle_write_no_primary_key_index_page(
     (each was a page of WAL per execution)."""
     if engine.name != "sqlite":
         pytest.skip("WAL pages are SQLite's")
-    assert isinstance(ledger, ledger_sql.SqlLedger)
+    assert isinstance(ledger, SqlLedger)
     path = ledger.path  # type: ignore[attr-defined]
     now = time.time()
     first = ledger.claim(make_ticket(nonce="first", now=now, pop_jti="jti-first"))

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 from marque.errors import MarqueExpired
-from marque.ledger import sql as ledger_sql
+from marque.ledger import schema as ledger_schema
 from marque.ledger.base import Ledger
+from marque.ledger.sql import SqlLedger
 from marque.outcome import Status
 
 from .conftest import LedgerPool, make_ticket
@@ -62,7 +63,7 @@ def test_reap_keeps_a_record_of_each_reaped_nonce(ledger: Ledger) -> None:
     assert ledger.reaped("mq_unknown", "a") is None
     stats = ledger.stats(now)
     assert (stats["reaped_marques"], stats["reaped_nonces"]) == (1, 2)
-    assert stats["schema_version"] == len(ledger_sql.MIGRATIONS)
+    assert stats["schema_version"] == len(ledger_schema.MIGRATIONS)
 
 
 def test_a_reaped_marque_never_gets_a_new_budget(ledger: Ledger) -> None:
@@ -126,12 +127,12 @@ def _schema_1_ledger(pool: LedgerPool) -> str:
     ledger = pool.create(location)
     _settled(ledger, "mq_old", "a", Status.APPLIED, rows=1)
     _ack_all(ledger)
-    assert isinstance(ledger, ledger_sql.SqlLedger)
+    assert isinstance(ledger, SqlLedger)
     with ledger.transaction() as tx:
         tx.execute("ALTER TABLE attempts RENAME COLUMN owner_process TO owner_run")
         tx.execute("ALTER TABLE observations RENAME COLUMN cause TO source")
-        for statement in (*ledger_sql.MIGRATIONS[1], *ledger_sql.MIGRATIONS[3],
-                          *ledger_sql.MIGRATIONS[4], *ledger_sql.MIGRATIONS[5]):
+        for statement in (*ledger_schema.MIGRATIONS[1], *ledger_schema.MIGRATIONS[3],
+                          *ledger_schema.MIGRATIONS[4], *ledger_schema.MIGRATIONS[5]):
             table = statement.split()[2]
             tx.execute(f"DROP TABLE {table}")
         tx.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -145,7 +146,7 @@ def test_a_schema_1_ledger_is_migrated_on_open(pool: LedgerPool) -> None:
 
     ledger = pool.open(location)
 
-    assert ledger.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS) == 7
+    assert ledger.stats(T0)["schema_version"] == len(ledger_schema.MIGRATIONS) == 7
     record = ledger.outcome("mq_old", "a")
     assert record is not None and record.status is Status.APPLIED
     assert ledger.reap(EXPIRES + 10)["marques"] == 1
@@ -153,7 +154,7 @@ def test_a_schema_1_ledger_is_migrated_on_open(pool: LedgerPool) -> None:
     assert reaped is not None and reaped.status is Status.APPLIED
     # Opening it again finds nothing more to migrate.
     again = pool.open(location)
-    assert again.stats(T0)["schema_version"] == len(ledger_sql.MIGRATIONS)
+    assert again.stats(T0)["schema_version"] == len(ledger_schema.MIGRATIONS)
 
 
 def test_concurrent_opens_migrate_a_schema_1_ledger_once(pool: LedgerPool) -> None:
@@ -177,4 +178,5 @@ def test_concurrent_opens_migrate_a_schema_1_ledger_once(pool: LedgerPool) -> No
         thread.join(timeout=60)
     assert failed == []
     assert len(opened) == 4
-    assert {handle.stats(T0)["schema_version"] for handle in opened} == {len(ledger_sql.MIGRATIONS)}
+    versions = {handle.stats(T0)["schema_version"] for handle in opened}
+    assert versions == {len(ledger_schema.MIGRATIONS)}

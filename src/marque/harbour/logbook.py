@@ -35,6 +35,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -46,6 +47,8 @@ from marque.cid import canonicalize
 from marque.errors import HarbourUnavailable, InvalidInput
 from marque.harbour import chain
 from marque.harbour.chain import GENESIS, BreakKind, ChainBreak
+from marque.storage import sqlite as sqlite_files
+from marque.storage.migrations import Schema, Stored, migrate
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -119,65 +122,19 @@ class Logbook:
         self.actor = actor
         self._lock = threading.Lock()
         try:
-            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                         timeout=busy_timeout_ms / 1000)
+            self._conn = sqlite_files.connect(path, busy_timeout_ms=busy_timeout_ms)
         except sqlite3.Error as exc:
             raise self._unavailable(exc, "be opened") from exc
         try:
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = FULL")
-            self.schema_version = self._migrate()
+            schema = _LogbookSchema(path)
+            migrate(schema, lambda: contextlib.nullcontext(self._conn),
+                    lambda: sqlite_files.immediate(self._conn))
+            self.schema_version = schema.latest
         except BaseException as exc:
             self._conn.close()
             if isinstance(exc, sqlite3.Error):
                 raise self._unavailable(exc, "be opened") from exc
             raise
-
-    # -- schema -------------------------------------------------------------------
-
-    def _stored_version(self) -> tuple[int, bool]:
-        """The schema version the file holds (0 for a new file), and whether it says so."""
-        tables = {row[0] for row in self._conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "logbook_meta" in tables:
-            row = self._conn.execute(
-                "SELECT value FROM logbook_meta WHERE key = 'schema_version'").fetchone()
-            if row is not None:
-                return int(row[0]), True
-        # Made before versions were recorded: its one table is exactly version 1.
-        return (1 if "logbook" in tables else 0), False
-
-    def _migrate(self) -> int:
-        """Bring the file's schema to the newest version and record it; returns that version."""
-        newest = len(MIGRATIONS)
-        # Read first: an up-to-date logbook is opened without taking the write lock.
-        version, recorded = self._stored_version()
-        if version > newest:
-            raise HarbourUnavailable(
-                f"the logbook {self.path} has schema version {version}, newer than the "
-                f"{newest} this Marque knows: it was written by a newer Marque; upgrade "
-                "Marque to use it",
-                detail={"logbook": self.path, "schema_version": version})
-        if version == newest and recorded:
-            return version
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            version, _ = self._stored_version()  # another process may have moved it meanwhile
-            for index in range(version, newest):
-                for statement in MIGRATIONS[index]:
-                    self._conn.execute(statement)
-            self._conn.execute(_META_DDL)
-            self._conn.execute(
-                "INSERT INTO logbook_meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(newest),),
-            )
-            self._conn.execute("COMMIT")
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
-        return newest
 
     # -- appending ----------------------------------------------------------------
 
@@ -201,8 +158,7 @@ class Logbook:
                 raise self._unavailable(exc, "be written") from exc
 
     def _append_all(self, entries: list[tuple[str, str, dict[str, Any]]]) -> int:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
+        with sqlite_files.immediate(self._conn):
             row = self._conn.execute(
                 "SELECT seq, hash FROM logbook ORDER BY seq DESC LIMIT 1").fetchone()
             seq, prev = (row[0], row[1]) if row else (0, GENESIS)
@@ -221,12 +177,6 @@ class Logbook:
                     continue
                 seq, prev = entry["seq"], entry["hash"]
                 added += 1
-            self._conn.execute("COMMIT")
-        except BaseException:
-            # Also after a failed COMMIT: the connection must not stay in a transaction.
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
         return added
 
     def _new_entry(self, seq: int, kind: str, key: str, body: dict[str, Any],
@@ -380,3 +330,42 @@ def _canonical_body(text: Any) -> dict[str, Any] | None:
     except (ValueError, InvalidInput, RecursionError):
         return None
     return body
+
+
+class _LogbookSchema(Schema[sqlite3.Connection]):
+    """The logbook file's versions (:data:`MIGRATIONS`), kept in ``logbook_meta``."""
+
+    latest = len(MIGRATIONS)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def stored(self, conn: sqlite3.Connection) -> Stored:
+        tables = {row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "logbook_meta" in tables:
+            row = conn.execute(
+                "SELECT value FROM logbook_meta WHERE key = 'schema_version'").fetchone()
+            if row is not None:
+                return Stored(int(row[0]))
+        # Made before versions were recorded: its one table is exactly version 1.
+        return Stored(1 if "logbook" in tables else 0, recorded=False)
+
+    def step(self, conn: sqlite3.Connection, index: int) -> None:
+        for statement in MIGRATIONS[index]:
+            conn.execute(statement)
+
+    def record(self, conn: sqlite3.Connection, version: int) -> None:
+        conn.execute(_META_DDL)
+        conn.execute(
+            "INSERT INTO logbook_meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(version),),
+        )
+
+    def newer(self, found: int) -> Exception:
+        return HarbourUnavailable(
+            f"the logbook {self.path} has schema version {found}, newer than the "
+            f"{self.latest} this Marque knows: it was written by a newer Marque; upgrade "
+            "Marque to use it",
+            detail={"logbook": self.path, "schema_version": found})

@@ -31,9 +31,9 @@ from marque.errors import Conflict, TargetUnsettled
 from marque.outcome import SETTLED_RANK
 
 if TYPE_CHECKING:
-    from marque.ledger.sql import Tx
+    from marque.storage.tx import Tx
 
-#: Migration 6 of the ledger (see :data:`marque.ledger.sql.MIGRATIONS`). New tables only.
+#: Migration 6 of the ledger (see :data:`marque.ledger.schema.MIGRATIONS`). New tables only.
 BINDING_MIGRATION: list[str] = [
     """CREATE TABLE target_bindings (
         target TEXT PRIMARY KEY,

@@ -38,9 +38,9 @@ from marque.errors import Conflict
 
 if TYPE_CHECKING:
     from marque.effects.dispatch import DispatchRecord
-    from marque.ledger.sql import Tx
+    from marque.storage.tx import Tx
 
-#: Migration 4 of the ledger (see :data:`marque.ledger.sql.MIGRATIONS`).
+#: Migration 4 of the ledger (see :data:`marque.ledger.schema.MIGRATIONS`).
 EFFECT_MIGRATION: list[str] = [
     """CREATE TABLE effect_previews (
         effect_preview_cid TEXT PRIMARY KEY,

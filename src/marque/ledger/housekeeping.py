@@ -35,7 +35,8 @@ from marque.timefmt import iso_time
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from marque.ledger.sql import Tx
+    from marque.storage.tx import Tx
+
 
 #: Marques (or proof jtis) reaped per transaction.
 REAP_BATCH = 500

@@ -31,10 +31,11 @@ from psycopg_pool import ConnectionPool
 from marque.dsn import describe
 from marque.errors import BudgetExhausted, LedgerUnavailable, PopReplayed
 from marque.ledger.base import Claim, ClaimTicket, Durability
-from marque.ledger.sql import SqlLedger, Tx
+from marque.ledger.sql import SqlLedger
 from marque.ledger.statements import ATTEMPT_COLUMNS, STARTED_COLUMNS, row_record
 from marque.outcome import Status
 from marque.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_pool, reason
+from marque.storage.tx import Tx
 
 SCHEMA = "marque_ledger"
 

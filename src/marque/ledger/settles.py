@@ -7,7 +7,7 @@ trips each. For a batch of distinct nonces this writes the same rows with one
 statement per table instead. Each attempt still changes only if the observation's
 rank is above the recorded one and the attempt is not settled (the same
 compare-and-set, row by row, in one ``UPDATE … FROM``); the rows, keys and
-constraints are those of :meth:`SqlLedger._observe_txn`, which handles whatever
+constraints are those of :func:`.observe.observe_txn`, which handles whatever
 this does not (a nonce twice in one batch, a lone item, an item without events).
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 import uuid
-from typing import TYPE_CHECKING
 
 from marque.errors import LedgerMissing
 from marque.ledger.base import AttemptRecord, Observed
+from marque.ledger.observe import Reporter, append_events_txn, observe_txn, report_row
 from marque.ledger.statements import (
     ATTEMPT_COLUMNS,
     ATTEMPT_COLUMNS_BARE,
@@ -31,9 +31,7 @@ from marque.ledger.statements import (
     row_record,
 )
 from marque.outcome import SETTLED_RANK, Status
-
-if TYPE_CHECKING:
-    from marque.ledger.sql import SqlLedger, Tx
+from marque.storage.tx import Tx
 
 #: Batch sizes that get statements of their own, largest first; what is left goes one by
 #: one. Fixed sizes keep the statement texts few (four each), each cached and prepared
@@ -73,26 +71,26 @@ def _statements(size: int) -> tuple[str, str, str, str]:
     return advance, observations, events, reports
 
 
-def observe_many_txn(ledger: SqlLedger, tx: Tx, items: list[Observed]) -> list[AttemptRecord]:
-    """``ledger._observe_txn`` for each item, in batches where it can; the records in the
-    items' order."""
+def observe_many_txn(tx: Tx, items: list[Observed], reporter: Reporter) -> list[AttemptRecord]:
+    """:func:`.observe.observe_txn` for each item, in batches where it can; the records in
+    the items' order."""
     if len({(item.marque_id, item.nonce) for item in items}) < len(items):
         # One nonce twice: its observations must merge in order, one after the other.
-        return [ledger._observe_txn(tx, item) for item in items]
+        return [observe_txn(tx, item, reporter) for item in items]
     records: list[AttemptRecord] = []
     start = 0
     while start < len(items):
         size = next((size for size in SIZES if size <= len(items) - start), 1)
         chunk = items[start:start + size]
         if size == 1:
-            records.append(ledger._observe_txn(tx, chunk[0]))
+            records.append(observe_txn(tx, chunk[0], reporter))
         else:
-            records.extend(_observe_chunk(ledger, tx, chunk))
+            records.extend(_observe_chunk(tx, chunk, reporter))
         start += size
     return records
 
 
-def _observe_chunk(ledger: SqlLedger, tx: Tx, chunk: list[Observed]) -> list[AttemptRecord]:
+def _observe_chunk(tx: Tx, chunk: list[Observed], reporter: Reporter) -> list[AttemptRecord]:
     advance, observations, events, reports = _statements(len(chunk))
     changed = {
         (row[0], row[1], row[2]): row
@@ -114,7 +112,7 @@ def _observe_chunk(ledger: SqlLedger, tx: Tx, chunk: list[Observed]) -> list[Att
     else:
         for item in chunk:
             if item.events:
-                ledger._append_events_txn(tx, item.marque_id, item.nonce, item.events)
+                append_events_txn(tx, item.marque_id, item.nonce, item.events)
     records: list[AttemptRecord] = []
     queued: list[tuple[object, ...]] = []
     for item in chunk:
@@ -128,7 +126,7 @@ def _observe_chunk(ledger: SqlLedger, tx: Tx, chunk: list[Observed]) -> list[Att
         record = row_record(row)
         records.append(record)
         if key in changed and record.status is not Status.IN_PROGRESS:
-            queued.append(ledger._report_row(item, record))
+            queued.append(report_row(item, record, reporter))
     if len(queued) == len(chunk):
         tx.execute(reports, [value for row in queued for value in row])
     else:

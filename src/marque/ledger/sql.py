@@ -14,7 +14,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any, Self
 
 from marque.errors import (
@@ -33,147 +32,20 @@ from marque.ledger.base import (
     Observed,
     OutboxEntry,
 )
-from marque.ledger.bindings import BINDING_MIGRATION, BindingLedger
-from marque.ledger.effects import EFFECT_MIGRATION, EFFECT_RUN_MIGRATION, EffectLedger
+from marque.ledger.bindings import BindingLedger
+from marque.ledger.effects import EffectLedger
 from marque.ledger.housekeeping import Housekeeping
 from marque.ledger.jtis import PendingJtis
+from marque.ledger.observe import Reporter, observe_txn
+from marque.ledger.schema import MIGRATIONS, LedgerSchema
 from marque.ledger.settles import observe_many_txn
-from marque.ledger.statements import (
-    ATTEMPT_COLUMNS,
-    ATTEMPT_COLUMNS_BARE,
-    COMPACT,
-    QUEUE_ONE,
-    STARTED_COLUMNS,
-    dumps,
-    loads,
-    row_record,
-)
-from marque.outcome import SETTLED_RANK, Status
-
-# Forward-only migrations: index i holds the statements that take the schema
-# from version i to i + 1. Types are spelled so both engines accept them.
-MIGRATIONS: list[list[str]] = [
-    [
-        """CREATE TABLE meta (
-            key TEXT PRIMARY KEY,
-            value TEXT NOT NULL)""",
-        """CREATE TABLE budgets (
-            marque_id TEXT PRIMARY KEY,
-            target TEXT NOT NULL,
-            executions_left INTEGER NOT NULL CHECK (executions_left >= 0),
-            max_rows BIGINT NOT NULL,
-            attempts_per_nonce INTEGER NOT NULL,
-            expires_at DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX budgets_expiry ON budgets (expires_at)",
-        """CREATE TABLE claims (
-            marque_id TEXT NOT NULL,
-            nonce TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            claimed_at DOUBLE PRECISION NOT NULL,
-            PRIMARY KEY (marque_id, nonce))""",
-        """CREATE TABLE attempts (
-            marque_id TEXT NOT NULL,
-            nonce TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            status_rank INTEGER NOT NULL,
-            rows_affected BIGINT,
-            error TEXT,
-            result TEXT,
-            owner_incarnation TEXT NOT NULL,
-            owner_run TEXT NOT NULL,
-            lease_expires_at DOUBLE PRECISION NOT NULL,
-            started_at DOUBLE PRECISION NOT NULL,
-            settled_at DOUBLE PRECISION,
-            PRIMARY KEY (marque_id, nonce, attempt))""",
-        "CREATE INDEX attempts_unsettled ON attempts (status_rank) WHERE status_rank < 3",
-        # Observations come from the executing run and from reconcilers at
-        # once, so their key is a random id, not a per-nonce counter.
-        """CREATE TABLE observations (
-            id TEXT PRIMARY KEY,
-            marque_id TEXT NOT NULL,
-            nonce TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            source TEXT NOT NULL,
-            detail TEXT,
-            observed_at DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX observations_nonce ON observations (marque_id, nonce, observed_at)",
-        """CREATE TABLE events (
-            marque_id TEXT NOT NULL,
-            nonce TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            body TEXT NOT NULL,
-            PRIMARY KEY (marque_id, nonce, seq))""",
-        """CREATE TABLE outbox (
-            marque_id TEXT NOT NULL,
-            nonce TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            payload TEXT NOT NULL,
-            tries INTEGER NOT NULL DEFAULT 0,
-            queued_at DOUBLE PRECISION NOT NULL,
-            acked_at DOUBLE PRECISION,
-            PRIMARY KEY (marque_id, nonce, attempt))""",
-        "CREATE INDEX outbox_unacked ON outbox (queued_at) WHERE acked_at IS NULL",
-        """CREATE TABLE pop_jtis (
-            jti TEXT PRIMARY KEY,
-            forget_after DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX pop_jtis_forget ON pop_jtis (forget_after)",
-    ],
-    # 2: what reaping keeps. One row per reaped marque and one per reaped nonce
-    # (its final attempt and status): a few dozen bytes where the entries held
-    # kilobytes, so `outcome` can say "reaped", not "never claimed".
-    [
-        """CREATE TABLE reaped_marques (
-            marque_id TEXT PRIMARY KEY,
-            target TEXT NOT NULL,
-            expires_at DOUBLE PRECISION NOT NULL,
-            reaped_at DOUBLE PRECISION NOT NULL)""",
-        """CREATE TABLE reaped_nonces (
-            marque_id TEXT NOT NULL,
-            nonce TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            rows_affected BIGINT,
-            PRIMARY KEY (marque_id, nonce))""",
-    ],
-    # 3: one name per concept (issue 8). The process that owns a claim is a
-    # "process", not a "run" (DESIGN §7's Run is a different thing), and what made an
-    # observation is its "cause". Renames only: no row's content changes.
-    [
-        "ALTER TABLE attempts RENAME COLUMN owner_run TO owner_process",
-        "ALTER TABLE observations RENAME COLUMN source TO cause",
-    ],
-    # 4: Effect Sets (DESIGN §7): previews by CID, the per-row dispatch ledger and its
-    # receipts (ledger/effects.py). New tables only.
-    EFFECT_MIGRATION,
-    # 5: the Run of each Effect Set execution (ledger/effects.py). A new table only.
-    EFFECT_RUN_MIGRATION,
-    # 6: which database each target name stands for, and the attempts a rebinding left
-    # bound to the one before (ledger/bindings.py). New tables only.
-    BINDING_MIGRATION,
-    # 7: an engine's own storage of the same rows (SqlLedger._migration). On SQLite four
-    # text-keyed tables become WITHOUT ROWID (ledger/sqlite_schema.py); on PostgreSQL
-    # nothing changes.
-    [],
-]
+from marque.ledger.statements import ATTEMPT_COLUMNS, STARTED_COLUMNS, loads, row_record
+from marque.outcome import Status
+from marque.storage.migrations import migrate
+from marque.storage.tx import Tx
 
 #: Outbox entries acknowledged per statement (four parameters each).
 ACK_CHUNK = 128
-
-
-class Tx(abc.ABC):
-    """One open transaction; statements use ``?`` placeholders."""
-
-    @abc.abstractmethod
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one statement and return its rows (empty for none)."""
-
-    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        """The first row, or None."""
-        rows = self.execute(sql, params)
-        return rows[0] if rows else None
 
 
 class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
@@ -266,30 +138,9 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         self._load_identity()
 
     def _migrate(self) -> None:
-        """Bring an older ledger's schema up to date (forward only), once.
-
-        A read decides whether anything is due, so an up-to-date ledger costs
-        no write. Migrating starts by writing the version row: a second
-        process migrating at the same moment waits for that row lock
-        (PostgreSQL; SQLite's writer lock does the same) and then reads the
-        version the first one left, so each step runs exactly once.
-        """
-        with self.reading() as tx:
-            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
-        if row is not None and int(row[0]) >= len(MIGRATIONS):
-            return
-        with self.transaction() as tx:
-            tx.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
-            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
-            version = int(row[0]) if row else 0
-            for index in range(version, len(MIGRATIONS)):
-                if index == 0:
-                    continue  # version 1 is created whole by _initialise
-                for statement in self._migration(index):
-                    tx.execute(statement)
-                tx.execute(
-                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(index + 1),)
-                )
+        """Bring an older ledger's schema up to date (forward only), once
+        (:func:`marque.storage.migrations.migrate`: an up-to-date ledger costs no write)."""
+        migrate(LedgerSchema(self._migration), self.reading, self.transaction)
 
     def _migration(self, index: int) -> list[str]:
         """The statements of migration ``index`` (see :data:`MIGRATIONS`) on this engine:
@@ -362,7 +213,7 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             if alone is not None:
                 return alone
         with self.transaction() as tx:
-            observe_many_txn(self, tx, list(ticket.carried))
+            observe_many_txn(tx, list(ticket.carried), self._reporter())
             fresh = self._claim_steps_txn(tx, ticket)
             if fresh is not None:
                 return fresh
@@ -526,86 +377,18 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
         events: list[dict[str, Any]] | None = None,
     ) -> AttemptRecord:
         with self.transaction() as tx:
-            return self._observe_txn(tx, Observed(
+            return observe_txn(tx, Observed(
                 marque_id, nonce, attempt, status, now=now, cause=cause,
-                rows_affected=rows_affected, error=error, result=result, events=events))
+                rows_affected=rows_affected, error=error, result=result, events=events),
+                self._reporter())
 
     def observe_all(self, observed: list[Observed]) -> list[AttemptRecord]:
         with self.transaction() as tx:
-            return observe_many_txn(self, tx, observed)
+            return observe_many_txn(tx, observed, self._reporter())
 
-    def _observe_txn(self, tx: Tx, item: Observed) -> AttemptRecord:
-        marque_id, nonce, attempt, status = item.marque_id, item.nonce, item.attempt, item.status
-        now, cause, rows_affected = item.now, item.cause, item.rows_affected
-        error, result, events = item.error, item.result, item.events
-        key = (marque_id, nonce, attempt)
-        # Compare-and-set on rank (outcome.advance): a weaker or equal observation
-        # changes nothing, and a settled attempt never changes again.
-        changed = tx.one(
-            "UPDATE attempts SET status = ?, status_rank = ?, "
-            "rows_affected = COALESCE(?, rows_affected), error = ?, "
-            "result = COALESCE(?, result), settled_at = ? "
-            "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
-            f"AND status_rank < {SETTLED_RANK} "
-            f"RETURNING {ATTEMPT_COLUMNS_BARE}",
-            (
-                status.value,
-                status.rank,
-                rows_affected,
-                dumps(error),
-                dumps(result),
-                now if status.settled else None,
-                *key,
-                status.rank,
-            ),
-        )
-        tx.execute(
-            "INSERT INTO observations (id, marque_id, nonce, attempt, status, cause, "
-            "detail, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                uuid.uuid4().hex,
-                marque_id,
-                nonce,
-                attempt,
-                status.value,
-                cause,
-                dumps({"error": error, "rows_affected": rows_affected}),
-                now,
-            ),
-        )
-        if events:
-            self._append_events_txn(tx, marque_id, nonce, events)
-        row = changed or tx.one(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts a "
-            "WHERE a.marque_id = ? AND a.nonce = ? AND a.attempt = ?",
-            key,
-        )
-        if row is None:
-            raise LedgerMissing(f"no attempt {attempt} of nonce {nonce} in this ledger")
-        record = row_record(row)
-        if changed is not None and record.status is not Status.IN_PROGRESS:
-            tx.execute(QUEUE_ONE, self._report_row(item, record))
-        return record
-
-    def _report_row(self, item: Observed, record: AttemptRecord) -> tuple[Any, ...]:
-        """The outbox row that reports ``record`` (just changed by ``item``)."""
-        payload = {
-            "marque_id": item.marque_id,
-            "nonce": item.nonce,
-            "attempt": item.attempt,
-            "status": record.status.value,
-            "rows_affected": record.rows_affected,
-            "error": record.error,
-            "pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
-            "cause": item.cause,
-        }
-        effect_set = (record.result or {}).get("effect_set")
-        if isinstance(effect_set, dict):
-            # An Effect Set attempt's summary and set receipt travel with its
-            # report, so the Harbourmaster keeps the receipt with the request.
-            payload["effect_set"] = effect_set
-        return (item.marque_id, item.nonce, item.attempt, record.status.value,
-                dumps(payload), item.now)
+    def _reporter(self) -> Reporter:
+        """Who this ledger's outcome reports name."""
+        return Reporter(self.pilot_id, self.incarnation)
 
     def outcome(self, marque_id: str, nonce: str) -> AttemptRecord | None:
         with self.reading() as tx:
@@ -639,16 +422,6 @@ class SqlLedger(Housekeeping, EffectLedger, BindingLedger, Ledger):
             {"attempt": r[0], "status": r[1], "cause": r[2], "detail": loads(r[3]), "at": r[4]}
             for r in rows
         ]
-
-    def _append_events_txn(
-        self, tx: Tx, marque_id: str, nonce: str, events: list[dict[str, Any]]
-    ) -> None:
-        # One row per batch of events (a JSON array): one statement, however many events.
-        tx.execute(
-            "INSERT INTO events (marque_id, nonce, seq, body) SELECT ?, ?, "
-            "COALESCE(MAX(seq), 0) + 1, ? FROM events WHERE marque_id = ? AND nonce = ?",
-            (marque_id, nonce, COMPACT.encode(events), marque_id, nonce),
-        )
 
     def events(self, marque_id: str, nonce: str) -> list[dict[str, Any]]:
         with self.reading() as tx:

@@ -28,8 +28,10 @@ from typing import Any
 
 from marque.errors import InvalidInput, LedgerCorrupt, LedgerMissing, LedgerUnavailable
 from marque.ledger.base import Durability
-from marque.ledger.sql import SqlLedger, Tx
+from marque.ledger.sql import SqlLedger
 from marque.ledger.sqlite_schema import WITHOUT_ROWID_MIGRATION
+from marque.storage import sqlite as sqlite_files
+from marque.storage.tx import Tx
 
 BUSY_TIMEOUT_MS = 30_000
 #: ``PRAGMA synchronous`` levels, by the number SQLite reads back; FULL and EXTRA are durable.
@@ -66,7 +68,7 @@ class SqliteLedger(SqlLedger):
             # Takes effect only on a new, empty file (before WAL mode writes its header):
             # lets reaping give pages back to the OS.
             self._conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            sqlite_files.use_wal(self._conn)
             self._reader = self._connect(path)
         except sqlite3.Error as exc:
             self._conn.close()
@@ -87,15 +89,11 @@ class SqliteLedger(SqlLedger):
 
     @staticmethod
     def _connect(path: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
-            # Room for every statement the ledger prepares (batches of several sizes
-            # among them), so that none on the execution path is ever prepared again.
-            cached_statements=256,
-        )
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA synchronous = FULL")
-        return conn
+        # WAL is set on the writer's connection once the file is known to be a ledger.
+        # Room for every statement the ledger prepares (batches of several sizes among
+        # them), so that none on the execution path is ever prepared again.
+        return sqlite_files.connect(path, busy_timeout_ms=BUSY_TIMEOUT_MS, wal=False,
+                                    cached_statements=256)
 
     def _check_is_ledger(self) -> None:
         """Raise ``LedgerCorrupt`` unless the file holds a ledger (reads only)."""

@@ -32,10 +32,13 @@ first, so two Pilots upgrading one target take turns.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from marque.errors import TargetUnavailable
+from marque.storage.migrations import Schema, Stored, migrate, migrate_within
 
 if TYPE_CHECKING:  # a SQLite-only Pilot never imports the PostgreSQL driver
     import psycopg
@@ -174,19 +177,34 @@ def sqlite_version(conn: sqlite3.Connection) -> int:
 def migrate_sqlite(conn: sqlite3.Connection, where: str) -> int:
     """Bring a SQLite target's stamp table to :data:`VERSION`, inside the caller's write
     transaction; returns the version it found. ``where`` names the target in errors."""
-    found = sqlite_version(conn)
-    _check_known(found, where)
-    if found < VERSION:
-        for statements in SQLITE_MIGRATIONS[found:]:
-            for statement in statements:
-                conn.execute(statement)
+    return migrate_within(_SqliteStamps(where), conn)
+
+
+class _SqliteStamps(Schema[sqlite3.Connection]):
+    """The stamp table's versions in a SQLite target (``marque_versions``)."""
+
+    latest = VERSION
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def stored(self, conn: sqlite3.Connection) -> Stored:
+        return Stored(sqlite_version(conn))
+
+    def step(self, conn: sqlite3.Connection, index: int) -> None:
+        for statement in SQLITE_MIGRATIONS[index]:
+            conn.execute(statement)
+
+    def record(self, conn: sqlite3.Connection, version: int) -> None:
         conn.execute(SQLITE_VERSIONS_DDL)
         conn.execute(
             "INSERT INTO marque_versions (component, version) VALUES (?, ?) "
             "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-            (COMPONENT, VERSION),
+            (COMPONENT, version),
         )
-    return found
+
+    def newer(self, found: int) -> Exception:
+        return _too_new(found, self.where)
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------
@@ -213,38 +231,57 @@ def postgres_version(conn: PgConn) -> int:
 
 def migrate_postgres(conn: PgConn, where: str) -> int:
     """Bring a PostgreSQL target's stamp table to :data:`VERSION` in one transaction of
-    its own (``conn`` is in autocommit); returns the version it found."""
-    found = postgres_version(conn)  # the common case, without taking any lock
-    _check_known(found, where)
-    if found == VERSION:
-        return found
+    its own (``conn`` is in autocommit); returns the version it found (read first, the
+    common case, without taking any lock)."""
+    return migrate(_PostgresStamps(where), lambda: contextlib.nullcontext(conn),
+                   lambda: _transaction(conn))
+
+
+@contextlib.contextmanager
+def _transaction(conn: PgConn) -> Iterator[PgConn]:
     with conn.transaction():
+        yield conn
+
+
+class _PostgresStamps(Schema["PgConn"]):
+    """The stamp table's versions in a PostgreSQL target (``marque.versions``)."""
+
+    latest = VERSION
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def stored(self, conn: PgConn) -> Stored:
+        return Stored(postgres_version(conn))
+
+    def lock(self, conn: PgConn) -> None:
+        # Another Pilot upgrading the same target waits here, then finds it moved.
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (POSTGRES_LOCK_KEY,))
-        found = postgres_version(conn)  # another Pilot may have migrated it meanwhile
-        _check_known(found, where)
-        for statements in POSTGRES_MIGRATIONS[found:]:
-            for statement in statements:
-                conn.execute(statement)
-        if found < VERSION:
-            conn.execute(POSTGRES_VERSIONS_DDL)
-            conn.execute(
-                "INSERT INTO marque.versions (component, version) VALUES (%s, %s) "
-                "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
-                (COMPONENT, VERSION),
-            )
-    return found
+
+    def step(self, conn: PgConn, index: int) -> None:
+        for statement in POSTGRES_MIGRATIONS[index]:
+            conn.execute(statement)
+
+    def record(self, conn: PgConn, version: int) -> None:
+        conn.execute(POSTGRES_VERSIONS_DDL)
+        conn.execute(
+            "INSERT INTO marque.versions (component, version) VALUES (%s, %s) "
+            "ON CONFLICT (component) DO UPDATE SET version = excluded.version",
+            (COMPONENT, version),
+        )
+
+    def newer(self, found: int) -> Exception:
+        return _too_new(found, self.where)
 
 
 SQLITE_IDENTITY = "SELECT target_id FROM marque_target_identity WHERE one = 1"
 POSTGRES_IDENTITY = "SELECT target_id FROM marque.target_identity WHERE one = 1"
 
 
-def _check_known(found: int, where: str) -> None:
-    if found > VERSION:
-        raise TargetUnavailable(
-            f"the stamp table of target {where} is at version {found}, newer than this Pilot "
-            f"understands (up to {VERSION}): another, newer Marque upgraded it. Upgrade Marque "
-            "on this Pilot; nothing was sent to the target",
-            detail={"stamps_version": found, "supported": VERSION},
-        )
-
+def _too_new(found: int, where: str) -> TargetUnavailable:
+    return TargetUnavailable(
+        f"the stamp table of target {where} is at version {found}, newer than this Pilot "
+        f"understands (up to {VERSION}): another, newer Marque upgraded it. Upgrade Marque "
+        "on this Pilot; nothing was sent to the target",
+        detail={"stamps_version": found, "supported": VERSION},
+    )

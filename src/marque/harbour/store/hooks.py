@@ -12,7 +12,7 @@ import contextlib
 from typing import Any
 
 from marque.harbour.store.base import HarbourStore, LogbookEntry
-from marque.harbour.store.tx import Tx
+from marque.storage.tx import Tx
 
 
 class StoreHooks(HarbourStore):

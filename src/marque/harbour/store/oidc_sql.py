@@ -21,8 +21,8 @@ from typing import Any
 from marque.errors import InvalidInput, OidcLoginRefused
 from marque.harbour.principals import hashes_equal
 from marque.harbour.store.base import OidcLogin
+from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.hooks import StoreHooks
-from marque.harbour.store.tx import dumps, loads
 
 _HEX = frozenset("0123456789abcdef")
 

@@ -45,11 +45,12 @@ from marque.harbour.store.base import (
     RequestParts,
     Resolution,
 )
+from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.hooks import StoreHooks
 from marque.harbour.store.schema import ACTIVE_PREDICATE
 from marque.harbour.store.schema import CURRENT_REQUEST_COLUMNS as REQUEST_COLUMNS
-from marque.harbour.store.tx import Tx, dumps, loads
 from marque.harbour.store.webhook_sql import record_events
+from marque.storage.tx import Tx
 
 S = RequestState
 _COLUMNS = ", ".join(REQUEST_COLUMNS)

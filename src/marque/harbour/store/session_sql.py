@@ -25,8 +25,8 @@ from typing import Any
 from marque.errors import InvalidInput, Unauthenticated
 from marque.harbour.principals import Principal, hashes_equal, parse_roles
 from marque.harbour.store.base import ConsoleSession
+from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.hooks import StoreHooks
-from marque.harbour.store.tx import dumps, loads
 
 _SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
                    "s.revoked_at, s.via, s.roles, s.roles_from, s.oidc_subject, s.oidc_sid"

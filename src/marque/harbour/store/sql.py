@@ -50,11 +50,13 @@ from marque.harbour.principals import (
 )
 from marque.harbour.store import schema
 from marque.harbour.store.base import AdoptedConfig, LogbookEntry, PilotRecord
+from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.oidc_sql import OidcRecords
 from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.session_sql import SessionRecords
-from marque.harbour.store.tx import Tx, dumps, loads
 from marque.harbour.store.webhook_sql import WebhookRecords
+from marque.storage.migrations import Schema, Stored, migrate
+from marque.storage.tx import Tx
 
 #: The longest principal name accepted.
 MAX_NAME_BYTES = 128
@@ -151,29 +153,9 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
                 tx.execute(statement)
 
     def _migrate(self) -> None:
-        """Bring an older store's schema up to date (forward only), exactly once.
-
-        Writing the version row first makes a second process migrating at the
-        same moment wait, then read the version the first one left.
-        """
-        with self.reading() as tx:
-            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
-        stored = int(row[0]) if row else 0
-        if stored > schema.LATEST:
-            raise HarbourUnavailable(
-                f"this Harbourmaster store has schema version {stored}, newer than the "
-                f"{schema.LATEST} this Marque knows; upgrade Marque to use it",
-                detail={"schema_version": stored})
-        if stored == schema.LATEST:
-            return
-        with self.transaction() as tx:
-            tx.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
-            row = tx.one("SELECT value FROM meta WHERE key = 'schema_version'")
-            version = int(row[0]) if row else 0
-            for index in range(version, schema.LATEST):
-                self._run_migration(tx, index, self._now(None))
-                tx.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                           (str(index + 1),))
+        """Bring an older store's schema up to date (forward only), exactly once
+        (:func:`marque.storage.migrations.migrate`); refuses a newer store."""
+        migrate(_StoreSchema(self), self.reading, self.transaction)
 
     def _load_identity(self) -> None:
         with self.reading() as tx:
@@ -627,3 +609,33 @@ def _check_name(name: str) -> None:
             or any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name)):
         raise InvalidInput(f"a principal's name must be 1 to {MAX_NAME_BYTES} bytes of text "
                            "without control characters")
+
+
+class _StoreSchema(Schema[Tx]):
+    """The store's versions (:data:`schema.MIGRATIONS`), kept in its ``meta`` table."""
+
+    latest = schema.LATEST
+
+    def __init__(self, store: SqlHarbourStore) -> None:
+        self._store = store
+
+    def stored(self, conn: Tx) -> Stored:
+        row = conn.one("SELECT value FROM meta WHERE key = 'schema_version'")
+        return Stored(int(row[0]) if row else 0)
+
+    def lock(self, conn: Tx) -> None:
+        # Writing the version row first makes a second process migrating at the same
+        # moment wait, then read the version the first one left.
+        conn.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
+
+    def step(self, conn: Tx, index: int) -> None:
+        self._store._run_migration(conn, index, self._store._now(None))
+
+    def record(self, conn: Tx, version: int) -> None:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+
+    def newer(self, found: int) -> Exception:
+        return HarbourUnavailable(
+            f"this Harbourmaster store has schema version {found}, newer than the "
+            f"{schema.LATEST} this Marque knows; upgrade Marque to use it",
+            detail={"schema_version": found})

@@ -23,7 +23,8 @@ from typing import Any
 
 from marque.errors import Conflict, HarbourUnavailable, InvalidInput, NotFound
 from marque.harbour.store.sql import SqlHarbourStore
-from marque.harbour.store.tx import Tx
+from marque.storage import sqlite as sqlite_files
+from marque.storage.tx import Tx
 
 #: How long a write waits for another writer of the same file before giving up.
 BUSY_TIMEOUT_MS = 30_000
@@ -77,16 +78,7 @@ class SqliteHarbourStore(SqlHarbourStore):
     # -- connections -----------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                               timeout=BUSY_TIMEOUT_MS / 1000)
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return sqlite_files.connect(self.path, busy_timeout_ms=BUSY_TIMEOUT_MS)
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:

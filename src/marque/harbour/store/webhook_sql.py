@@ -28,6 +28,7 @@ from marque.harbour.notifications.events import (
     may_approve,
     request_summary,
 )
+from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.hooks import StoreHooks
 from marque.harbour.store.outbox import (
     Delivery,
@@ -37,7 +38,7 @@ from marque.harbour.store.outbox import (
     WebhookEndpoint,
     delivery_transition,
 )
-from marque.harbour.store.tx import Tx, dumps, loads
+from marque.storage.tx import Tx
 
 #: Logbook entries a transaction appends: ``(kind, actor, subject, body)``.
 JournalEntries = list[tuple[str, str, str, dict[str, Any]]]
