@@ -260,8 +260,8 @@ def test_registration_is_logged_when_the_pilot_changed_not_every_minute(
 def rewrite_chain(store: Path, seq: int, edit: Any) -> None:
     """What whoever can write the store (but holds no Pilot's key) can do: edit entry ``seq``'s
     body with ``edit``, then recompute every hash from there and the head row."""
-    from marque.harbour.chain import entry_hash
     from marque.harbour.store.columns import dumps
+    from marque.logbook.chain import entry_hash
 
     conn = sqlite3.connect(store)
     with conn:

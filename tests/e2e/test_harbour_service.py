@@ -33,7 +33,7 @@ from harbour_support import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from marque.harbour.heads import verify_head
+from marque.logbook.heads import verify_head
 from marque.token import TrustedKeys, unverified_claims
 
 PROBLEM = "application/problem+json"

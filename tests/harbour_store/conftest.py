@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from marque.cid import cid
-from marque.harbour.chain import GENESIS, entry_hash, verify_against_head, verify_entries
 from marque.harbour.store.base import HarbourStore, LogbookEntry, RequestDraft
 from marque.harbour.store.sqlite import SqliteHarbourStore
+from marque.logbook.chain import GENESIS, entry_hash, verify_against_head, verify_entries
 
 T0 = 1_800_000_000.0
 

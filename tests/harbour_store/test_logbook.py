@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from marque.harbour.chain import GENESIS, entry_hash, verify_entries
 from marque.harbour.store.base import HarbourStore
+from marque.logbook.chain import GENESIS, entry_hash, verify_entries
 
 from .conftest import T0, StorePool, all_entries, assert_chain_verifies, make_draft, raw_tx
 

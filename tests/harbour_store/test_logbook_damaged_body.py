@@ -9,8 +9,8 @@ and verification names its ``seq``, on both engines.
 from __future__ import annotations
 
 from harbour_store.conftest import all_entries, raw_tx
-from marque.harbour.chain import BreakKind, verify_entries
 from marque.harbour.store.base import HarbourStore
+from marque.logbook.chain import BreakKind, verify_entries
 
 
 def test_a_body_that_is_no_longer_json_is_named_by_its_seq(store: HarbourStore) -> None:

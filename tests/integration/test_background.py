@@ -7,8 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from marque.harbour.logbook import Logbook
 from marque.ledger import ClaimTicket
+from marque.logbook.embedded import Logbook
 from marque.outcome import Status
 from marque.pilot import open_pilot
 from marque.pilot.background import Reconciler, Reporter

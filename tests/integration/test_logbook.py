@@ -21,10 +21,10 @@ import pytest
 
 from marque.cid import canonicalize
 from marque.errors import HarbourUnavailable, InvalidInput
-from marque.harbour import chain
-from marque.harbour.chain import BreakKind, verify_against_head, verify_entries
-from marque.harbour.heads import sign_head, verify_head
-from marque.harbour.logbook import GENESIS, KEY_MEMBER, MIGRATIONS, Logbook
+from marque.logbook import chain
+from marque.logbook.chain import BreakKind, verify_against_head, verify_entries
+from marque.logbook.embedded import GENESIS, KEY_MEMBER, MIGRATIONS, Logbook
+from marque.logbook.heads import sign_head, verify_head
 from marque.token import TrustedKeys, new_key
 
 from .conftest import PILOT_ID, Env, marque_id_of

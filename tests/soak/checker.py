@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from marque.harbour.chain import verify_entries
+from marque.logbook.chain import verify_entries
 from soak.world import SoakWorld
 
 __all__ = ["FinalState", "check", "final_state", "settle"]

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marque.errors import InvalidInput
-from marque.harbour.chain import (
+from marque.logbook.chain import (
     ENTRY_FIELDS,
     GENESIS,
     BreakKind,

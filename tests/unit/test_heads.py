@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from marque.errors import InvalidInput
-from marque.harbour.chain import GENESIS
-from marque.harbour.heads import (
+from marque.logbook.chain import GENESIS
+from marque.logbook.heads import (
     _HEAD_REGISTRY,
     HEAD_TYP,
     HeadInvalid,

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from marque.errors import ReportSignatureInvalid
-from marque.harbour.reports import SignatureAudit
+from marque.logbook.audit import SignatureAudit
 from marque.token import new_key, public_jwk
 from marque.token.reports import REPORT_TYP, sign_report, verify_report
 

@@ -10,7 +10,7 @@ import pytest
 from joserfc.jwk import OKPKey
 
 from marque.errors import MarqueInvalid, PopInvalid
-from marque.harbour.heads import HeadUnknownKey, HeadWrongType, sign_head, verify_head
+from marque.logbook.heads import HeadUnknownKey, HeadWrongType, sign_head, verify_head
 from marque.service_tokens import issue_preview_token, verify_preview_token
 from marque.token import (
     Budget,

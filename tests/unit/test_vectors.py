@@ -14,7 +14,7 @@ import pytest
 
 from marque.change import Change, Guard, Statement
 from marque.cid import canonicalize, cid
-from marque.harbour.logbook import GENESIS, legacy_entry_hash
+from marque.logbook.embedded import GENESIS, legacy_entry_hash
 
 # -- change_cid -------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from marque.cli.common import (
 )
 from marque.cli.control import connect
 from marque.errors import HarbourUnavailable, InvalidInput, LogbookBroken
-from marque.harbour.remote_logbook import pages, saved_head_over_http, verify_over_http
+from marque.logbook.remote import pages, saved_head_over_http, verify_over_http
 
 if TYPE_CHECKING:
     from marque.harbour.client import HarbourClient
@@ -87,7 +87,7 @@ def logbook_verify(ctx: click.Context, home: Path | None, harbour_url: str | Non
     head = None
     try:
         if _where(ctx, home, harbour_url) == "home":
-            from marque.harbour.audit import saved_head, verify_home
+            from marque.cli.logbook_homes import saved_head, verify_home
 
             assert home is not None
             head = None if saved is None else saved_head(home, saved)
@@ -123,7 +123,7 @@ def logbook_head(ctx: click.Context, home: Path | None, harbour_url: str | None,
                  token: str | None, out_file: Path | None, as_json: bool) -> None:
     """The chain's head {seq, hash, at}; a Harbourmaster's is signed by its issuer key."""
     if _where(ctx, home, harbour_url) == "home":
-        from marque.harbour.audit import head_of
+        from marque.cli.logbook_homes import head_of
 
         assert home is not None
         head = head_of(home)

@@ -119,7 +119,7 @@ def _walk(homes: _Homes, harbour_url: str, story: Story) -> dict[str, Any]:
     from marque.client import PilotClient
     from marque.errors import MarqueError
     from marque.harbour.client import HarbourClient
-    from marque.harbour.remote_logbook import verify_over_http
+    from marque.logbook.remote import verify_over_http
     from marque.token import make_proof
 
     alice = HarbourClient(harbour_url, homes.tokens["alice"])

@@ -60,7 +60,6 @@ from marque.harbour.checkpoint import (
     seal_resolution,
     tally,
 )
-from marque.harbour.heads import sign_head
 from marque.harbour.home import HarbourHome, open_home_store
 from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.intake import read_registration, read_submission
@@ -91,6 +90,7 @@ from marque.harbour.views import (
     request_object,
     request_objects,
 )
+from marque.logbook.heads import sign_head
 from marque.token import unverified_claims
 
 S = RequestState

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from marque.harbour.logbook import Logbook
+from marque.logbook.embedded import Logbook
 from marque.pilot.background import start_background
 from marque.pilot.config import PilotConfig, PilotHome, Settings
 from marque.pilot.core import Pilot, PilotOptions, check_nonce

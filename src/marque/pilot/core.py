@@ -27,8 +27,8 @@ from marque.errors import (
     NotApplied,
     NotFound,
 )
-from marque.harbour.logbook import Logbook
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Ledger, Observed, OutboxEntry
+from marque.logbook.embedded import Logbook
 from marque.outcome import Outcome, Status
 from marque.pilot import reconciliation
 from marque.pilot.config import Settings

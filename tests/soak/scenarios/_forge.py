@@ -27,7 +27,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from marque.cid import cid
-from marque.harbour.heads import sign_head
+from marque.logbook.heads import sign_head
 from marque.service_tokens import PREVIEW_TYP, QUERY_TYP
 from marque.token import MARQUE_TYP, POP_TYP
 

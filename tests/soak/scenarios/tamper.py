@@ -19,8 +19,8 @@ cuts entries *k*..*n* (on a Harbourmaster, half the time also rewinding its
 head row, as an attacker who knows about it would).
 
 Each tamper must be named at the right ``seq`` by every path that can see it:
-the chain walk itself (:func:`marque.harbour.chain.verify_entries` /
-``Logbook.check``), ``marque.harbour.audit.verify_home`` (what ``marque logbook
+the chain walk itself (:func:`marque.logbook.chain.verify_entries` /
+``Logbook.check``), ``marque.cli.logbook_homes.verify_home`` (what ``marque logbook
 verify --home`` runs, which on a Harbourmaster also holds the chain to its
 head row), the same with the head saved before the tamper (signed by the
 issuer on a Harbourmaster; ``--head``), and, for a sample, the real CLI. A
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from marque.cli.logbook_homes import head_of, saved_head, verify_home
 from marque.errors import LogbookBroken, MarqueError
-from marque.harbour.audit import head_of, saved_head, verify_home
-from marque.harbour.chain import verify_against_head, verify_entries
 from marque.harbour.home import HarbourHome, open_home_store
-from marque.harbour.logbook import Logbook
 from marque.harbour.setup import init_harbour
+from marque.logbook.chain import verify_against_head, verify_entries
+from marque.logbook.embedded import Logbook
 from marque.pilot.config import PilotHome
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._world import MARQUE, TokenWorld

@@ -14,7 +14,7 @@ the page are gathered during the verifying walk, which reads every entry
 anyway, so any filter works over the whole chain with the store's one paging.
 
 Verification is the same walk ``marque logbook verify`` makes
-(:func:`marque.harbour.chain.verify_entries`), over every entry, page by page,
+(:func:`marque.logbook.chain.verify_entries`), over every entry, page by page,
 followed by the check that the chain reaches the store's head row (a cut-off
 tail otherwise verifies by itself). Its answer names the first broken ``seq``.
 """
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from marque.errors import Forbidden
-from marque.harbour.chain import GENESIS, verify_entries
 from marque.harbour.principals import Principal
+from marque.logbook.chain import GENESIS, verify_entries
 
 if TYPE_CHECKING:
     from marque.harbour.service import Harbourmaster

@@ -38,7 +38,6 @@ from marque.errors import (
     ReportKeyChanged,
     Unauthenticated,
 )
-from marque.harbour.chain import GENESIS, entry_hash
 from marque.harbour.principals import (
     Principal,
     Role,
@@ -55,6 +54,7 @@ from marque.harbour.store.oidc_sql import OidcRecords
 from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.session_sql import SessionRecords
 from marque.harbour.store.webhook_sql import WebhookRecords
+from marque.logbook.chain import GENESIS, entry_hash
 from marque.storage.migrations import Schema, Stored, migrate
 from marque.storage.tx import Tx
 

@@ -3,7 +3,7 @@
 A head ``{seq, hash, at}`` names the last entry of the logbook at a moment.
 The chain alone cannot show that entries were cut from its end, or that its
 tail was rewritten with every hash recomputed; a head saved earlier can (see
-:func:`marque.harbour.chain.verify_against_head`). So that a saved head
+:func:`marque.logbook.chain.verify_against_head`). So that a saved head
 cannot itself be forged to match a tampered logbook, the Harbourmaster signs
 it with its issuer key, as a compact JWS of ``typ`` ``marque-logbook-head+jwt``:
 ``GET /v1/logbook/head`` answers one and ``marque logbook verify --head FILE``
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from marque.errors import InvalidInput
-from marque.harbour.chain import check_head
+from marque.logbook.chain import check_head
 from marque.token.header import pin_header, trusted_signer
 from marque.token.jose import ALG, Registry, read_header, sign, verified_payload
 from marque.token.keys import TrustedKeys, import_private, kid_of

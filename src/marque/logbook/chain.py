@@ -19,7 +19,7 @@ the first entry at which the chain stops holding (:class:`ChainBreak`):
 
 A chain cut short at its end, or rewritten from some entry on with every hash
 recomputed, still holds by itself: only a head saved earlier (``{seq, hash,
-at}``, signed by the Harbourmaster — see :mod:`marque.harbour.heads`) can tell.
+at}``, signed by the Harbourmaster — see :mod:`marque.logbook.heads`) can tell.
 :func:`verify_against_head` checks that the chain still reaches the saved
 head's ``seq`` and that the entry there still has the head's ``hash``.
 """

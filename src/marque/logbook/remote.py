@@ -1,7 +1,7 @@
 """A Harbourmaster's logbook checked from outside, over its HTTP API.
 
 The entries are fetched page by page from ``GET /v1/logbook`` and verified
-here, by the chain rules of :mod:`marque.harbour.chain`: the service is not
+here, by the chain rules of :mod:`marque.logbook.chain`: the service is not
 trusted to say its own logbook holds. A saved signed head's signature is
 checked against the service's JWKS. ``marque logbook verify --harbour`` and
 the demo both use this module.
@@ -10,12 +10,11 @@ the demo both use this module.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from marque.errors import InvalidInput, LogbookBroken
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
     from marque.token import TrustedKeys
 
 __all__ = ["PAGE", "pages", "saved_head_over_http", "trusted_keys", "verify_over_http"]
@@ -24,7 +23,18 @@ __all__ = ["PAGE", "pages", "saved_head_over_http", "trusted_keys", "verify_over
 PAGE = 1000
 
 
-def trusted_keys(client: HarbourClient) -> TrustedKeys:
+class LogbookApi(Protocol):
+    """What verification asks of a Harbourmaster's HTTP client."""
+
+    url: str
+
+    def jwks(self) -> dict[str, Any]: ...
+    def logbook(self, *, after: int = 0, limit: int = 100,
+                kind: str | None = None) -> dict[str, Any]: ...
+    def logbook_head(self) -> dict[str, Any]: ...
+
+
+def trusted_keys(client: LogbookApi) -> TrustedKeys:
     """The Harbourmaster's issuer keys, from its JWKS."""
     from marque.token import TrustedKeys
 
@@ -34,10 +44,10 @@ def trusted_keys(client: HarbourClient) -> TrustedKeys:
     return TrustedKeys(keys)
 
 
-def saved_head_over_http(client: HarbourClient, saved: dict[str, Any]) -> dict[str, Any]:
+def saved_head_over_http(client: LogbookApi, saved: dict[str, Any]) -> dict[str, Any]:
     """A saved head's signed claims, the signature checked against the Harbourmaster's JWKS."""
-    from marque.harbour.chain import check_head
-    from marque.harbour.heads import verify_head
+    from marque.logbook.chain import check_head
+    from marque.logbook.heads import verify_head
 
     signed = saved.get("signed")
     if not isinstance(signed, str):
@@ -46,7 +56,7 @@ def saved_head_over_http(client: HarbourClient, saved: dict[str, Any]) -> dict[s
     return check_head(verify_head(signed, trusted_keys(client)))
 
 
-def pages(client: HarbourClient, walked: dict[str, Any], kind: str | None = None,
+def pages(client: LogbookApi, walked: dict[str, Any], kind: str | None = None,
           after: int = 0) -> Iterator[dict[str, Any]]:
     """Every entry after ``after``, page by page; ``walked`` tracks the last one seen."""
     while True:
@@ -62,15 +72,14 @@ def pages(client: HarbourClient, walked: dict[str, Any], kind: str | None = None
         after = next_after
 
 
-def verify_over_http(client: HarbourClient, head: dict[str, Any] | None) -> dict[str, Any]:
+def verify_over_http(client: LogbookApi, head: dict[str, Any] | None) -> dict[str, Any]:
     """Fetch and verify the whole chain, which must also reach the head the service holds now
     (and ``head``, a saved one, when given); returns ``{entries, head}``.
 
     Raises :class:`~marque.errors.LogbookBroken` naming the first bad ``seq``.
     """
-    from marque.harbour.audit import raise_if_unsigned
-    from marque.harbour.chain import GENESIS, verify_against_head, verify_entries
-    from marque.harbour.reports import SignatureAudit
+    from marque.logbook.audit import SignatureAudit, raise_if_broken, raise_if_unsigned
+    from marque.logbook.chain import GENESIS, verify_against_head, verify_entries
 
     # Taken first: entries appended while we read lie beyond it, and still verify.
     current = client.logbook_head()
@@ -87,9 +96,7 @@ def verify_over_http(client: HarbourClient, head: dict[str, Any] | None) -> dict
             yield entry
 
     found = verify_entries(entries()) if head is None else verify_against_head(entries(), head)
-    if found is not None:
-        raise LogbookBroken(f"the logbook's chain breaks at seq {found.seq}: {found.reason}",
-                            detail=found.to_dict())
+    raise_if_broken(found)
     # The service's own head row is a head saved by every append: a chain that stops short
     # of it lost its tail, even when no head was saved elsewhere.
     seq = current.get("seq")

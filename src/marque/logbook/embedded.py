@@ -2,7 +2,7 @@
 
 A Pilot without a Harbourmaster still journals what happened — outcome
 reports, previews, findings — in ``logbook.sqlite3`` in its home. Its entries
-are chained exactly as the Harbourmaster's (:mod:`marque.harbour.chain`,
+are chained exactly as the Harbourmaster's (:mod:`marque.logbook.chain`,
 DESIGN §11.6): ``{seq, at, kind, actor, subject, body, prev_hash}`` and
 ``hash``, with ``actor`` the Pilot's id (``"pilot"`` when the body does not
 say) and ``subject`` the marque the entry is about, when its body names one.
@@ -45,8 +45,8 @@ from typing import Any
 
 from marque.cid import canonicalize
 from marque.errors import HarbourUnavailable, InvalidInput
-from marque.harbour import chain
-from marque.harbour.chain import GENESIS, BreakKind, ChainBreak
+from marque.logbook import chain
+from marque.logbook.chain import GENESIS, BreakKind, ChainBreak
 from marque.storage import sqlite as sqlite_files
 from marque.storage.migrations import Schema, Stored, migrate
 
@@ -232,7 +232,7 @@ class Logbook:
     def head(self) -> dict[str, Any]:
         """The last entry as a head ``{seq, hash, at}``; ``{0, GENESIS, None}`` when empty.
 
-        Save it (or have it signed, :mod:`marque.harbour.heads`) to detect a
+        Save it (or have it signed, :mod:`marque.logbook.heads`) to detect a
         later truncation or rewrite with :meth:`check`.
         """
         with self._lock:
