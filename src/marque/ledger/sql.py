@@ -4,6 +4,12 @@ Dialect differences are hooks on the subclasses (how to connect, how to open a
 write transaction, how placeholders look, how big the store is); the
 statements themselves use only what both engines share: ``INSERT … ON
 CONFLICT``, ``RETURNING``, partial indexes and conditional ``UPDATE``.
+
+Below this module, and never importing it: the schema and its migrations
+(``schema.py``), one observation's rows (``observe.py``) and many at once
+(``settles.py``), the statement pieces and row codecs they share
+(``statements.py``), and the mixins for reaping, Effect Sets and target bindings.
+Engines run the statements through :class:`marque.storage.tx.Tx`.
 """
 
 from __future__ import annotations

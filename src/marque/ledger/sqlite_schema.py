@@ -96,7 +96,7 @@ def _rebuild(table: str, columns: str, body: str, indexes: list[str]) -> list[st
     ]
 
 
-#: Migration 7 of the ledger on SQLite (see :data:`marque.ledger.sql.MIGRATIONS`).
+#: Migration 7 of the ledger on SQLite (see :data:`marque.ledger.schema.MIGRATIONS`).
 WITHOUT_ROWID_MIGRATION: list[str] = [
     statement for spec in _TABLES for statement in _rebuild(*spec)
 ]

@@ -86,7 +86,7 @@ def migrate_within(schema: Schema[C], conn: C) -> int:
     if schema.due(found):
         for index in range(found.version, schema.latest):
             schema.step(conn, index)
-        schema.record(conn, max(found.version, schema.latest))
+        schema.record(conn, schema.latest)
     return found.version
 
 
