@@ -187,7 +187,8 @@ class SqlTarget(RowTarget, Target):
 
     #: The placeholder the driver wants, for the stamp statements.
     placeholder = "?"
-    stamp_table = "marque_stamps"
+    #: The engine's stamp table (:data:`marque.target.stamps.SQLITE_TABLES` and its sibling).
+    stamp_table: str
     #: What the stamp insert returns: at least the attempt; engines add their txid.
     stamp_returning = "attempt"
 

@@ -270,9 +270,9 @@ class PostgresTarget(SqlTarget):
     """A target in one PostgreSQL database."""
 
     placeholder = "%s"
-    stamp_table = "marque.stamps"
+    stamp_table = stamp_schema.POSTGRES_TABLES.stamps
     stamp_returning = "attempt, txid_current()"
-    row_stamp_table = "marque.row_stamps"
+    row_stamp_table = stamp_schema.POSTGRES_TABLES.row_stamps
     identity_query = stamp_schema.POSTGRES_IDENTITY
     row_lock_clause = " FOR UPDATE"
     undefined_table_sqlstate = "42P01"

@@ -176,7 +176,8 @@ class _TargetConnection(sqlite3.Connection):
 class SqliteTarget(SqlTarget):
     """A target in one existing SQLite file."""
 
-    row_stamp_table = "marque_row_stamps"
+    stamp_table = stamp_schema.SQLITE_TABLES.stamps
+    row_stamp_table = stamp_schema.SQLITE_TABLES.row_stamps
     identity_query = stamp_schema.SQLITE_IDENTITY
 
     def __init__(self, name: str, path: str, *, lock_timeout_ms: int = 5_000) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from marque.errors import TargetUnavailable
@@ -48,10 +49,25 @@ if TYPE_CHECKING:  # a SQLite-only Pilot never imports the PostgreSQL driver
 
 #: The stamp table's current version.
 VERSION = 5
+
+
+@dataclass(frozen=True)
+class StampTables:
+    """Where one engine keeps the stamps in a target: the names the migrations below create.
+    A target's tables keep these names for good (renaming one would need a migration)."""
+
+    #: The nonce stamps of DESIGN §3.
+    stamps: str
+    #: The per-row stamps of Effect Sets (version 3 on).
+    row_stamps: str
+
+
+SQLITE_TABLES = StampTables(stamps="marque_stamps", row_stamps="marque_row_stamps")
+POSTGRES_TABLES = StampTables(stamps="marque.stamps", row_stamps="marque.row_stamps")
+
 #: This component's row in the version table.
 COMPONENT = "stamps"
 
-SQLITE_TABLE = "marque_stamps"
 SQLITE_VERSIONS_DDL = (
     "CREATE TABLE IF NOT EXISTS marque_versions ("
     " component TEXT PRIMARY KEY,"
@@ -103,7 +119,6 @@ SQLITE_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 
-POSTGRES_TABLE = "marque.stamps"
 POSTGRES_VERSIONS_DDL = (
     "CREATE TABLE IF NOT EXISTS marque.versions ("
     " component TEXT PRIMARY KEY,"
