@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from pgcluster import PgCluster
 
-from marque import pgpool
+from marque.storage import pgpool
 
 
 def _select_one(pool: pgpool.Pool, dsn: str) -> int:

@@ -558,7 +558,7 @@ def test_execution_after_every_pooled_connection_died_applies(
     world = cluster_world
     # Never ping on checkout, as for a connection back less than the idle-check time ago
     # (the soak met this: a crash, a restart and the next call within half a second).
-    monkeypatch.setattr("marque.pgpool.IDLE_CHECK_SECONDS", 3600.0)
+    monkeypatch.setattr("marque.storage.pgpool.IDLE_CHECK_SECONDS", 3600.0)
     slow = ("UPDATE accounts SET balance = balance - 1 + 0 * (SELECT count(*) FROM "
             "pg_sleep(0.5)) WHERE id = 3")
     pilot = world.pilot  # opened once, before the threads share it

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from marque.pgpool import session_options
+from marque.storage.pgpool import session_options
 from marque.target.base import TargetAttempt
 from marque.target.postgres import PostgresTarget
 from marque.token import Change, Statement

@@ -34,7 +34,7 @@ from marque.ledger.base import Claim, ClaimTicket, Durability
 from marque.ledger.sql import SqlLedger
 from marque.ledger.statements import ATTEMPT_COLUMNS, STARTED_COLUMNS, row_record
 from marque.outcome import Status
-from marque.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_pool, reason
+from marque.storage.pgpool import CONNECT_TIMEOUT_SECONDS, checkout, connection, make_pool, reason
 from marque.storage.tx import Tx
 
 SCHEMA = "marque_ledger"

@@ -63,7 +63,7 @@ from marque.errors import (
     TargetUnavailable,
 )
 from marque.outcome import Status
-from marque.pgpool import Pool, checkout, make_pool, reason
+from marque.storage.pgpool import Pool, checkout, make_pool, reason
 from marque.target import stamps as stamp_schema
 from marque.target.base import (
     STAMP_APPLIED,

@@ -27,7 +27,7 @@ from psycopg_pool import ConnectionPool
 from marque.dsn import describe
 from marque.errors import Conflict, HarbourUnavailable
 from marque.harbour.store.sql import SqlHarbourStore
-from marque.pgpool import CONNECT_TIMEOUT_SECONDS, connection, make_pool, reason
+from marque.storage.pgpool import CONNECT_TIMEOUT_SECONDS, connection, make_pool, reason
 from marque.storage.tx import Tx
 
 SCHEMA = "marque_harbour"

@@ -1,4 +1,4 @@
-"""Connection pools for PostgreSQL, shared by the ledger and the targets.
+"""Connection pools for PostgreSQL, shared by the ledger, the Harbourmaster store and the targets.
 
 A pooled connection can die while it sits idle (the server restarted, a
 proxy dropped it). Checking every connection on checkout costs a round trip
