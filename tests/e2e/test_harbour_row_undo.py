@@ -1,0 +1,130 @@
+"""`marque undo --per-row`: each row put back on its own, an Effect Set with a receipt per row.
+
+Through real `harbour serve` and `pilot serve` (the stack of test_harbour_undo),
+on a SQLite and a PostgreSQL target: a change is applied, a row is changed by
+someone else, and the per-row undo is filed, approved and executed — the rows
+that still hold what the original wrote are put back, the changed one fails
+alone as `undo_conflict`, named by key in the receipt, and the target's rows
+are read directly. Asking twice, and asking both modes, are checked too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pgcluster import create_database, drop_database
+from test_harbour_cli_flow import cli
+from test_harbour_undo import ACCOUNTS, BOTH, UndoStack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, pg_admin_dsn: str) -> Iterator[UndoStack]:
+    pg_name, pg_dsn = create_database(pg_admin_dsn)
+    running = UndoStack(tmp_path_factory.mktemp("rowundo"), pg_dsn)
+    try:
+        yield running
+    finally:
+        running.stop()
+        drop_database(pg_admin_dsn, pg_name)
+
+
+def _per_row(stack: UndoStack, rq: str) -> dict[str, Any]:
+    """`marque undo --per-row` filed: the undo's request object (awaiting approval)."""
+    filed = stack.undo(rq, "--per-row", "--json", "--reason", "row by row")
+    assert filed.returncode == 0, filed
+    body: dict[str, Any] = filed.json
+    assert body["state"] == "awaiting_approval", body
+    assert body["rolls_back"] == rq and body["request_id"] == f"undo-{rq}"
+    assert "effect_set" in body["change"], body["change"]
+    assert body["undo"]["mode"] == "per_row", body["undo"]
+    return body
+
+
+def _executed(stack: UndoStack, rq: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    stack.approve(rq)
+    outcome = stack.execute(rq)
+    return outcome, stack.show(rq)
+
+
+@BOTH
+def test_a_per_row_undo_puts_back_what_it_can_and_names_the_row_it_cannot(
+        stack: UndoStack, target: str) -> None:
+    """Three rows zeroed; row 2 changed by someone else since. The per-row undo's preview
+    already shows row 2 in conflict; executed, rows 1 and 3 get their balance back, row 2
+    keeps the later value, and the receipt fails that row alone as undo_conflict by key."""
+    table = stack.table(target, ACCOUNTS, "(1, 100, NULL)", "(2, 100, 'x')", "(3, 30, NULL)")
+    original = stack.applied(target, f"UPDATE {table} SET balance = 0")
+    stack.write(target, f"UPDATE {table} SET balance = 55 WHERE id = 2")
+    filed = _per_row(stack, original["id"])
+    assert [c["key"] for c in filed["undo"]["conflicts"]] == [{"id": 2}]
+    assert len(filed["undo"]["rows"]) == 3
+    members = filed["preview"]["members"]
+    assert all(m["fence"]["state"] == "present" and m["max_items"] == 1 for m in members)
+    outcome, undo = _executed(stack, filed["id"])
+    assert outcome["status"] == "applied", outcome
+    assert stack.rows(target, table) == [(1, 100, None), (2, 55, "x"), (3, 30, None)]
+    assert undo["state"] == "verified", undo
+    receipt = undo["receipt"]
+    assert receipt["status"] == "partial_failure", receipt
+    assert receipt["failed_rows"] == [
+        {"effect_id": "restore_1", "key": {"id": 2}, "code": "undo_conflict"}]
+    assert sorted(s for states in receipt["row_states"].values() for s in states) == [
+        "applied", "applied", "failed"]
+    assert undo["undo"]["conflicts"] == [{"statement": 0, "table": table, "key": {"id": 2},
+                                          "op": "restore", "effect_id": "restore_1"}]
+    assert stack.show(original["id"])["state"] == "rolled_back"
+
+
+@BOTH
+def test_a_per_row_undo_without_conflicts_puts_every_row_back(stack: UndoStack,
+                                                              target: str) -> None:
+    """An update, a delete and an insert in one change: the per-row undo (restore,
+    reinsert, remove) leaves the table exactly as it was, every row applied."""
+    table = stack.table(target, ACCOUNTS, "(1, 100, NULL)", "(2, 50, 'x')")
+    before = stack.rows(target, table)
+    original = stack.applied(target, f"UPDATE {table} SET balance = 1 WHERE id = 1",
+                             f"DELETE FROM {table} WHERE id = 2",
+                             f"INSERT INTO {table} VALUES (9, 90, 'new')")
+    filed = _per_row(stack, original["id"])
+    assert filed["undo"]["conflicts"] == []
+    assert sorted(r["op"] for r in filed["undo"]["rows"]) == ["reinsert", "remove", "restore"]
+    outcome, undo = _executed(stack, filed["id"])
+    assert outcome["status"] == "applied", outcome
+    assert stack.rows(target, table) == before
+    assert undo["state"] == "verified" and undo["receipt"]["status"] == "applied", undo
+    assert undo["receipt"]["failed_rows"] == [] and undo["undo"]["conflicts"] == []
+    assert stack.show(original["id"])["state"] == "rolled_back"
+
+
+def test_asking_twice_and_asking_both_modes(stack: UndoStack) -> None:
+    """Asking for the per-row undo twice answers the same request (exit 0, nothing new);
+    asking the all-or-nothing undo while it is active is refused (conflict, naming the
+    active undo): one request id holds both modes. Filed under another request id, both
+    exist, but once one is approved the other's approval is refused: the original moves to
+    rolling_back once."""
+    table = stack.table("bank", ACCOUNTS, "(1, 100, NULL)", "(2, 100, NULL)")
+    original = stack.applied("bank", f"UPDATE {table} SET balance = 3")
+    first = _per_row(stack, original["id"])
+    again = stack.undo(original["id"], "--per-row", "--json")
+    assert again.returncode == 0 and again.json["id"] == first["id"], again
+    again_human = stack.undo(original["id"], "--per-row")
+    assert again_human.returncode == 0 and "already filed" in again_human.stdout
+    other_mode = stack.undo(original["id"], "--json")
+    assert other_mode.returncode != 0, other_mode
+    assert other_mode.json["error"]["code"] == "conflict", other_mode.json
+    assert "per-row undo" in other_mode.json["error"]["message"]
+    assert other_mode.json["error"]["detail"]["id"] == first["id"]
+    # Under another request id the all-or-nothing undo is filed too: only one can apply.
+    second = stack.undo(original["id"], "--json", "--request-id", "undo-again")
+    assert second.returncode == 0 and second.json["state"] == "awaiting_approval", second
+    stack.approve(first["id"])
+    refused = cli("approve", second.json["id"], "--json", token=stack.bob,
+                  harbour=stack.server.url)
+    assert refused.returncode != 0, refused
+    assert stack.show(second.json["id"])["state"] != "prepared"
+    assert stack.show(original["id"])["state"] == "rolling_back"
+    outcome = stack.execute(first["id"])
+    assert outcome["status"] == "applied", outcome
+    assert stack.rows("bank", table) == [(1, 100, None), (2, 100, None)]
