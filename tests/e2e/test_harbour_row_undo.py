@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
-from test_harbour_undo import ACCOUNTS, BOTH, UndoStack
+from test_harbour_undo import ACCOUNTS, BOTH, UndoStack, _console, _csrf
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +128,51 @@ def test_asking_twice_and_asking_both_modes(stack: UndoStack) -> None:
     outcome = stack.execute(first["id"])
     assert outcome["status"] == "applied", outcome
     assert stack.rows("bank", table) == [(1, 100, None), (2, 100, None)]
+
+
+def test_the_console_offers_the_requester_both_undos(stack: UndoStack) -> None:
+    """The requester's undo form has a second button, "Undo row by row"; posting it
+    (mode=per_row) files the per-row undo and shows its page, which says it is per row;
+    the approver's page of it says which request it compensates."""
+    table = stack.table("bank", ACCOUNTS, "(1, 100, NULL)", "(2, 100, NULL)")
+    original = stack.applied("bank", f"UPDATE {table} SET balance = 8")
+    alice, bob = _console(stack, stack.alice), _console(stack, stack.bob)
+    try:
+        page = alice.get(f"/requests/{original['id']}").text
+        assert 'data-testid="undo-per-row"' in page and 'value="per_row"' in page
+        filed = alice.post(f"/requests/{original['id']}/undo",
+                           data={"csrf": _csrf(page), "reason": "by row", "mode": "per_row"},
+                           follow_redirects=False)
+        assert filed.status_code == 303, filed.text
+        undo_page = alice.get(filed.headers["location"]).text
+        assert "Per row: each row is its own member of an Effect Set" in undo_page
+        listed = stack.server.call("GET", "/v1/requests", stack.alice).json()["requests"]
+        undo = next(r for r in listed if r["rolls_back"] == original["id"])
+        assert undo["id"] in filed.headers["location"]
+        shown = stack.show(undo["id"])
+        assert "effect_set" in shown["change"] and shown["undo"]["mode"] == "per_row"
+        approver = bob.get(f"/requests/{undo['id']}").text
+        assert 'data-testid="compensates"' in approver and original["id"] in approver
+    finally:
+        alice.close()
+        bob.close()
+
+
+def test_the_report_names_the_fenced_statement_in_a_field(stack: UndoStack) -> None:
+    """An all-or-nothing undo whose row changed after its approval: the Pilot's outcome
+    error carries detail.statement (not only its message), the request's execution keeps
+    it, and the undo names the row by key from it."""
+    table = stack.table("pgbank", ACCOUNTS, "(1, 100, NULL)", "(2, 100, NULL)")
+    original = stack.applied("pgbank", f"UPDATE {table} SET balance = balance - 1")
+    filed = stack.undo(original["id"], "--json")
+    assert filed.returncode == 0, filed
+    stack.approve(filed.json["id"])
+    stack.write("pgbank", f"UPDATE {table} SET note = 'later' WHERE id = 1")
+    outcome = stack.execute(filed.json["id"])
+    assert outcome["error"]["code"] == "undo_conflict", outcome
+    # The undo's statements run last row first: row 1 is statement 1.
+    assert outcome["error"]["detail"] == {"statement": 1}, outcome["error"]
+    undo = stack.show(filed.json["id"])
+    assert [e["error"].get("detail") for e in undo["executions"]] == [{"statement": 1}]
+    assert undo["undo"]["conflicts"] == [
+        {"statement": 1, "table": table, "key": {"id": 1}, "op": "restore"}]
