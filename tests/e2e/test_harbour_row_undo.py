@@ -75,6 +75,10 @@ def test_a_per_row_undo_puts_back_what_it_can_and_names_the_row_it_cannot(
     assert undo["undo"]["conflicts"] == [{"statement": 0, "table": table, "key": {"id": 2},
                                           "op": "restore", "effect_id": "restore_1"}]
     assert stack.show(original["id"])["state"] == "rolled_back"
+    human = cli("requests", "show", filed["id"], token=stack.alice, harbour=stack.server.url)
+    assert human.returncode == 0, human
+    assert "row by row" in human.stdout and "id=2" in human.stdout
+    assert "this row is not put back, the others are" in human.stdout
 
 
 @BOTH

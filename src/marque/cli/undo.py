@@ -7,6 +7,10 @@ back. A row changed since the original execution is ``undo_conflict`` (exit 4),
 named by key; a preview that imaged no rows (or only some) is
 ``undo_unavailable`` (exit 3). Nothing is filed twice: asking again answers the
 same undo while it is active.
+
+``--per-row`` files it as an Effect Set of fenced one-row members instead
+(:mod:`marque.harbour.row_undo`): a row changed since fails alone, with its own
+receipt, and the others are put back.
 """
 
 from __future__ import annotations

@@ -14,10 +14,15 @@ its key, wherever it is seen:
   run): the undo request ends ``failed`` and nothing is sealed;
 * at the re-preview when its approvals complete: it ends ``failed``, no marque;
 * at execution: the Pilot rolls the whole attempt back (``expect_rows``), and the
-  request ends ``failed`` — nothing of the undo is half-applied.
+  request ends ``failed`` — nothing of the undo is half-applied. The report's
+  error names the statement in ``detail.statement`` (:func:`conflict_statement`).
 
-The undo's caller request id is ``undo-<original id>`` unless one is given, so
-asking twice answers the same undo while it is active.
+A per-row undo (``per_row``) is an Effect Set instead, each row fenced and
+applied on its own (:mod:`marque.harbour.row_undo`).
+
+The undo's caller request id is ``undo-<original id>`` unless one is given, in
+both modes, so asking twice answers the same undo while it is active, and the
+other mode is refused while one is (:func:`undo_taken`).
 """
 
 from __future__ import annotations
