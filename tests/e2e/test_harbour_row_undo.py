@@ -180,3 +180,46 @@ def test_the_report_names_the_fenced_statement_in_a_field(stack: UndoStack) -> N
     assert [e["error"].get("detail") for e in undo["executions"]] == [{"statement": 1}]
     assert undo["undo"]["conflicts"] == [
         {"statement": 1, "table": table, "key": {"id": 1}, "op": "restore"}]
+
+
+@BOTH
+def test_a_row_changed_after_approval_fails_alone_at_execution(stack: UndoStack,
+                                                               target: str) -> None:
+    """The per-row undo is previewed and approved with every row holding its fence; then
+    row 1 changes. Apply admission does not make the whole set stale: the row's own
+    transaction finds its fence broken under the write lock and fails it alone
+    (undo_conflict), and row 2 is put back."""
+    table = stack.table(target, ACCOUNTS, "(1, 100, NULL)", "(2, 100, NULL)")
+    original = stack.applied(target, f"UPDATE {table} SET balance = 5")
+    filed = _per_row(stack, original["id"])
+    assert filed["undo"]["conflicts"] == []
+    stack.approve(filed["id"])
+    stack.write(target, f"UPDATE {table} SET note = 'later' WHERE id = 1")
+    outcome = stack.execute(filed["id"])
+    assert outcome["status"] == "applied", outcome
+    assert stack.rows(target, table) == [(1, 5, "later"), (2, 100, None)]
+    undo = stack.show(filed["id"])
+    assert [(f["key"], f["code"]) for f in undo["receipt"]["failed_rows"]] == [
+        ({"id": 1}, "undo_conflict")]
+    assert [c["key"] for c in undo["undo"]["conflicts"]] == [{"id": 1}]
+
+
+def test_after_an_all_or_nothing_conflict_the_per_row_undo_puts_back_the_rest(
+        stack: UndoStack) -> None:
+    """The all-or-nothing undo is refused (undo_conflict, stored failed): its request id is
+    free again, so `--per-row` files under the same `undo-<id>` and puts back the row that
+    still can be; asking the all-or-nothing undo while that one is active is refused."""
+    table = stack.table("bank", ACCOUNTS, "(1, 100, NULL)", "(2, 100, NULL)")
+    original = stack.applied("bank", f"UPDATE {table} SET balance = 0")
+    stack.write("bank", f"UPDATE {table} SET balance = 55 WHERE id = 2")
+    refused = stack.undo(original["id"], "--json")
+    assert refused.returncode == 4 and refused.json["error"]["code"] == "undo_conflict"
+    filed = _per_row(stack, original["id"])
+    assert filed["id"] != refused.json["error"]["detail"]["id"]
+    again = stack.undo(original["id"], "--json")
+    assert again.returncode == 2 and again.json["error"]["code"] == "conflict", again
+    assert "the per-row undo" in again.json["error"]["message"]
+    outcome, undo = _executed(stack, filed["id"])
+    assert outcome["status"] == "applied", outcome
+    assert stack.rows("bank", table) == [(1, 100, None), (2, 55, None)]
+    assert [c["key"] for c in undo["undo"]["conflicts"]] == [{"id": 2}]
