@@ -486,6 +486,16 @@ class UndoConflict(NotApplied, code="undo_conflict"):
     number of rows than it expects: a row no longer holds what the original execution
     wrote. The whole transaction is rolled back; nothing of the undo is applied."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome's ``error``, with ``detail: {statement}`` when it names the fenced
+        statement: the execution report's structured conflict (docs/harbour.md "Undo"), so
+        the Harbourmaster names the row by key without reading the message."""
+        error = super().to_dict()
+        statement = self.detail.get("statement")
+        if isinstance(statement, int) and not isinstance(statement, bool):
+            error["detail"] = {"statement": statement}
+        return error
+
 
 # -- not known yet --------------------------------------------------------------
 

@@ -75,8 +75,9 @@ def print_undo(undo: Any, indent: str = "  ") -> None:
     if not isinstance(undo, dict):
         return
     rows = undo.get("rows") or []
+    per_row = undo.get("mode") == "per_row"
     out.say(f"{indent}undo of {one_line(undo.get('of'))}: {len(rows)} row(s), each fenced on "
-            "what the original wrote")
+            "what the original wrote" + (", row by row" if per_row else ""))
     for row in rows:
         key = one_line(_key_text(row.get("key")))
         what = _UNDO_OP.get(str(row.get("op")), str(row.get("op")))
@@ -93,4 +94,5 @@ def print_undo(undo: Any, indent: str = "  ") -> None:
     for conflict in undo.get("conflicts") or []:
         out.say(f"{indent}  [red]undo_conflict[/] {one_line(conflict.get('table'))} "
                 f"{one_line(_key_text(conflict.get('key')))}: changed since the original "
-                "execution; nothing of the undo was applied")
+                "execution; " + ("this row is not put back, the others are" if per_row
+                                 else "nothing of the undo was applied"))

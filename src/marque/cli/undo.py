@@ -7,6 +7,10 @@ back. A row changed since the original execution is ``undo_conflict`` (exit 4),
 named by key; a preview that imaged no rows (or only some) is
 ``undo_unavailable`` (exit 3). Nothing is filed twice: asking again answers the
 same undo while it is active.
+
+``--per-row`` files it as an Effect Set of fenced one-row members instead
+(:mod:`marque.harbour.row_undo`): a row changed since fails alone, with its own
+receipt, and the others are put back.
 """
 
 from __future__ import annotations
@@ -27,11 +31,15 @@ __all__ = ["undo"]
 @click.option("--request-id", default=None,
               help="The undo's own request id (default: undo-<ID>, so asking again answers "
                    "the same undo).")
+@click.option("--per-row", is_flag=True, default=False,
+              help="Put back each row on its own (an Effect Set with a receipt per row): a "
+                   "row changed since fails alone as undo_conflict and the others apply. "
+                   "Default: all or nothing.")
 @harbour_options
 @json_option
 @guarded
-def undo(id_: str, reason: str | None, request_id: str | None, harbour_url: str | None,
-         token: str | None, as_json: bool) -> None:
+def undo(id_: str, reason: str | None, request_id: str | None, per_row: bool,
+         harbour_url: str | None, token: str | None, as_json: bool) -> None:
     """File the undo of request ID: each row it changed put back, fenced on what it wrote."""
     if not id_.startswith("rq_"):
         raise InvalidInput("give the request's rq_ id (as `marque requests` lists it)")
@@ -39,7 +47,7 @@ def undo(id_: str, reason: str | None, request_id: str | None, harbour_url: str 
         checked_id(request_id)
     client = connect(harbour_url, token)
     try:
-        request, created = client.undo(checked_id(id_), reason, request_id)
+        request, created = client.undo(checked_id(id_), reason, request_id, per_row=per_row)
     except MarqueError as exc:
         fail(exc, as_json, {"rolls_back": id_})
     finally:

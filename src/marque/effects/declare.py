@@ -42,6 +42,7 @@ from typing import Any
 from marque.cid import canonicalize, cid
 from marque.effects import cids
 from marque.effects._frozen import FrozenJSON, freeze, thaw
+from marque.effects.fence import parse_fence
 from marque.errors import (
     EffectDeclarationInvalid,
     EffectDuplicateIdentity,
@@ -66,7 +67,7 @@ MAX_ITEMS_CEILING = 100_000
 _EFFECT_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _MEMBER_FIELDS = {"effect_id", "kind", "table", "key", "command", "failure_policy",
-                  "max_items", "input"}
+                  "max_items", "input", "fence"}
 _REQUIRED_FIELDS = {"effect_id", "kind", "table", "max_items"}
 
 
@@ -121,12 +122,15 @@ class MemberDeclaration:
     max_items: int
     command: str | None = None
     input: str | None = None
+    #: The row state its one row must hold to apply (:mod:`marque.effects.fence`).
+    fence: FrozenJSON | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The member's semantic declaration (without ``input``)."""
-        return {"effect_id": self.effect_id, "kind": self.kind.value, "table": self.table,
+        """The member's semantic declaration (without ``input``; ``fence`` only if set)."""
+        body = {"effect_id": self.effect_id, "kind": self.kind.value, "table": self.table,
                 "key": list(self.key), "command": self.command,
                 "failure_policy": self.failure_policy.value, "max_items": self.max_items}
+        return body if self.fence is None else {**body, "fence": thaw(self.fence)}
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,9 @@ def _member(raw: object, path: str) -> MemberDeclaration:
     source = raw.get("input")
     if source is not None and (not isinstance(source, str) or not source):
         raise _bad(f"{path}.input must be a non-empty file path", "type", f"{path}.input")
-    return MemberDeclaration(effect_id, kind, table, key, policy, max_items, command, source)
+    fence = parse_fence(raw.get("fence"), kind.value, key, max_items, path, _bad)
+    return MemberDeclaration(effect_id, kind, table, key, policy, max_items, command, source,
+                             fence)
 
 
 def parse_declaration(raw: object) -> EffectSetDeclaration:

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from marque.cid import is_cid
 from marque.effects import cids
 from marque.effects._frozen import FrozenJSON, freeze, thaw
 from marque.effects.declare import BoundEffectSet, BoundMember, FailurePolicy, Kind
+from marque.effects.fence import fenced_states
 from marque.errors import EffectPreviewInvalid, PreviewFailed, StalePreview
 
 __all__ = [
@@ -96,6 +97,8 @@ class MemberPreview:
     effect_member_preview_cid: str
     #: Derived after the set CID; not part of the member object.
     effect_apply_key: str
+    #: The declared fence of its one row (:mod:`marque.effects.fence`), or None.
+    fence: FrozenJSON | None = None
 
     @property
     def item_count(self) -> int:
@@ -109,7 +112,8 @@ class MemberPreview:
                 "failure_policy": self.failure_policy.value, "max_items": self.max_items,
                 "strength": self.strength.value, "item_count": self.item_count,
                 "changes": [change.to_json() for change in self.changes],
-                "effect_member_preview_cid": self.effect_member_preview_cid}
+                "effect_member_preview_cid": self.effect_member_preview_cid,
+                **({} if self.fence is None else {"fence": thaw(self.fence)})}
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,11 @@ def _row_states(member: BoundMember, reads: Mapping[str, Any], identity: dict[st
                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``(before, after, target_version)`` of one row under ``full_diff``."""
     decl = member.declaration
+    if decl.fence is not None and read_key is not None:
+        read = _read(reads, member, read_key)
+        return fenced_states(read, decl.fence, lambda: _row_states(
+            replace(member, declaration=replace(decl, fence=None)), reads, identity, values,
+            read_key))
     eid = decl.effect_id
     if decl.kind is Kind.COMMAND:
         return dict(cids.NOT_APPLICABLE), dict(cids.NOT_APPLICABLE), dict(
@@ -294,9 +303,7 @@ def build_preview(
 
 
 def _declared(decl: Any) -> dict[str, Any]:
-    return {"effect_id": decl.effect_id, "kind": decl.kind.value, "table": decl.table,
-            "key": list(decl.key), "command": decl.command,
-            "failure_policy": decl.failure_policy.value, "max_items": decl.max_items}
+    return decl.to_json()  # fence (only when declared) included
 
 
 def _assemble(body: Mapping[str, Any], set_cid: str, run_identity_cid: str,
@@ -321,7 +328,8 @@ def _assemble(body: Mapping[str, Any], set_cid: str, run_identity_cid: str,
             strength=Strength(m["strength"]), changes=rows,
             effect_member_preview_cid=m["effect_member_preview_cid"],
             effect_apply_key=cids.effect_apply_key(scope, set_cid, m["effect_id"],
-                                                   m["effect_member_preview_cid"])))
+                                                   m["effect_member_preview_cid"]),
+            fence=freeze(m["fence"]) if m.get("fence") is not None else None))
     return EffectPreview(
         pilot_id=body["pilot_id"], target=body["target"],
         caller_input_intent_cid=body["caller_input_intent_cid"], members=tuple(members),
@@ -369,7 +377,9 @@ def verify_preview(obj: Mapping[str, Any]) -> EffectPreview:
     if not isinstance(body["members"], list) or not body["members"]:
         raise _invalid("members must be a non-empty list", "shape")
     for m_index, member in enumerate(body["members"]):
-        member = _fields(member, _MEMBER_FIELDS, f"members[{m_index}]")
+        member = _fields(member, _MEMBER_FIELDS | ({"fence"} if isinstance(member, Mapping)
+                                                   and "fence" in member else set()),
+                         f"members[{m_index}]")
         for name, enum_type in (("kind", Kind), ("strength", Strength),
                                 ("failure_policy", FailurePolicy)):
             if member[name] not in {e.value for e in enum_type}:

@@ -277,10 +277,11 @@ class HarbourClient:
                           json={"reason": reason})
 
     def undo(self, id: str, reason: str | None = None,
-             request_id: str | None = None) -> tuple[dict[str, Any], bool]:
+             request_id: str | None = None,
+             per_row: bool = False) -> tuple[dict[str, Any], bool]:
         """``POST /v1/requests/{id}/undo`` → (the undo's request object, whether it was
-        created now)."""
-        body: dict[str, Any] = {}
+        created now); ``per_row`` asks for the per-row undo (``mode: per_row``)."""
+        body: dict[str, Any] = {"mode": "per_row"} if per_row else {}
         if reason is not None:
             body["reason"] = reason
         if request_id is not None:

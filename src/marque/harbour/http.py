@@ -304,20 +304,25 @@ class HarbourService:
         return JSONResponse(found)
 
     async def undo(self, request: Request) -> Response:
-        """``POST /v1/requests/{id}/undo {reason?, request_id?}``: 201 the new compensating
-        request (derived from the original's sealed row images), 200 the same undo again."""
+        """``POST /v1/requests/{id}/undo {reason?, request_id?, mode?}``: 201 the new
+        compensating request (derived from the original's sealed row images), 200 the same
+        undo again; ``mode`` ``all_or_nothing`` (the default) or ``per_row``."""
         principal = await self._principal(request)
-        body = await _json_object(request, "{reason?, request_id?}", optional=True)
-        unknown = sorted(str(k) for k in body if k not in ("reason", "request_id"))
+        body = await _json_object(request, "{reason?, request_id?, mode?}", optional=True)
+        unknown = sorted(str(k) for k in body if k not in ("reason", "request_id", "mode"))
         if unknown:
             raise InvalidInput(f"the body has unknown member(s) {', '.join(unknown)}")
         reason = _reason(body, required=False)
         request_id = body.get("request_id")
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidInput("`request_id` must be a string")
+        mode = body.get("mode", "all_or_nothing")
+        if mode not in ("all_or_nothing", "per_row"):
+            raise InvalidInput("`mode` must be all_or_nothing or per_row")
         found, created = await self._in_thread(
             lambda: self.harbourmaster.undo(principal, request.path_params["id"],
-                                            reason=reason, request_id=request_id))
+                                            reason=reason, request_id=request_id,
+                                            per_row=mode == "per_row"))
         return JSONResponse(found, status_code=201 if created else 200)
 
     async def expire(self, request: Request) -> Response:

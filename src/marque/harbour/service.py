@@ -82,7 +82,7 @@ from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget, sealed_diff_cid
 from marque.harbour.statement_requests import StatementRequest
 from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestDraft
-from marque.harbour.undo import named_conflict, refuse_fences, undo_submission
+from marque.harbour.undo import named_conflict, refuse_fences, undo_submission, undo_taken
 from marque.harbour.views import (
     page_cursor,
     pilot_object,
@@ -381,7 +381,8 @@ class Harbourmaster:
                            detail={"rolls_back": id[:64]}) from None
 
     def undo(self, principal: Principal, id: str, *, reason: str | None = None,
-             request_id: str | None = None) -> tuple[dict[str, Any], bool]:
+             request_id: str | None = None, per_row: bool = False
+             ) -> tuple[dict[str, Any], bool]:
         """File the undo of request ``id`` (docs/harbour.md "Undo"): a new request with
         ``rolls_back`` set, derived from the rows the original's preview sealed, then
         routed, previewed and approved like any other — ``(request object, created)``.
@@ -393,8 +394,11 @@ class Harbourmaster:
         _require(principal, Role.REQUESTER)
         original = self._compensated(principal, id)
         body = undo_submission(original, self._pilot(original.pilot_id),
-                               reason=_bounded(reason), request_id=request_id)
-        return self.submit(principal, body, None)
+                               reason=_bounded(reason), request_id=request_id, per_row=per_row)
+        try:
+            return self.submit(principal, body, None)
+        except IntentConflict as exc:  # the same id holds the undo in its other mode
+            raise undo_taken(exc, original.id, per_row) from None
 
     def _refuse_conflicts(self, request: Request, change: RequestChange,
                           preview: dict[str, Any], decision: Decision) -> None:

@@ -14,10 +14,15 @@ its key, wherever it is seen:
   run): the undo request ends ``failed`` and nothing is sealed;
 * at the re-preview when its approvals complete: it ends ``failed``, no marque;
 * at execution: the Pilot rolls the whole attempt back (``expect_rows``), and the
-  request ends ``failed`` — nothing of the undo is half-applied.
+  request ends ``failed`` — nothing of the undo is half-applied. The report's
+  error names the statement in ``detail.statement`` (:func:`conflict_statement`).
 
-The undo's caller request id is ``undo-<original id>`` unless one is given, so
-asking twice answers the same undo while it is active.
+A per-row undo (``per_row``) is an Effect Set instead, each row fenced and
+applied on its own (:mod:`marque.harbour.row_undo`).
+
+The undo's caller request id is ``undo-<original id>`` unless one is given, in
+both modes, so asking twice answers the same undo while it is active, and the
+other mode is refused while one is (:func:`undo_taken`).
 """
 
 from __future__ import annotations
@@ -30,21 +35,25 @@ from typing import TYPE_CHECKING, Any
 from marque.change import Change
 from marque.errors import MarqueError, UndoConflict, UndoUnavailable
 from marque.harbour.effect_requests import is_effect_set
+from marque.harbour.lifecycle import IntentConflict
+from marque.harbour.row_undo import is_row_undo_of, row_undo_change, row_view
 from marque.target.compensation import Compensation, compensate
 
 if TYPE_CHECKING:
     from marque.harbour.store.base import HarbourStore, PilotRecord, Request
 
 __all__ = ["UNDO_REQUEST_PREFIX", "UNDOABLE", "undo_submission", "fence_conflicts",
-           "refuse_fences", "derived_undo", "named_conflict", "undo_view", "why_no_undo"]
+           "refuse_fences", "derived_undo", "named_conflict", "undo_view", "why_no_undo",
+           "conflict_statement"]
 
 #: The states of a request that may be undone (the store's own check is the rule).
 UNDOABLE = frozenset({"verified", "rollback_failed"})
 
 #: The caller request id an undo takes by default: this prefix and the original's id.
 UNDO_REQUEST_PREFIX = "undo-"
-#: The statement a Pilot names in its ``undo_conflict`` message (marque.target.base).
-_STATEMENT = re.compile(r"^statement (\d+) touched")
+#: The statement a Pilot older than the report's ``error.detail`` named only in its
+#: ``undo_conflict`` message (marque.target.base): read for those reports alone.
+_LEGACY_STATEMENT = re.compile(r"^statement (\d+) touched")
 
 
 #: Undos derived lately, by the original preview's CID and the dialect: writing a 100-row
@@ -101,15 +110,19 @@ def why_no_undo(store: HarbourStore, request: Request) -> str | None:
 
 
 def undo_submission(original: Request, pilot: PilotRecord, *, reason: str | None,
-                    request_id: str | None) -> dict[str, Any]:
-    """The ``POST /v1/requests`` body of ``original``'s undo (``UndoUnavailable`` if none)."""
+                    request_id: str | None, per_row: bool = False) -> dict[str, Any]:
+    """The ``POST /v1/requests`` body of ``original``'s undo (``UndoUnavailable`` if none):
+    all-or-nothing statements, or with ``per_row`` an Effect Set of fenced rows
+    (:mod:`marque.harbour.row_undo`). Both take the same request id, ``undo-<id>``."""
     undo = _compensation(original, pilot)
     statement_timeout = (original.change or {}).get("statement_timeout_ms")
+    change = row_undo_change(undo) if per_row else {
+        "statements": [s.to_claim() for s in undo.statements],
+        "statement_timeout_ms": statement_timeout}
     return {
         "request_id": request_id or UNDO_REQUEST_PREFIX + original.id,
         "pilot_id": original.pilot_id, "target": original.target,
-        "change": {"statements": [s.to_claim() for s in undo.statements],
-                   "statement_timeout_ms": statement_timeout},
+        "change": change,
         # Exactly one row per statement: the fences make any other count a conflict.
         "budget": {"executions": 1, "max_rows": len(undo.statements),
                    "attempts_per_nonce": int((original.budget or {}).get(
@@ -118,6 +131,19 @@ def undo_submission(original: Request, pilot: PilotRecord, *, reason: str | None
         "reason": reason or f"undo of {original.id}",
         "rolls_back": original.id,
     }
+
+
+def undo_taken(exc: IntentConflict, original_id: str, per_row: bool) -> IntentConflict:
+    """The refusal of an undo whose request id already holds an active undo of another
+    change — the same original's undo in its other mode, most often: one undo at a time,
+    so two can never both apply (the original also moves to ``rolling_back`` only once)."""
+    other = "all-or-nothing" if per_row else "per-row"
+    active = exc.detail.get("id")
+    return IntentConflict(
+        f"the undo of {original_id} is already filed as request {active} (the {other} undo, "
+        "or another change under that request id); approve or reject that one — once it is "
+        "terminal the undo may be asked for again, in either mode",
+        detail=exc.json_detail())
 
 
 def fence_conflicts(change: Change, preview: Any) -> list[int]:
@@ -146,8 +172,10 @@ def refuse_fences(change: Change, preview: Any) -> None:
 def derived_undo(store: HarbourStore, request: Request) -> Compensation | None:
     """The compensation ``request`` is, when it is exactly the derived undo of the request
     it rolls back (None for any other request, a hand-written compensation included)."""
-    if request.rolls_back is None or is_effect_set(request.change):
+    if request.rolls_back is None:
         return None
+    if is_effect_set(request.change):
+        return _derived_row_undo(store, request)
     claimed = (request.change or {}).get("statements") or []
     # Cheap first: a derived undo fences every statement to one row. Anything else is
     # not one, and is not derived again (a page of requests stays a few queries).
@@ -162,6 +190,17 @@ def derived_undo(store: HarbourStore, request: Request) -> Compensation | None:
     if (request.change or {}).get("statements") != statements:
         return None
     return undo
+
+
+def _derived_row_undo(store: HarbourStore, request: Request) -> Compensation | None:
+    """The compensation a per-row undo request is made of (None if it is not one)."""
+    assert request.rolls_back is not None
+    try:
+        original = store.get_request(request.rolls_back)
+        undo = _compensation(original, store.get_pilot(original.pilot_id))
+    except MarqueError:
+        return None
+    return undo if is_row_undo_of(request.change, undo) else None
 
 
 def _keys(undo: Compensation, indexes: list[int]) -> list[dict[str, Any]]:
@@ -183,25 +222,51 @@ def named_conflict(store: HarbourStore, request: Request,
 
 
 def _key_text(key: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in key.items())
+    """``id=2, sym=X``: each key value as it reads, not as Python would quote it."""
+    return ", ".join(f"{k}={_plain(v)}" for k, v in key.items())
 
 
-def undo_view(store: HarbourStore, request: Request,
-              executions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The request object's ``undo``: for a derived undo, ``{of, rows, conflicts}`` — each
-    row put back (its key, what it restores, the after-image it is fenced on) and the rows
-    found in conflict (at its preview, its approval or its execution). None otherwise."""
+def _plain(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def conflict_statement(error: Any) -> int | None:
+    """The fenced statement an execution report's ``undo_conflict`` error names: its
+    ``error.detail.statement`` (reports since the field), else — for a report of a Pilot
+    older than it — the index its message starts with. None for any other error."""
+    if not isinstance(error, dict) or error.get("code") != UndoConflict.code:
+        return None
+    detail = error.get("detail")
+    if isinstance(detail, dict):
+        statement = detail.get("statement")
+        ok = isinstance(statement, int) and not isinstance(statement, bool)
+        return statement if ok else None
+    match = _LEGACY_STATEMENT.match(str(error.get("message") or ""))
+    return int(match.group(1)) if match else None
+
+
+def undo_view(store: HarbourStore, request: Request, executions: list[dict[str, Any]],
+              receipt: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The request object's ``undo``: for a derived undo, ``{of, mode, rows, conflicts}`` —
+    each row put back (its key, what it restores, the after-image it is fenced on) and the
+    rows found in conflict (at its preview, its approval or its execution; for a per-row
+    undo, its receipt's rows failed as ``undo_conflict``). None otherwise."""
     undo = derived_undo(store, request)
     if undo is None:
         return None
+    if is_effect_set(request.change):
+        return {"of": request.rolls_back, **row_view(undo, request.preview, receipt)}
     conflicts = list((request.failure or {}).get("conflicts") or [])
     if not conflicts:
         found: list[int] = []
         for row in executions:
-            error = row.get("error") or {}
-            match = _STATEMENT.match(str(error.get("message") or ""))
-            if error.get("code") == UndoConflict.code and match:
-                found.append(int(match.group(1)))
+            statement = conflict_statement(row.get("error"))
+            if statement is not None:
+                found.append(statement)
         conflicts = _keys(undo, sorted(set(found)))
-    return {"of": request.rolls_back, "rows": [r.to_dict() for r in undo.rows],
-            "conflicts": conflicts}
+    return {"of": request.rolls_back, "mode": "all_or_nothing",
+            "rows": [r.to_dict() for r in undo.rows], "conflicts": conflicts}

@@ -114,7 +114,7 @@ def request_object(store: HarbourStore, request: Request,
         "receipt": receipt,
         "failure": request.failure,
         "rolls_back": request.rolls_back,
-        "undo": undo_view(store, request, executions) if request.rolls_back else None,
+        "undo": undo_view(store, request, executions, receipt) if request.rolls_back else None,
         "created_at": request.created_at,
         "updated_at": request.updated_at,
     }
@@ -138,6 +138,7 @@ def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
                      "run_outcome": summary.get("run_outcome"),
                      "run_state": summary.get("run_state"),
                      "row_states": summary.get("row_states"),
+                     "failed_rows": summary.get("failed_rows"),
                      "set_receipt": summary["set_receipt"]}
     return found
 

@@ -49,6 +49,7 @@ from marque.effects.dispatch import (
     plan_set,
     prepare,
 )
+from marque.effects.fence import failed_rows
 from marque.effects.preview import (
     EffectPreview,
     MemberPreview,
@@ -280,6 +281,7 @@ def _write(pilot: Pilot, marque_id: str, nonce: str, member: MemberPreview, row:
         effect_apply_key=record.effect_apply_key, row_idempotency_key=record.row_idempotency_key,
         kind=member.kind.value, table=member.table, key=member.key, identity=identity,
         values=values, guard=dict(thaw(row.target_version)),
+        fence=None if member.fence is None else dict(thaw(member.fence)),
         statement_timeout_ms=pilot.options.statement_timeout_ms, expires_at=expires_at,
         target_id=target_id)
 
@@ -508,6 +510,7 @@ def _summary(preview: EffectPreview, sealed: SetReceipt, states: list[str],
         "set_receipt": sealed.to_json(), "row_states": by_member,
         "run_outcome": run_outcome(states), "rows": dict(sorted(Counter(states).items())),
         "run_state": None if run is None else project(run),
+        "failed_rows": failed_rows(preview.members, rows),
         "rows_affected": sum((r.outcome or {}).get("rows_affected", 0) for r in rows
                              if (r.outcome or {}).get("state") == "applied")}}
 

@@ -38,8 +38,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from marque.effects import cids
-from marque.errors import CommitUnknown, MarqueError, NotApplied, StatementError
+from marque.effects import cids, fence
+from marque.effects._frozen import freeze
+from marque.errors import CommitUnknown, MarqueError, NotApplied, StatementError, UndoConflict
 from marque.outcome import Status
 from marque.target.identity import refuses_tombstone
 
@@ -76,6 +77,9 @@ class RowWrite:
     expires_at: float | None = None
     #: The identity of the database the row was sent to (see ``TargetAttempt.target_id``).
     target_id: str | None = None
+    #: The row state the row must hold to be written (a fenced member's, see
+    #: :mod:`marque.effects.fence`); None: no fence.
+    fence: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,8 @@ class RowTarget(abc.ABC):
                     raise RowConditionFailed(
                         f"{write.table} row {write.identity} changed since the preview (its "
                         "version is not the approved guard); rolled back, nothing resent")
+            if write.fence is not None:
+                self._check_fence(conn, write)
             action = None
             table = quote(write.table)
             if write.kind == "create":
@@ -342,6 +348,18 @@ class RowTarget(abc.ABC):
         finally:
             self._abandon(conn)
         return RowApplied(count, action)
+
+    def _check_fence(self, conn: Any, write: RowWrite) -> None:
+        """Refuse (``UndoConflict``) a row that no longer holds its fence, read under the
+        write lock so nothing changes it between the check and the mutation."""
+        assert write.fence is not None
+        current = self._read_one(conn, write.table, write.identity, lock=True)
+        if not fence.holds(current, freeze(write.fence)):
+            key = ", ".join(f"{k}={v}" for k, v in sorted(write.identity.items()))
+            raise UndoConflict(
+                f"{write.table} row {key} no longer holds what it is fenced on (it changed "
+                "since the original execution wrote it); rolled back, this row only",
+                detail={"table": write.table, "key": dict(write.identity)})
 
     def reconcile_row(self, write: RowWrite) -> RowEvidence:
         """Observe, never resend: a tombstone stamp for the row key in its own transaction.

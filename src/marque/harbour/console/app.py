@@ -391,15 +391,17 @@ class Console:
 
     @page
     async def undo(self, request: Request) -> Response:
-        """``POST /requests/{id}/undo`` (csrf, reason?): file the undo of the viewer's own
-        applied request, then show the undo's page (or this page with why it was not)."""
+        """``POST /requests/{id}/undo`` (csrf, reason?, mode?): file the undo of the viewer's
+        own applied request — ``mode=per_row`` row by row, else all or nothing — then show
+        the undo's page (or this page with why it was not)."""
         viewer = await self.viewer(request)
         form = await self.form(request, viewer)
         id = request.path_params["id"]
         reason = form.get("reason", "").strip() or None
+        per_row = form.get("mode") == "per_row"
         try:
             filed, _ = await self._run(
-                lambda: self.hm.undo(viewer.principal, id, reason=reason))
+                lambda: self.hm.undo(viewer.principal, id, reason=reason, per_row=per_row))
         except MarqueError as exc:
             error = {"code": exc.code, "message": exc.message, "detail": exc.detail}
             return await self._request(request, viewer, exc.http_status, error=error,
