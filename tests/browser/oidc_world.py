@@ -12,6 +12,7 @@ with ``marque harbour oidc set``, the command an admin runs.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def make_oidc_world(root: Path, **provider_args: Any) -> Iterator[OidcWorld]:
                      web_client(OTHER_CLIENT, "other-secret-0123456789abcdef0123",
                                 "http://127.0.0.1:9/callback"),
                      device_client(CLI_CLIENT), device_client(OTHER_CLIENT + "-cli")],
-            users=USERS, **provider_args)
+            users=copy.deepcopy(USERS), **provider_args)
         provider.start()
         try:
             secret_file = root / "client-secret"
