@@ -61,8 +61,12 @@ class OidcWorld:
 
     def groups_mode(self) -> None:
         """Roles from the provider's ``groups`` claim: marque-approvers → approver."""
+        self.groups_mode_with()
+
+    def groups_mode_with(self, *extra: str) -> None:
+        """:meth:`groups_mode`, plus ``extra`` options of ``harbour oidc set``."""
         self.oidc_set("--groups-claim", "groups", "--group-role", "marque-approvers=approver",
-                      "--group-role", "dev=requester", "--scope", "groups")
+                      "--group-role", "dev=requester", "--scope", "groups", *extra)
 
 
 def make_oidc_world(root: Path, **provider_args: Any) -> Iterator[OidcWorld]:

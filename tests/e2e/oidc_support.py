@@ -59,6 +59,7 @@ class OidcProvider:
     audience_swap: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[str] | None = None
+    log: Path | None = None
 
     @property
     def issuer(self) -> str:
@@ -77,7 +78,8 @@ class OidcProvider:
             "users_file": str(self.users_file), "keys": self.keys,
             "id_token_ttl": self.id_token_ttl, "audience_swap": self.audience_swap,
             "clock_offset_seconds": self.clock_offset_seconds}))
-        log = Path(tempfile.mkstemp(prefix="oidc-provider-", suffix=".log", dir=self.root)[1])
+        log = self.log = Path(tempfile.mkstemp(prefix="oidc-provider-", suffix=".log",
+                                               dir=self.root)[1])
         with log.open("w") as stderr:
             self.proc = subprocess.Popen(
                 ["node", str(SCRIPT), str(config)], stdout=subprocess.PIPE, stderr=stderr,
@@ -89,6 +91,13 @@ class OidcProvider:
             self.proc.wait(timeout=TIMEOUT)
             raise AssertionError(f"the OpenID provider did not start: {log.read_text()}")
         return self
+
+    def said(self, event: str) -> int:
+        """How many times the running provider logged ``event`` (e.g. ``grant.success
+        refresh_token marque-console``: a refresh grant it answered)."""
+        if self.log is None:
+            return 0
+        return sum(1 for line in self.log.read_text().splitlines() if line.startswith(event))
 
     @property
     def users_file(self) -> Path:

@@ -111,6 +111,8 @@ provider.on('backchannel.success', () => console.error('backchannel.success'));
 provider.on('backchannel.error', (ctx, err, client) => console.error(
   `backchannel.error ${client?.clientId} ${err?.message} ${err?.cause}`));
 provider.on('server_error', (ctx, err) => console.error(`server_error ${err?.stack}`));
+provider.on('grant.success', (ctx) => console.error(
+  `grant.success ${ctx.oidc.params?.grant_type} ${ctx.oidc.client?.clientId}`));
 provider.on('end_session.success', () => console.error('end_session.success'));
 
 const server = provider.listen(config.port, '127.0.0.1', () => {
