@@ -156,6 +156,21 @@ def test_a_provider_that_cannot_be_reached_ends_a_due_session(
         oidc.provider.start()
 
 
+def test_a_check_that_cannot_be_made_ends_the_session(
+        oidc: OidcWorld, consoles: Consoles) -> None:
+    """The client secret file turns readable by others (so the Harbourmaster will not use
+    it) when Gina's check is due: nothing confirmed the sign-in, so the session ends, and
+    the login page says it could not be checked."""
+    groups_mode(oidc)
+    gina = signed_in(oidc, consoles, "gina")
+    oidc.secret_file.chmod(0o644)
+    try:
+        time_passes(oidc.world, "gina")
+        assert "could not be checked" in ended(gina, "check_failed")
+    finally:
+        oidc.secret_file.chmod(0o600)
+
+
 @pytest.mark.parametrize("taken", ["role", "key", "principal"])
 def test_in_principal_mode_what_an_admin_takes_away_ends_the_session(
         oidc: OidcWorld, consoles: Consoles, taken: str) -> None:

@@ -142,9 +142,10 @@ def stored_token(url: str) -> str | None:
     """The token ``marque login`` stored for the Harbourmaster at ``url``, or None.
 
     A sign-in through the identity provider that has (nearly) expired is renewed with the
-    provider's refresh token, if one was kept, and the new token stored; without one, or
-    when the provider refuses, it is ``Unauthenticated`` saying to sign in again (never
-    sent, to be refused)."""
+    provider's refresh token, if one was kept, and the new token stored; without one it is
+    ``Unauthenticated`` saying to sign in again (never sent, to be refused). A renewal the
+    provider or the Harbourmaster refuses drops the kept sign-in and raises that refusal;
+    one that cannot reach them keeps it, to try again."""
     key = normalise_url(url)
     entry = _read(_path()).get(key)
     if not isinstance(entry, dict):
@@ -216,7 +217,7 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
     Prints whom it authenticates, never the token. A token the Harbourmaster
     does not accept is `unauthenticated` and nothing is stored. With `--oidc`,
     sign in at the identity provider instead; the Harbourmaster's token it
-    answers lasts an hour.
+    answers lasts its recheck interval (an hour at most).
     """
     from marque.harbour.client import HarbourClient
 

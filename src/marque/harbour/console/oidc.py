@@ -66,6 +66,9 @@ OIDC_WHY = {
     "groups_changed": "Your groups at the identity provider no longer grant the role you "
                       "signed in with: sign in again.",
     "oidc_cleared": "The console no longer signs in through an identity provider.",
+    "check_failed": "Your sign-in could not be checked again with the identity provider "
+                    "(the Harbourmaster's settings for it may be wrong): sign in again, or "
+                    "ask an admin.",
 }
 
 

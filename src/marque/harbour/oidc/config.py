@@ -3,7 +3,9 @@
 ``marque harbour oidc set`` checks these and keeps them in the store (one row, logged),
 so every ``harbour serve`` sharing a store signs people in the same way. The client
 secret is not in the store: its **file** is named, and read when a sign-in needs it, so
-a copy of the store holds nothing a provider would accept — the same rule as tokens.
+a copy of the store holds nothing a provider would accept — the same rule as tokens. (The
+refresh tokens kept with console sessions for their checks are redeemed only with that
+secret: the console is a confidential client.)
 
 The checks are those a reviewer would make: an issuer is ``https`` (plain ``http`` only
 on a loopback address, for a provider on this machine), a client id and secret file are

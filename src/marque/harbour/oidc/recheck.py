@@ -17,7 +17,9 @@ sign-in). Otherwise it ends, with a reason the login page explains:
 * ``no_refresh_token``    — the provider gave this sign-in no refresh token to check it by;
 * ``groups_changed``      — the claims no longer grant every role the session holds, or
   name no principal that may sign in;
-* ``oidc_cleared``        — the identity provider is no longer configured.
+* ``oidc_cleared``        — the identity provider is no longer configured;
+* ``check_failed``        — anything else kept the check from confirming the sign-in
+  (the client secret file unreadable, a discovery document for another issuer).
 
 Of several ``harbour serve`` processes seeing a check due, one claims it in the store
 (:meth:`~marque.harbour.store.base.HarbourStore.claim_oidc_check`); the others go on
@@ -28,7 +30,7 @@ worker thread.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from marque.errors import (
     MarqueError,
@@ -53,6 +55,7 @@ _SAID = {
                         "it again by",
     "groups_changed": "the identity provider no longer grants every role this sign-in holds",
     "oidc_cleared": "the identity provider is no longer configured",
+    "check_failed": "this sign-in could not be checked again",
 }
 
 
@@ -89,12 +92,22 @@ class Rechecks:
                 raise _Ended("no_refresh_token")
             kept = self._renew(config, session, claim.refresh_token, now)
         except _Ended as end:
+            self._end(session, now, end)
+        except MarqueError as exc:  # e.g. the secret file unreadable: nothing was confirmed
+            self._end(session, now, _Ended("check_failed", f"{exc.code}: {exc.message}"))
+        except Exception:
+            # The check was claimed and did not confirm the sign-in: the session does not
+            # go on until the next interval on the strength of a failure.
             self.store.revoke_session(session.session_hash, now=now)
-            log.info("console session of %s ended at its check with the identity provider: "
-                     "%s %s", session.principal, end.reason, end.why)
-            raise Unauthenticated(f"{_SAID[end.reason]}: sign in again",
-                                  detail={"reason": end.reason}) from None
+            raise
         self.store.note_oidc_check(session.session_hash, refresh_token=kept, checked_at=now)
+
+    def _end(self, session: ConsoleSession, now: float, end: _Ended) -> NoReturn:
+        self.store.revoke_session(session.session_hash, now=now)
+        log.info("console session of %s ended at its check with the identity provider: "
+                 "%s %s", session.principal, end.reason, end.why)
+        raise Unauthenticated(f"{_SAID[end.reason]}: sign in again",
+                              detail={"reason": end.reason})
 
     def _renew(self, config: OidcConfig, session: ConsoleSession, refresh_token: str,
                now: float) -> str:

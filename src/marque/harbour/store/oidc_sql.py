@@ -154,6 +154,11 @@ class OidcRecords(StoreHooks):
                          now: float | None = None) -> OidcCheck | None:
         _check_hash(session_hash, "a console session")
         at = self._now(now)
+        with self.reading() as tx:  # most pages find their check not due: no write then
+            last = tx.one("SELECT checked_at FROM oidc_session_checks WHERE session_hash = ?",
+                          (session_hash,))
+        if last is not None and float(last[0]) > due_before:
+            return None
         with self.transaction() as tx:
             row = tx.one("UPDATE oidc_session_checks SET checked_at = ? WHERE session_hash = ? "
                          "AND checked_at <= ? RETURNING refresh_token",
