@@ -12,6 +12,7 @@ with ``marque harbour oidc set``, the command an admin runs.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 from collections.abc import Iterator
@@ -60,8 +61,12 @@ class OidcWorld:
 
     def groups_mode(self) -> None:
         """Roles from the provider's ``groups`` claim: marque-approvers → approver."""
+        self.groups_mode_with()
+
+    def groups_mode_with(self, *extra: str) -> None:
+        """:meth:`groups_mode`, plus ``extra`` options of ``harbour oidc set``."""
         self.oidc_set("--groups-claim", "groups", "--group-role", "marque-approvers=approver",
-                      "--group-role", "dev=requester", "--scope", "groups")
+                      "--group-role", "dev=requester", "--scope", "groups", *extra)
 
 
 def make_oidc_world(root: Path, **provider_args: Any) -> Iterator[OidcWorld]:
@@ -78,7 +83,7 @@ def make_oidc_world(root: Path, **provider_args: Any) -> Iterator[OidcWorld]:
                      web_client(OTHER_CLIENT, "other-secret-0123456789abcdef0123",
                                 "http://127.0.0.1:9/callback"),
                      device_client(CLI_CLIENT), device_client(OTHER_CLIENT + "-cli")],
-            users=USERS, **provider_args)
+            users=copy.deepcopy(USERS), **provider_args)
         provider.start()
         try:
             secret_file = root / "client-secret"

@@ -22,7 +22,14 @@ from e2e.harbour_support import DEBIT
 from marque.harbour.setup import set_roles
 
 from .conftest import Console, World, wait_for
-from .oidc_world import OidcWorld, back_at_console, make_oidc_world, sign_in
+from .oidc_world import (
+    CONSOLE_CLIENT,
+    OTHER_CLIENT,
+    OidcWorld,
+    back_at_console,
+    make_oidc_world,
+    sign_in,
+)
 
 Consoles = Callable[..., Console]
 
@@ -293,3 +300,24 @@ def test_a_callback_in_another_browser_is_refused(oidc: OidcWorld, browser: Any)
     finally:
         victim.close()
         attacker.close()
+
+
+@pytest.fixture
+def swapped(tmp_path: Path) -> Iterator[OidcWorld]:
+    """A provider whose token endpoint answers the console's client with an ID token minted
+    (and signed with its own key) for another client, ``other-app``: a substituted token."""
+    yield from make_oidc_world(tmp_path, audience_swap={CONSOLE_CLIENT: OTHER_CLIENT})
+
+
+def test_an_id_token_for_another_client_is_refused(swapped: OidcWorld, browser: Any) -> None:
+    """The sign-in goes through the provider, but the ID token it answers is for another
+    client: the login page says so (the audience), and no session is made."""
+    page_owner = Console(browser, swapped.world, None)
+    try:
+        sign_in(page_owner.page, "carol")
+        error = page_owner.page.get_by_test_id("error").inner_text()
+        assert "oidc_login_refused" in error and OTHER_CLIENT in error, error
+        assert session_cookie(page_owner) is None
+        assert sessions(swapped.world) == []
+    finally:
+        page_owner.close()

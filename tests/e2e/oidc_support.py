@@ -56,8 +56,10 @@ class OidcProvider:
     keys: list[dict[str, Any]] = field(default_factory=lambda: [new_key("k1")])
     id_token_ttl: int = 300
     clock_offset_seconds: int = 0
+    audience_swap: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[str] | None = None
+    log: Path | None = None
 
     @property
     def issuer(self) -> str:
@@ -70,11 +72,14 @@ class OidcProvider:
             raise AssertionError(missing)
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "provider.json"
+        self.write_users()
         config.write_text(json.dumps({
             "issuer": self.issuer, "port": self.port, "clients": self.clients,
-            "users": self.users, "keys": self.keys, "id_token_ttl": self.id_token_ttl,
+            "users_file": str(self.users_file), "keys": self.keys,
+            "id_token_ttl": self.id_token_ttl, "audience_swap": self.audience_swap,
             "clock_offset_seconds": self.clock_offset_seconds}))
-        log = Path(tempfile.mkstemp(prefix="oidc-provider-", suffix=".log", dir=self.root)[1])
+        log = self.log = Path(tempfile.mkstemp(prefix="oidc-provider-", suffix=".log",
+                                               dir=self.root)[1])
         with log.open("w") as stderr:
             self.proc = subprocess.Popen(
                 ["node", str(SCRIPT), str(config)], stdout=subprocess.PIPE, stderr=stderr,
@@ -86,6 +91,24 @@ class OidcProvider:
             self.proc.wait(timeout=TIMEOUT)
             raise AssertionError(f"the OpenID provider did not start: {log.read_text()}")
         return self
+
+    def said(self, event: str) -> int:
+        """How many times the running provider logged ``event`` (e.g. ``grant.success
+        refresh_token marque-console``: a refresh grant it answered)."""
+        if self.log is None:
+            return 0
+        return sum(1 for line in self.log.read_text().splitlines() if line.startswith(event))
+
+    @property
+    def users_file(self) -> Path:
+        return self.root / "users.json"
+
+    def write_users(self) -> None:
+        """Write ``users`` where the running provider reads them at every use (a user's
+        groups changed, or the user removed, at the provider)."""
+        temporary = self.users_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.users))
+        temporary.replace(self.users_file)
 
     def stop(self) -> None:
         """Stop the provider (SIGTERM) and wait for it."""
@@ -109,9 +132,10 @@ class OidcProvider:
 
 
 def web_client(client_id: str, secret: str, redirect_uri: str, **extra: Any) -> dict[str, Any]:
-    """A confidential web client using the authorization code flow."""
+    """A confidential web client using the authorization code flow (and refresh tokens)."""
     return {"client_id": client_id, "client_secret": secret, "redirect_uris": [redirect_uri],
-            "grant_types": ["authorization_code"], "response_types": ["code"], **extra}
+            "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
+            **extra}
 
 
 def device_client(client_id: str) -> dict[str, Any]:

@@ -172,3 +172,60 @@ def test_an_unknown_kid_makes_one_rate_limited_refetch(tmp_path: Path) -> None:
         assert keys.key(new_kid)["kid"] == new_kid and keys.jwks_fetches == 3
     finally:
         running.stop()
+
+
+def init(home: Path, *args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(MARQUE), "harbour", "init", "--home", str(home),
+                           *map(str, args), "--json"], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=cli_env(), stdin=subprocess.DEVNULL)
+
+
+def test_init_sets_the_provider_up_from_the_start(
+        provider: OidcProvider, tmp_path: Path, secret: Path) -> None:
+    """`harbour init --oidc-…` makes the Harbourmaster with its provider kept, as `oidc set`
+    would keep it (token login off with --oidc-require, the interval given)."""
+    home = tmp_path / "new-harbour"
+    proc = init(home, "--oidc-issuer", provider.issuer, "--oidc-client-id", "marque-console",
+                "--oidc-client-secret-file", secret, "--oidc-cli-client-id", "marque-cli",
+                "--oidc-recheck-seconds", 120, "--oidc-require")
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(proc.stdout)
+    assert made["admin_token"] and made["oidc"]["provider"]["reachable"] is True
+    kept = shown(home)
+    assert isinstance(kept, dict)
+    assert (kept["issuer"], kept["cli_client_id"], kept["require"],
+            kept["recheck_seconds"]) == (provider.issuer, "marque-cli", True, 120)
+
+
+@pytest.mark.parametrize(("args", "setting"), [
+    (["--oidc-client-id", "marque-console"], "issuer"),
+    (["--oidc-client-id", "marque-console", "--oidc-client-secret-file", "SECRET",
+      "--oidc-recheck-seconds", 5], "recheck_seconds"),
+    (["--oidc-client-id", "marque-console", "--oidc-client-secret-file", "SECRET",
+      "--oidc-group-role", "ops=pilot", "--oidc-groups-claim", "groups"], "group_roles"),
+    (["--oidc-client-id", "marque-console", "--oidc-client-secret-file", "WORLD"],
+     "client_secret_file"),
+])
+def test_init_refuses_what_oidc_set_refuses_and_makes_nothing(
+        provider: OidcProvider, tmp_path: Path, secret: Path, args: list[object],
+        setting: str) -> None:
+    """Bad OIDC options to `harbour init` are `oidc_config_invalid` naming the setting, as
+    `oidc set` says it, and no home is made (they are checked first)."""
+    readable = tmp_path / "readable-secret"
+    readable.write_text("s" * 40 + "\n")
+    os.chmod(readable, 0o644)
+    swap = {"SECRET": str(secret), "WORLD": str(readable)}
+    given = [swap.get(str(a), a) for a in args]
+    if setting != "issuer":
+        given = ["--oidc-issuer", provider.issuer, *given]
+    home = tmp_path / "not-made"
+    proc = init(home, *given)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    error = json.loads(proc.stdout)["error"]
+    assert (error["code"], error["detail"]["setting"]) == ("oidc_config_invalid", setting)
+    assert not home.exists()
+    # `oidc set` says the same of the same settings (one code path).
+    if setting != "issuer":
+        same = oidc("set", "--home", Harbour(tmp_path / "h").home,
+                    *[str(a).replace("--oidc-", "--") for a in given])
+        assert json.loads(same.stdout)["error"]["detail"]["setting"] == setting

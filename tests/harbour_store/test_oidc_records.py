@@ -146,7 +146,7 @@ def test_migration_10_keeps_a_version_9_session_as_a_token_session(stores: Store
                    (session, "c" * 43, T0, T0 + HOUR))
     old.close()
     store = stores.open(location)
-    assert store.schema_version == schema.LATEST == 10
+    assert store.schema_version == schema.LATEST >= 10
     found, carol = store.get_session(session, now=T0 + 1)
     assert (found.via, found.roles, found.roles_from) == ("token", None, None)
     assert carol.roles == {Role.APPROVER}
@@ -168,3 +168,65 @@ def test_a_state_used_through_one_process_is_used_for_all(stores: StorePool) -> 
     token = digest("an id token")
     assert first.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
     assert not second.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
+
+
+def an_oidc_session(store: HarbourStore, name: str, who: str = "dave") -> str:
+    session = digest(name)
+    store.create_session(session, who, csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0,
+                         via="oidc", roles=("approver",), roles_from="principal",
+                         oidc_subject=who, oidc_sid=f"sid-{name}")
+    return session
+
+
+def test_a_sessions_check_is_claimed_once_when_due(stores: StorePool) -> None:
+    """Through two stores on one location (two processes): a check not yet due is claimed
+    by neither; once due, by one only, which gets the refresh token; a session with no
+    check recorded is due, with no token to check it by."""
+    location = stores.location()
+    first = stores.create(location)
+    second = stores.open(location)
+    first.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = an_oidc_session(first, "checked")
+    first.note_oidc_check(session, refresh_token="r1", checked_at=T0)
+    assert first.claim_oidc_check(session, due_before=T0 - 1, now=T0 + 10) is None
+    claimed = second.claim_oidc_check(session, due_before=T0 + 60, now=T0 + 61)
+    assert claimed is not None and claimed.refresh_token == "r1"
+    assert first.claim_oidc_check(session, due_before=T0 + 60, now=T0 + 61) is None
+    second.note_oidc_check(session, refresh_token="r2", checked_at=T0 + 62)
+    again = first.claim_oidc_check(session, due_before=T0 + 200, now=T0 + 201)
+    assert again is not None and again.refresh_token == "r2"
+    never = first.claim_oidc_check(digest("never noted"), due_before=T0, now=T0 + 1)
+    assert never is not None and never.refresh_token is None
+
+
+def test_checks_of_ended_sessions_are_dropped(store: HarbourStore) -> None:
+    """The refresh token of an ended session does not stay in the store: the next check
+    recorded drops the checks of sessions that ended or expired."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    ended, live = an_oidc_session(store, "ended"), an_oidc_session(store, "live")
+    store.note_oidc_check(ended, refresh_token="gone", checked_at=T0)
+    store.revoke_session(ended, now=T0 + 1)
+    store.note_oidc_check(live, refresh_token="kept", checked_at=T0 + 2)
+    with raw_tx(store) as tx:
+        rows = tx.execute("SELECT session_hash, refresh_token FROM oidc_session_checks")
+    assert [tuple(r) for r in rows] == [(live, "kept")]
+
+
+def test_migration_11_makes_old_sessions_due_with_no_token(stores: StorePool) -> None:
+    """A session opened through the provider before checks existed gets a check row from
+    its start with no refresh token: its first check, once due, ends it."""
+    location = stores.location()
+    old = stores.create_at_version(location, 10)
+    old.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = an_oidc_session(old, "old")
+    token = digest("token session")
+    old.create_session(token, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    old.close()
+    store = stores.open(location)
+    assert store.schema_version == schema.LATEST >= 11
+    assert store.claim_oidc_check(session, due_before=T0 - 1, now=T0 + 1) is None
+    claimed = store.claim_oidc_check(session, due_before=T0, now=T0 + 1)
+    assert claimed is not None and claimed.refresh_token is None
+    with raw_tx(store) as tx:
+        rows = tx.execute("SELECT session_hash FROM oidc_session_checks")
+    assert [tuple(r) for r in rows] == [(session,)]  # none for the token session

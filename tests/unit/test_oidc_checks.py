@@ -9,7 +9,7 @@ import pytest
 
 from marque.errors import OidcConfigInvalid, OidcLoginRefused
 from marque.harbour.console.oidc import safe_next
-from marque.harbour.oidc.config import OidcConfig, parse_group_role
+from marque.harbour.oidc.config import RECHECK_SECONDS, OidcConfig, parse_group_role
 from marque.harbour.oidc.tokens import LEEWAY_SECONDS, _check_claims
 from marque.harbour.principals import Role
 
@@ -35,6 +35,10 @@ def config(**changes: Any) -> OidcConfig:
     ({"groups_claim": "groups", "group_roles": {"g": ("pilot",)}}, "group_roles"),
     ({"redirect_uri": "https://h.example/callback"}, "redirect_uri"),
     ({"scopes": ("email",)}, "scopes"),
+    ({"recheck_seconds": 59}, "recheck_seconds"),
+    ({"recheck_seconds": 8 * 3600 + 1}, "recheck_seconds"),
+    ({"recheck_seconds": True}, "recheck_seconds"),
+    ({"recheck_seconds": "300"}, "recheck_seconds"),
 ])
 def test_settings_that_cannot_work_are_refused(changes: dict[str, Any], setting: str) -> None:
     with pytest.raises(OidcConfigInvalid) as refused:
@@ -48,6 +52,16 @@ def test_settings_round_trip_and_http_is_only_for_loopback() -> None:
     assert OidcConfig.from_dict(made.to_dict()) == made
     with pytest.raises(OidcConfigInvalid):
         OidcConfig.from_dict({**made.to_dict(), "version": "other"})
+
+
+def test_the_recheck_interval_defaults_and_older_settings_get_the_default() -> None:
+    """Five minutes unless set; settings kept before the interval existed read as five
+    minutes too (the default, not a guess at something looser)."""
+    assert config().recheck_seconds == RECHECK_SECONDS == 300
+    assert config(recheck_seconds=60).to_dict()["recheck_seconds"] == 60
+    kept = config().to_dict()
+    del kept["recheck_seconds"]
+    assert OidcConfig.from_dict(kept).recheck_seconds == RECHECK_SECONDS
 
 
 def test_groups_grant_only_their_mapped_roles() -> None:

@@ -10,10 +10,11 @@ grant (RFC 8628), for a terminal that may have no browser (an SSH session).
    was denied.
 4. The ID token (and the access token, for claims the ID token lacks) is posted to
    ``{harbour}/v1/oidc/exchange``, which answers a bearer token of that Harbourmaster
-   lasting an hour. That token is what is stored, with — when the provider offers
-   ``offline_access`` — the provider's refresh token, so that a command run after the
-   hour signs in again by itself (:func:`refresh_sign_in`): a fresh ID token from the
-   refresh grant, exchanged the same way. The provider's ID and access tokens are never
+   lasting its recheck interval (an hour at most). That token is what is stored, with —
+   when the provider offers ``offline_access`` — the provider's refresh token, so that a
+   command run after that signs in again by itself (:func:`refresh_sign_in`): a fresh ID
+   token from the refresh grant, exchanged the same way, where the Harbourmaster maps
+   its claims again (the sign-in's check). The provider's ID and access tokens are never
    stored.
 """
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from marque.cli.common import emit_json, guarded, json_option, literal, out, read_json_file
+from marque.cli.harbour_home import harbour_home_option
+from marque.cli.harbour_oidc import oidc_config, oidc_options, say_oidc
 from marque.cli.lazy import LazyGroup
 from marque.errors import InvalidInput
-
-harbour_home_option = click.option(
-    "--home", type=click.Path(path_type=Path), required=True,
-    help="The Harbourmaster's home directory (holds harbour.json, the issuer key and, "
-         "by default, the store).")
 
 ROLES = ("requester", "approver", "auditor", "admin", "pilot", "agent")
 
@@ -43,17 +41,27 @@ def harbour() -> None:
 @click.option("--routing", type=click.Path(path_type=Path), default=None,
               help="A routing config (TOML) to adopt (default: the bootstrap profile — reads "
                    "allowed, everything else delegated to one approver).")
+@oidc_options("oidc-", required=False)
 @json_option
 @guarded
-def harbour_init(home: Path, store: str | None, routing: Path | None, as_json: bool) -> None:
+def harbour_init(home: Path, store: str | None, routing: Path | None, as_json: bool,
+                 **oidc: Any) -> None:
     """Create a Harbourmaster; prints {harbour_id, issuer_kid, admin_token} once.
 
-    The admin token is shown this once and stored only as a hash: keep it.
+    The admin token is shown this once and stored only as a hash: keep it. With
+    --oidc-issuer, --oidc-client-id and --oidc-client-secret-file, approvers sign in
+    through that identity provider from the start (checked as `harbour oidc set` checks
+    them, before anything is made).
     """
+    from marque.harbour.oidc.admin import check_oidc, keep_oidc
     from marque.harbour.setup import init_harbour
 
     text = None if routing is None else _read_text(routing, "routing config")
+    config = oidc_config(**oidc, prefix="oidc-")
+    provider = None if config is None else check_oidc(config)
     result = init_harbour(home, store_dsn=store, routing_text=text)
+    if config is not None and provider is not None:
+        result["oidc"] = keep_oidc(home, config, provider)
     if as_json:
         emit_json(result)
         return
@@ -61,6 +69,8 @@ def harbour_init(home: Path, store: str | None, routing: Path | None, as_json: b
             f"{literal(result['issuer_kid'])}")
     out.say(f"routing config {literal(result['routing']['config_cid'])}"
             + (" (the bootstrap profile)" if result["routing"]["bootstrap"] else ""))
+    if "oidc" in result:
+        say_oidc(result["oidc"])
     out.say(f"admin token (shown once): {result['admin_token']}")
 
 

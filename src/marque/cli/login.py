@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 
 from marque.cli.common import emit_json, guarded, json_option, literal, out
-from marque.errors import InvalidInput, Unauthenticated
+from marque.errors import InvalidInput, OidcLoginRefused, OidcSubjectUnknown, Unauthenticated
 
 VERSION = "marque-credentials/0.1"
 FILE_NAME = "credentials.json"
@@ -124,22 +124,35 @@ def _write(path: Path, harbours: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-#: A sign-in through the identity provider is renewed this long before it would expire.
+#: A sign-in through the identity provider is renewed this long before it would expire
+#: (or a quarter of its life, if that is shorter: it may last only a minute).
 RENEW_BEFORE_SECONDS = 60
+
+
+def _renew_at(entry: dict[str, Any]) -> float | None:
+    """When the sign-in kept in ``entry`` is renewed; None for a token that is not."""
+    expires_at, saved_at = entry.get("expires_at"), entry.get("saved_at")
+    if not isinstance(expires_at, int | float):
+        return None
+    life = expires_at - saved_at if isinstance(saved_at, int | float) else expires_at
+    return float(expires_at) - min(RENEW_BEFORE_SECONDS, max(0.0, life) / 4)
 
 
 def stored_token(url: str) -> str | None:
     """The token ``marque login`` stored for the Harbourmaster at ``url``, or None.
 
     A sign-in through the identity provider that has (nearly) expired is renewed with the
-    provider's refresh token, if one was kept, and the new token stored; without one, or
-    when the provider refuses, it is ``Unauthenticated`` saying to sign in again (never
-    sent, to be refused)."""
+    provider's refresh token, if one was kept, and the new token stored; without one it is
+    ``Unauthenticated`` saying to sign in again (never sent, to be refused). A renewal the
+    provider or the Harbourmaster refuses drops the kept sign-in and raises that refusal;
+    one that cannot reach them keeps it, to try again."""
     key = normalise_url(url)
     entry = _read(_path()).get(key)
-    token = entry.get("token") if isinstance(entry, dict) else None
-    expires_at = entry.get("expires_at") if isinstance(entry, dict) else None
-    if isinstance(expires_at, int | float) and time.time() >= expires_at - RENEW_BEFORE_SECONDS:
+    if not isinstance(entry, dict):
+        return None
+    token = entry.get("token")
+    renew_at = _renew_at(entry)
+    if renew_at is not None and time.time() >= renew_at:
         return _renewed(key)
     return token if isinstance(token, str) and token else None
 
@@ -152,16 +165,21 @@ def _renewed(key: str) -> str:
         harbours = _read(path)
         found = harbours.get(key)
         entry: dict[str, Any] = found if isinstance(found, dict) else {}
-        expires_at = entry.get("expires_at")
-        if isinstance(expires_at, int | float) \
-                and time.time() < expires_at - RENEW_BEFORE_SECONDS:
+        renew_at = _renew_at(entry)
+        if renew_at is not None and time.time() < renew_at:
             return str(entry["token"])  # another command renewed it meanwhile
         refresh = entry.get("refresh_token")
         if not isinstance(refresh, str) or not refresh:
             raise Unauthenticated(f"your sign-in to {key} through the identity provider has "
                                   "expired: run `marque login --oidc` again",
                                   detail={"reason": "expired"})
-        signed = refresh_sign_in(key, refresh)
+        try:
+            signed = refresh_sign_in(key, refresh)
+        except (OidcLoginRefused, OidcSubjectUnknown, Unauthenticated):
+            # Refused (not merely unreachable): the kept sign-in is dropped, never sent again.
+            del harbours[key]
+            _write(path, harbours)
+            raise
         entry = {**entry, "token": signed["token"], "expires_at": float(signed["expires_at"]),
                  "refresh_token": signed.get("refresh_token"), "saved_at": time.time()}
         harbours[key] = entry
@@ -199,7 +217,7 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
     Prints whom it authenticates, never the token. A token the Harbourmaster
     does not accept is `unauthenticated` and nothing is stored. With `--oidc`,
     sign in at the identity provider instead; the Harbourmaster's token it
-    answers lasts an hour.
+    answers lasts its recheck interval (an hour at most).
     """
     from marque.harbour.client import HarbourClient
 

@@ -12,7 +12,7 @@ import getpass
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marque.dsn import (
     check_shape,
@@ -32,6 +32,9 @@ from marque.harbour.home import (
 )
 from marque.madedirs import MadeDirectories
 
+if TYPE_CHECKING:
+    from marque.harbour.store.base import HarbourStore
+
 
 def operator() -> str:
     """Who acts when the CLI changes a home: ``cli:<OS user>`` (recorded as ``actor``)."""
@@ -39,6 +42,52 @@ def operator() -> str:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):  # no passwd entry (some containers)
         return f"cli:uid-{os.getuid()}"
+
+
+def _check_new_home(harbour_home: HarbourHome, store_dsn: str | None) -> None:
+    """Refuse a home that already holds a Harbourmaster, or a store DSN that cannot be one,
+    before anything is made."""
+    if harbour_home.exists():
+        raise InvalidInput(f"{harbour_home.path} already holds a Harbourmaster (harbour.json)")
+    if harbour_home.path.exists() and not harbour_home.path.is_dir():
+        raise InvalidInput(f"{harbour_home.path} exists and is not a directory")
+    if store_dsn is not None:
+        check_shape(store_dsn, "the store DSN")
+        require_postgres_support(store_dsn)
+
+
+class _Made:
+    """What an init has made so far, to take back if it fails half-way."""
+
+    def __init__(self, harbour_home: HarbourHome) -> None:
+        self.home = harbour_home
+        self.directories = MadeDirectories(harbour_home.path)
+        self.store: HarbourStore | None = None
+        self.store_file: str | None = None
+        self.key_written = False
+
+    def write_key(self) -> dict[str, Any]:
+        """A new issuer key, written to the home (0600; the file must not exist yet)."""
+        from marque.token import new_key
+
+        key = new_key()
+        fd = os.open(self.home.issuer_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self.key_written = True  # from here on the file is this init's to remove
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(key, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        return key
+
+    def undo(self) -> None:
+        """Take back what was made (the store closed, its file and the key removed)."""
+        if self.store is not None:
+            self.store.close()
+        if self.key_written:
+            self.home.issuer_key_path.unlink(missing_ok=True)
+        if self.store_file is not None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(self.store_file + suffix).unlink(missing_ok=True)
+        self.directories.undo()  # the home, if this init made it and nothing else is in it
 
 
 def init_harbour(home: str | os.PathLike[str], *, store_dsn: str | None = None,
@@ -53,64 +102,37 @@ def init_harbour(home: str | os.PathLike[str], *, store_dsn: str | None = None,
     """
     from marque.harbour.routing import BOOTSTRAP_PROFILE, parse_config
     from marque.harbour.store import create_store
-    from marque.token import new_key, public_jwk
+    from marque.token import public_jwk
 
     config = BOOTSTRAP_PROFILE if routing_text is None else parse_config(routing_text)
     harbour_home = HarbourHome(home)
-    if harbour_home.exists():
-        raise InvalidInput(f"{home} already holds a Harbourmaster (harbour.json)")
-    if harbour_home.path.exists() and not harbour_home.path.is_dir():
-        raise InvalidInput(f"{home} exists and is not a directory")
-    if store_dsn is not None:
-        check_shape(store_dsn, "the store DSN")
-        require_postgres_support(store_dsn)  # before anything is made
-    made = MadeDirectories(harbour_home.path)
+    _check_new_home(harbour_home, store_dsn)
+    made = _Made(harbour_home)
     try:
-        made.make()
+        made.directories.make()
     except OSError as exc:
         raise InvalidInput(f"cannot create {harbour_home.path}: {exc.strerror or exc}; choose "
                            "a --home the Harbourmaster can write") from exc
     here = harbour_home.path.resolve()
-    created_file: str | None = None
-    key_written = False
-    store = None
     try:
-        if store_dsn is None:
-            stored = DEFAULT_STORE_DSN
-        else:
-            stored = relative_to(resolve_sqlite(store_dsn, Path.cwd()), here)
+        stored = DEFAULT_STORE_DSN if store_dsn is None \
+            else relative_to(resolve_sqlite(store_dsn, Path.cwd()), here)
         dsn = resolve_sqlite(stored, here)
-        store = create_store(dsn)
-        created_file = sqlite_path(dsn) if is_sqlite(dsn) else None
-        key = new_key()
-        fd = os.open(harbour_home.issuer_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        key_written = True  # from here on the file is this init's to remove
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(key, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+        store = made.store = create_store(dsn)
+        made.store_file = sqlite_path(dsn) if is_sqlite(dsn) else None
+        key = made.write_key()
         store.adopt_routing_config(config.config_cid, config.text, actor=operator())
         _, admin_token = store.add_principal(admin, ["admin"], actor=operator())
         written = HarbourConfig(store.harbour_id, stored, f"marque-harbour:{store.harbour_id}")
         write_config(harbour_home, written)
     except BaseException:
-        if store is not None:
-            store.close()
-        if key_written:
-            harbour_home.issuer_key_path.unlink(missing_ok=True)
-        if created_file is not None:
-            for suffix in ("", "-wal", "-shm"):
-                Path(created_file + suffix).unlink(missing_ok=True)
-        made.undo()  # the home, if this init made it and nothing else is in it
+        made.undo()
         raise
     store.close()
     return {
-        "harbour_id": written.harbour_id,
-        "home": str(here),
-        "store": stored,
-        "issuer_kid": key["kid"],
-        "issuer": {"name": written.issuer, "jwk": public_jwk(key)},
-        "admin": admin,
-        "admin_token": admin_token,
+        "harbour_id": written.harbour_id, "home": str(here), "store": stored,
+        "issuer_kid": key["kid"], "issuer": {"name": written.issuer, "jwk": public_jwk(key)},
+        "admin": admin, "admin_token": admin_token,
         "routing": {"config_cid": config.config_cid, "bootstrap": routing_text is None},
     }
 

@@ -40,7 +40,7 @@ from marque.harbour.console import csrf as console_csrf
 from marque.harbour.console import views
 from marque.harbour.console.logbook import logbook_page
 from marque.harbour.console.notifications import notifications_view
-from marque.harbour.console.oidc import ConsoleOidc, safe_next
+from marque.harbour.console.oidc import OIDC_WHY, ConsoleOidc, safe_next
 from marque.harbour.console.pilots import pilots_view
 from marque.harbour.console.sessions import (
     LOGIN_COOKIE,
@@ -83,6 +83,7 @@ _WHY = {
     "logged_out": "You have logged out.",
     "principal_revoked": "Your principal was revoked: its sessions no longer work.",
     "role_revoked": "A role you signed in with was revoked: sign in again.",
+    **OIDC_WHY,
     "unknown": "Log in with your principal's token to use the console.",
 }
 
@@ -233,6 +234,7 @@ class Console:
             raise _ToLogin("unknown")
         try:
             found: Viewer = await self._run(self.sessions.find, session_id, self._now())
+            await self.oidc.recheck(found)  # checked again at the provider, when due
         except Unauthenticated as exc:
             raise _ToLogin(str(exc.detail.get("reason") or "unknown")) from None
         if found.session.via == "cli":  # a command line's sign-in is a bearer token only

@@ -17,16 +17,19 @@ sessions opened for that provider session (or subject) at once.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from marque.errors import InvalidInput, MarqueError, NotFound, OidcConfigInvalid
 from marque.harbour.console.sessions import (
     SESSION_COOKIE,
+    Sessions,
+    Viewer,
     expiry,
     is_secure,
     new_secret,
@@ -34,6 +37,7 @@ from marque.harbour.console.sessions import (
     set_cookie,
 )
 from marque.harbour.oidc.provider import Providers
+from marque.harbour.oidc.recheck import Rechecks
 from marque.harbour.oidc.signin import (
     CLI_TOKEN_PREFIX,
     CLI_TOKEN_SECONDS,
@@ -42,16 +46,30 @@ from marque.harbour.oidc.signin import (
     SignIn,
 )
 from marque.harbour.oidc.tokens import verify_logout_token
+from marque.harbour.store.base import HarbourStore
 from marque.httpcommon import json_body
 
-if TYPE_CHECKING:
-    from marque.harbour.console.app import Console
-
-__all__ = ["ConsoleOidc", "OIDC_COOKIE"]
+__all__ = ["ConsoleHost", "ConsoleOidc", "OIDC_COOKIE", "OIDC_WHY"]
 
 log = logging.getLogger(__name__)
 OIDC_COOKIE = "marque_oidc"
 CALLBACK_PATH = "/oidc/callback"
+#: What the login page says of a session its check at the provider ended (``?why=``).
+OIDC_WHY = {
+    "provider_refused": "The identity provider no longer vouches for your sign-in (it was "
+                        "revoked or ended there): sign in again.",
+    "provider_unreachable": "Your sign-in is checked again with the identity provider every "
+                            "few minutes, and the provider could not be reached, so your "
+                            "session ended. Sign in again once the provider is back.",
+    "no_refresh_token": "The identity provider gave your sign-in no refresh token, so it "
+                        "could not be checked again and has ended: sign in again.",
+    "groups_changed": "Your groups at the identity provider no longer grant the role you "
+                      "signed in with: sign in again.",
+    "oidc_cleared": "The console no longer signs in through an identity provider.",
+    "check_failed": "Your sign-in could not be checked again with the identity provider "
+                    "(the Harbourmaster's settings for it may be wrong): sign in again, or "
+                    "ask an admin.",
+}
 
 
 def safe_next(target: str | None) -> str:
@@ -65,13 +83,38 @@ def safe_next(target: str | None) -> str:
     return target
 
 
+class _Harbour(Protocol):
+    @property
+    def store(self) -> HarbourStore: ...
+
+
+class ConsoleHost(Protocol):
+    """What these routes use of the console (``console/app.py``'s ``Console``), named here
+    so this module need not import the one that mounts it."""
+
+    sessions: Sessions
+    headers: dict[str, str]
+    _run: Callable[..., Awaitable[Any]]
+
+    @property
+    def hm(self) -> _Harbour: ...
+
+    def _now(self) -> float: ...
+
+    def render(self, request: Request, name: str, status: int = 200, *,
+               viewer: Viewer | None = None, **context: Any) -> HTMLResponse: ...
+
+    async def login_refused(self, request: Request, exc: MarqueError) -> Response: ...
+
+
 class ConsoleOidc:
     """The console's OIDC routes; ``providers`` keeps each issuer's keys for this process."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: ConsoleHost) -> None:
         self.console = console
         self.providers = Providers()
         self.signin = SignIn(console.hm.store, self.providers)
+        self.rechecks = Rechecks(self.signin)
         self.routes: list[BaseRoute] = [
             Route("/login/oidc", self.start, methods=["GET"]),
             Route(CALLBACK_PATH, self.callback, methods=["GET"]),
@@ -156,15 +199,26 @@ class ConsoleOidc:
 
     def _open(self, identity: Identity, via: str = "oidc",
               seconds: float | None = None) -> str:
-        """A session for a signed-in identity; its id."""
+        """A session for a signed-in identity; its id. A console session's first check at
+        the provider is due ``recheck_seconds`` from now (:mod:`marque.harbour.oidc.recheck`)."""
         now = self.console._now()
         session_id = (CLI_TOKEN_PREFIX if via == "cli" else "") + new_secret()
-        self.console.hm.store.create_session(
-            session_hash(session_id), identity.principal.name, csrf_secret=new_secret(),
+        store = self.console.hm.store
+        hashed = session_hash(session_id)
+        store.create_session(
+            hashed, identity.principal.name, csrf_secret=new_secret(),
             expires_at=expiry(now, seconds or self.console.sessions.seconds), now=now, via=via,
             roles=identity.roles, roles_from=identity.roles_from,
             oidc_subject=identity.subject, oidc_sid=identity.sid)
+        if via == "oidc":
+            store.note_oidc_check(hashed, refresh_token=identity.refresh_token, checked_at=now)
         return session_id
+
+    async def recheck(self, viewer: Viewer) -> None:
+        """Check a session opened through the provider again, when it is due; it ends
+        (``Unauthenticated`` with the reason) if the provider no longer vouches for it."""
+        if viewer.session.via == "oidc":
+            await self.console._run(self.rechecks.check, viewer.session, self.console._now())
 
     # -- the command line ------------------------------------------------------------
 
@@ -203,10 +257,13 @@ class ConsoleOidc:
     def _exchange(self, id_token: str, access_token: str | None) -> dict[str, Any]:
         now = self.console._now()
         identity, _ = self.signin.exchange(id_token, now, access_token)
-        token = self._open(identity, via="cli", seconds=CLI_TOKEN_SECONDS)
+        # No longer than the recheck interval: the command line's renewal (a fresh ID token
+        # from the provider, exchanged again) is how its sign-in is checked again.
+        seconds = min(CLI_TOKEN_SECONDS, self.signin.required().recheck_seconds)
+        token = self._open(identity, via="cli", seconds=seconds)
         log.info("command-line sign-in for %s through the identity provider",
                  identity.principal.name)
-        return {"token": token, "expires_at": now + CLI_TOKEN_SECONDS,
+        return {"token": token, "expires_at": now + seconds,
                 "principal": identity.principal.name, "roles": list(identity.roles)}
 
     async def backchannel_logout(self, request: Request) -> Response:

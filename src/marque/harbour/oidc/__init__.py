@@ -6,6 +6,7 @@ the command line (docs/console.md, "Signing in with OIDC").
     provider.py  discovery, the JWKS (one rate-limited refetch on an unknown kid), token calls
     tokens.py    ID token and logout token checks (joserfc for the signature)
     signin.py    the code flow with PKCE, the command line's exchange, who signed in
+    recheck.py   a console session checked again at the provider every recheck interval
 
 The console's routes are in ``harbour/console/oidc.py``; what must hold across processes
 (one-time states, tokens exchanged once) is in ``harbour/store/oidc_sql.py``.

@@ -1,4 +1,5 @@
-"""``marque harbour oidc set|show|clear``: a Harbourmaster's identity provider, set offline.
+"""``marque harbour oidc set|show|clear`` (and ``harbour init --oidc-…``): a Harbourmaster's
+identity provider, set offline.
 
 ``set`` checks everything before it writes anything: the settings themselves
 (:class:`~.config.OidcConfig`), the client secret file (it must exist, hold one line and
@@ -40,8 +41,9 @@ def check_with_provider(config: OidcConfig) -> dict[str, Any]:
             "device_authorization_endpoint": found.device_authorization_endpoint}
 
 
-def set_oidc(home: str | os.PathLike[str], config: OidcConfig) -> dict[str, Any]:
-    """Check ``config`` (and its provider, when reachable), then keep it in the store."""
+def check_oidc(config: OidcConfig) -> dict[str, Any]:
+    """Everything ``set`` checks before it writes: the secret file, the provider (what
+    :func:`check_with_provider` answers), and that ``require`` has a reachable provider."""
     read_secret(config.client_secret_file)
     provider = check_with_provider(config)
     if config.require and not provider["reachable"]:
@@ -49,12 +51,23 @@ def set_oidc(home: str | os.PathLike[str], config: OidcConfig) -> dict[str, Any]
                                 f"provider cannot be reached ({provider['why']}): fix that "
                                 "first, or leave --require out",
                                 detail={"setting": "require"})
+    return provider
+
+
+def keep_oidc(home: str | os.PathLike[str], config: OidcConfig,
+              provider: dict[str, Any]) -> dict[str, Any]:
+    """Keep settings :func:`check_oidc` passed in the store (logged)."""
     store = open_home_store(HarbourHome(home))
     try:
         ended = store.set_oidc_settings(config.to_dict(), actor=operator())
     finally:
         store.close()
     return {**config.to_dict(), "provider": provider, "token_sessions_ended": ended}
+
+
+def set_oidc(home: str | os.PathLike[str], config: OidcConfig) -> dict[str, Any]:
+    """Check ``config`` (and its provider, when reachable), then keep it in the store."""
+    return keep_oidc(home, config, check_oidc(config))
 
 
 def show_oidc(home: str | os.PathLike[str]) -> dict[str, Any] | None:

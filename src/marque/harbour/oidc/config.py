@@ -3,7 +3,9 @@
 ``marque harbour oidc set`` checks these and keeps them in the store (one row, logged),
 so every ``harbour serve`` sharing a store signs people in the same way. The client
 secret is not in the store: its **file** is named, and read when a sign-in needs it, so
-a copy of the store holds nothing a provider would accept — the same rule as tokens.
+a copy of the store holds nothing a provider would accept — the same rule as tokens. (The
+refresh tokens kept with console sessions for their checks are redeemed only with that
+secret: the console is a confidential client.)
 
 The checks are those a reviewer would make: an issuer is ``https`` (plain ``http`` only
 on a loopback address, for a provider on this machine), a client id and secret file are
@@ -31,6 +33,11 @@ VERSION = "marque-oidc-config/0.1"
 #: Roles a group may grant. ``pilot`` is not one: only an admin makes a Pilot principal.
 GROUP_ROLES = frozenset({Role.REQUESTER, Role.APPROVER, Role.AUDITOR, Role.ADMIN})
 DEFAULT_SCOPES = ("openid", "email")
+#: How often a sign-in is checked again at the provider (docs/console.md), by default, and
+#: the bounds a setting must keep: not so often that every page waits on the provider, and
+#: never longer than a console session lasts (then it would never be checked).
+RECHECK_SECONDS = 300
+RECHECK_BOUNDS = (60, 8 * 3600)
 _CLAIM = re.compile(r"^[A-Za-z0-9_:./-]{1,64}$")
 _SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,64}$")
 _MAX_SECRET_BYTES = 4096
@@ -138,6 +145,7 @@ class OidcConfig:
     cli_client_id: str | None = None
     redirect_uri: str | None = None
     scopes: tuple[str, ...] = DEFAULT_SCOPES
+    recheck_seconds: int = RECHECK_SECONDS
 
     def __post_init__(self) -> None:
         check_issuer(self.issuer)
@@ -166,6 +174,12 @@ class OidcConfig:
         if "openid" not in self.scopes or not all(_SCOPE.match(s) for s in self.scopes):
             raise OidcConfigInvalid("the scopes must include openid and be plain scope tokens",
                                     detail={"setting": "scopes"})
+        low, high = RECHECK_BOUNDS
+        if not isinstance(self.recheck_seconds, int) or isinstance(self.recheck_seconds, bool) \
+                or not low <= self.recheck_seconds <= high:
+            raise OidcConfigInvalid(f"the recheck interval must be {low} to {high} seconds, "
+                                    f"got {str(self.recheck_seconds)[:40]!r}",
+                                    detail={"setting": "recheck_seconds"})
 
     @property
     def roles_from(self) -> str:
@@ -190,7 +204,8 @@ class OidcConfig:
                 "subject_claim": self.subject_claim, "groups_claim": self.groups_claim,
                 "group_roles": {g: list(r) for g, r in sorted(self.group_roles.items())},
                 "require": self.require, "cli_client_id": self.cli_client_id,
-                "redirect_uri": self.redirect_uri, "scopes": list(self.scopes)}
+                "redirect_uri": self.redirect_uri, "scopes": list(self.scopes),
+                "recheck_seconds": self.recheck_seconds}
 
     @classmethod
     def from_dict(cls, data: Any) -> OidcConfig:
@@ -204,7 +219,9 @@ class OidcConfig:
                        subject_claim=data["subject_claim"], groups_claim=data["groups_claim"],
                        group_roles={g: tuple(r) for g, r in data["group_roles"].items()},
                        require=bool(data["require"]), cli_client_id=data["cli_client_id"],
-                       redirect_uri=data["redirect_uri"], scopes=tuple(data["scopes"]))
+                       redirect_uri=data["redirect_uri"], scopes=tuple(data["scopes"]),
+                       # Settings kept before the interval existed get the default.
+                       recheck_seconds=data.get("recheck_seconds", RECHECK_SECONDS))
         except (KeyError, TypeError, AttributeError) as exc:
             raise OidcConfigInvalid(f"the stored OIDC settings lack {exc}: set them again with "
                                     "`marque harbour oidc set`") from None

@@ -20,6 +20,10 @@ an ID token issued to any other application is refused — if it was issued in t
 exist and be unrevoked: nobody is created by signing in. Its roles are the principal's
 (never ``pilot``), or — with a groups claim configured — those its groups map to; no role
 is no session.
+
+**Checked again** (:mod:`.recheck`): a console session keeps the provider's refresh token
+and is checked again every ``recheck_seconds``; a command line's token lasts no longer
+than that interval, so its renewal (a new ID token, exchanged) is the check.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import base64
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
@@ -69,6 +73,8 @@ class Identity:
     subject: str
     sid: str | None
     next_path: str = "/"
+    #: The provider's refresh token, kept with a console session for its checks.
+    refresh_token: str | None = field(default=None, repr=False)
 
 
 class SignIn:
@@ -146,14 +152,16 @@ class SignIn:
                                    detail={"check": "code"})
         claims = verify_id_token(token, provider, client_id=config.client_id, now=now,
                                  nonce=login.nonce)
-        claims = self._with_userinfo(config, provider, claims, answer.get("access_token"))
+        claims = self.with_userinfo(config, provider, claims, answer.get("access_token"))
         identity = self.identify(config, claims)
+        refresh = answer.get("refresh_token")
         return Identity(identity.principal, identity.roles, identity.roles_from,
-                        identity.subject, identity.sid, login.next_path)
+                        identity.subject, identity.sid, login.next_path,
+                        refresh if isinstance(refresh, str) and refresh else None)
 
     # -- the command line's exchange ------------------------------------------------
 
-    def _with_userinfo(self, config: OidcConfig, provider: Provider, claims: dict[str, Any],
+    def with_userinfo(self, config: OidcConfig, provider: Provider, claims: dict[str, Any],
                        access_token: Any) -> dict[str, Any]:
         """The ID token's claims, completed from the UserInfo endpoint when a claim the
         settings use is not in the ID token (a provider may put only ``sub`` there). The
@@ -185,7 +193,7 @@ class SignIn:
         if not self.store.note_exchanged_token(sha256_hex(id_token),
                                                expires_at=float(claims["exp"]), now=now):
             raise refuse("replayed", "it was exchanged before")
-        claims = self._with_userinfo(config, provider, claims, access_token)
+        claims = self.with_userinfo(config, provider, claims, access_token)
         return self.identify(config, claims), float(claims["exp"])
 
     # -- who it is -------------------------------------------------------------------

@@ -230,6 +230,14 @@ class OidcLogin:
     expires_at: float
 
 
+@dataclass(frozen=True)
+class OidcCheck:
+    """A session's check at the provider, claimed by this process: the refresh token it
+    uses (None when the provider gave none, or the session predates checks)."""
+
+    refresh_token: str | None = field(repr=False)
+
+
 class HarbourStore(NotificationStore, abc.ABC):
     """The Harbourmaster's store. All methods are safe to call from threads.
 
@@ -604,3 +612,16 @@ class HarbourStore(NotificationStore, abc.ABC):
                           now: float | None = None) -> int:
         """End the live sessions opened for a provider session id or subject (back-channel
         logout); how many."""
+
+    @abc.abstractmethod
+    def note_oidc_check(self, session_hash: str, *, refresh_token: str | None,
+                        checked_at: float) -> None:
+        """Record that a session opened through the provider was checked at ``checked_at``
+        (at sign-in, or at a check), with the refresh token its next check uses."""
+
+    @abc.abstractmethod
+    def claim_oidc_check(self, session_hash: str, *, due_before: float,
+                         now: float | None = None) -> OidcCheck | None:
+        """Claim a session's check if it was last checked at or before ``due_before`` (one
+        compare-and-set: of several processes, one claims it); None when it is not due or
+        another process claimed it. A session with no check row is due, with no token."""

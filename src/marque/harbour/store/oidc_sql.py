@@ -10,6 +10,10 @@ and compare-and-sets, never in one process's memory:
 * an ID token the command line exchanged is a row keyed by its SHA-256, inserted with
   ``ON CONFLICT DO NOTHING``: the second exchange of one token inserts nothing.
 
+* a session's check at the provider is claimed by one ``UPDATE … WHERE checked_at <= ?``:
+  of several processes seeing it due, one makes the call (a refresh token may be used
+  once) and the others go on, the check being under way.
+
 Turning ``require`` on ends the console sessions opened with a principal's token in the
 same transaction that stores it, so break-glass sessions do not outlive the switch.
 """
@@ -20,7 +24,7 @@ from typing import Any
 
 from marque.errors import InvalidInput, OidcLoginRefused
 from marque.harbour.principals import hashes_equal
-from marque.harbour.store.base import OidcLogin
+from marque.harbour.store.base import OidcCheck, OidcLogin
 from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.hooks import StoreHooks
 
@@ -131,3 +135,37 @@ class OidcRecords(StoreHooks):
                                f"NULL AND via <> 'token' AND {' AND '.join(clauses)} "
                                "RETURNING session_hash", tuple(params))
         return len(ended)
+
+    def note_oidc_check(self, session_hash: str, *, refresh_token: str | None,
+                        checked_at: float) -> None:
+        _check_hash(session_hash, "a console session")
+        with self.transaction() as tx:
+            # Checks of ended or purged sessions go (their refresh tokens with them).
+            tx.execute("DELETE FROM oidc_session_checks WHERE session_hash NOT IN (SELECT "
+                       "session_hash FROM console_sessions WHERE revoked_at IS NULL AND "
+                       "expires_at > ?)", (float(checked_at),))
+            tx.execute("INSERT INTO oidc_session_checks (session_hash, refresh_token, "
+                       "checked_at) VALUES (?, ?, ?) ON CONFLICT (session_hash) DO UPDATE "
+                       "SET refresh_token = excluded.refresh_token, "
+                       "checked_at = excluded.checked_at",
+                       (session_hash, refresh_token, float(checked_at)))
+
+    def claim_oidc_check(self, session_hash: str, *, due_before: float,
+                         now: float | None = None) -> OidcCheck | None:
+        _check_hash(session_hash, "a console session")
+        at = self._now(now)
+        with self.reading() as tx:  # most pages find their check not due: no write then
+            last = tx.one("SELECT checked_at FROM oidc_session_checks WHERE session_hash = ?",
+                          (session_hash,))
+        if last is not None and float(last[0]) > due_before:
+            return None
+        with self.transaction() as tx:
+            row = tx.one("UPDATE oidc_session_checks SET checked_at = ? WHERE session_hash = ? "
+                         "AND checked_at <= ? RETURNING refresh_token",
+                         (at, session_hash, float(due_before)))
+            known = row is not None or tx.one(
+                "SELECT 1 FROM oidc_session_checks WHERE session_hash = ?",
+                (session_hash,)) is not None
+        if row is not None:
+            return OidcCheck(refresh_token=row[0])
+        return None if known else OidcCheck(refresh_token=None)

@@ -367,14 +367,28 @@ _V10 = [
     "CREATE INDEX console_sessions_oidc_sid ON console_sessions (oidc_sid)",
 ]
 
+# Version 11: a sign-in through the provider is checked again at the provider every
+# ``oidc.recheck_seconds`` (docs/console.md). Per console session opened through it: when
+# it was last checked, and the provider's refresh token the check uses (useless without
+# the client secret, which is not in the store). Sessions opened before get a row saying
+# they were checked when they began and hold no refresh token: their first check ends them.
+_V11 = [
+    """CREATE TABLE oidc_session_checks (
+        session_hash TEXT PRIMARY KEY,
+        refresh_token TEXT,
+        checked_at DOUBLE PRECISION NOT NULL)""",
+    "INSERT INTO oidc_session_checks (session_hash, refresh_token, checked_at) "
+    "SELECT session_hash, NULL, created_at FROM console_sessions WHERE via = 'oidc'",
+]
+
 #: Every column of ``requests`` this code reads and writes, in table order.
 CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_COLUMNS_V3, "requester_jkt",
                                             "prepare_attempts", "prepare_due")
 
 MIGRATIONS: dict[str, list[Sequence[str | Step]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9, _V10],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9, _V10],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9, _V10, _V11],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9, _V10, _V11],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 10
+LATEST = 11
