@@ -38,9 +38,10 @@ from marque.cli.common import (
     parse_duration,
     when,
 )
+from marque.cli.connection import ask_harbour, checked_id, connect
 from marque.cli.issue import ISOLATION_LEVELS
 from marque.cli.row_diff import print_row_images, print_undo
-from marque.errors import HarbourUnavailable, InvalidInput, MarqueError, Unauthenticated
+from marque.errors import HarbourUnavailable, InvalidInput, MarqueError
 from marque.harbour.lifecycle import RequestState
 
 if TYPE_CHECKING:
@@ -50,34 +51,6 @@ F = Callable[..., Any]
 
 #: Pauses between retries of a ``POST /v1/requests`` whose answer did not arrive (≈ 16 s).
 SUBMIT_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-
-def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
-    """A client for the Harbourmaster the options name; refuses locally when one is missing.
-
-    The token is ``--token``, else ``MARQUE_TOKEN`` (click reads both into ``token``),
-    else the one ``marque login`` stored for that URL.
-    """
-    from marque.harbour.client import HarbourClient
-
-    if not harbour_url:
-        raise InvalidInput("no Harbourmaster: give --harbour URL or set MARQUE_HARBOUR")
-    if not token:
-        from marque.cli.login import stored_token
-
-        token = stored_token(harbour_url)
-    if not token:
-        raise Unauthenticated("no token: run `marque login --harbour URL`, set MARQUE_TOKEN "
-                              "or give --token (the token `marque harbour principal add` "
-                              "printed)")
-    return HarbourClient(harbour_url, token)
-
-
-def checked_id(value: str) -> str:
-    """A request id (``rq_…`` or a caller request id) checked before anything is sent."""
-    from marque.harbour.identity import check_request_id
-
-    return check_request_id(value)
-
 
 # -- printing a request ---------------------------------------------------------------
 
@@ -516,13 +489,8 @@ def requests_expire(id_: str, reason: str, harbour_url: str | None, token: str |
 
 def _resolve(call: Callable[[HarbourClient, str], dict[str, Any]], id_: str,
              harbour_url: str | None, token: str | None, as_json: bool) -> None:
-    client = connect(harbour_url, token)
-    try:
-        request = call(client, checked_id(id_))
-    except MarqueError as exc:
-        fail(exc, as_json, {"id": id_})
-    finally:
-        client.close()
+    request = ask_harbour(harbour_url, token, lambda client: call(client, checked_id(id_)),
+                          as_json, {"id": id_})
     if as_json:
         emit_json(request)
         return

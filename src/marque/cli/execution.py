@@ -257,13 +257,10 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
 def _marque_of_request(request_id: str, harbour_url: str | None, token: str | None,
                        as_json: bool) -> tuple[str, str]:
     """The marque a request holds at the Harbourmaster and the URL of the Pilot that runs it."""
-    from marque.cli.control import checked_id, connect
+    from marque.cli.connection import checked_id, connect
 
-    client = connect(harbour_url, token)
-    try:
+    with connect(harbour_url, token) as client:
         found = client.marque_for(checked_id(request_id))
-    finally:
-        client.close()
     pilot = found.get("pilot") or {}
     marque, url = found.get("marque"), pilot.get("url")
     if not isinstance(marque, str) or not isinstance(url, str) or not url:
