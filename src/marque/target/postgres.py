@@ -156,7 +156,7 @@ class _ImageSession:
                 cur.execute(sql, tuple(params) or None)
                 return [d.name for d in cur.description or ()], list(cur.fetchall())
         except psycopg.Error as exc:
-            from marque.target.row_images import ImageUnavailable
+            from marque.target.image_capture import ImageUnavailable
 
             raise ImageUnavailable(
                 f"the derived row-image query failed ({reason(exc)}): previewed by count "
@@ -181,7 +181,7 @@ class _ImageSession:
                              (list(self.declared), table_sql))
         keys = {tuple(self.declared[str(r[0])]) for r in rows}
         if len(keys) > 1:
-            from marque.target.row_images import ImageUnavailable
+            from marque.target.image_capture import ImageUnavailable
 
             raise ImageUnavailable(
                 f"pilot.json declares different row keys for {table_sql} under different "

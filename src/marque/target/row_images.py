@@ -31,7 +31,8 @@ The count a statement reports must equal the rows the images account for; if
 it does not (another transaction changed rows between the two reads, a trigger,
 a conflict on another constraint) the images are dropped as unavailable.
 
-A captured statement stores up to :data:`ROW_IMAGE_CAP` rows in key order
+A captured statement stores up to
+:data:`~marque.target.image_capture.ROW_IMAGE_CAP` rows in key order
 (``shown``), with the exact ``total`` and ``truncated`` past the cap, and
 ``before_cid``: the CID of *every* row's key and before-image (not only the ones
 shown) — what revalidation at approval compares, because a before-image does
@@ -55,8 +56,6 @@ from sqlglot import exp
 
 from marque.cid import cid
 from marque.target.image_capture import (
-    KEY_SOURCES,
-    ROW_IMAGE_CAP,
     Capture,
     ImageSession,
     ImageUnavailable,
@@ -71,11 +70,8 @@ from marque.target.image_capture import (
 from marque.target.image_values import typed_kind
 from marque.target.merge_images import plan_merge, start_merge
 
-__all__ = ["ROW_DIFF_VERSION", "ROW_DIFF_VERSION_PLAIN", "ROW_IMAGE_CAP", "KEY_SOURCES",
-           "ImageSession", "Capture", "ImageUnavailable",
-           "start_capture", "finish_capture", "explain_images", "writes_rows",
-           "unavailable", "diff_body",
-           "diff_cid", "before_state"]
+__all__ = ["ROW_DIFF_VERSION", "ROW_DIFF_VERSION_PLAIN", "start_capture", "finish_capture",
+           "explain_images", "writes_rows", "diff_body", "diff_cid", "before_state"]
 
 #: The version of the diff's content-id preimage (:func:`diff_body`): 0.2 holds typed
 #: values (an image with ``types``); a diff with none keeps 0.1, its bytes unchanged.

@@ -85,7 +85,7 @@ class _ImageSession:
             cur = self.conn.execute(sql, tuple(params))
             return [d[0] for d in cur.description or ()], list(cur.fetchall())
         except sqlite3.Error as exc:
-            from marque.target.row_images import ImageUnavailable
+            from marque.target.image_capture import ImageUnavailable
 
             raise ImageUnavailable(
                 f"the derived row-image query failed ({' '.join(str(exc).split())}): "
@@ -136,7 +136,7 @@ class _ImageSession:
 def table_shape(conn: sqlite3.Connection, table: str) -> dict[str, Any] | None:
     """What ``marque pilot target row-key`` checks a declared key against: the table's
     ``{columns, key, key_source}`` (its own key, if any), or None if it does not exist."""
-    from marque.target.row_images import ImageUnavailable
+    from marque.target.image_capture import ImageUnavailable
 
     schema, _, name = table.rpartition(".")
     session = _ImageSession(conn)
