@@ -395,14 +395,24 @@ def statement_caveats(sql: str, dialect: str, catalog: Catalog | None) -> tuple[
     shows.
     """
     found = shape(sql, dialect)
+    out = _reading_caveats(found, dialect, catalog)
+    previewable = not any(c["code"] == NON_TRANSACTIONAL_DDL for c in out)
+    out += _rollback_caveats(found, dialect, catalog)
+    out += _function_caveats(found, catalog)
+    if catalog is not None:
+        out += _catalog_caveats(found, dialect, catalog)
+    return out, previewable
+
+
+def _reading_caveats(found: StatementShape, dialect: str,
+                     catalog: Catalog | None) -> list[dict[str, Any]]:
+    """A statement that cannot run in a transaction, or that could not be read."""
     out: list[dict[str, Any]] = []
-    previewable = True
     kind = found.non_transactional
     if kind is None and found.adds_enum_value and catalog is not None \
             and not catalog.enum_values_transactional():
         kind = "ALTER TYPE … ADD VALUE"
     if kind is not None:
-        previewable = False
         out.append(caveat(
             NON_TRANSACTIONAL_DDL,
             f"{kind} cannot run inside a transaction: it was not previewed, and the Pilot, "
@@ -414,6 +424,13 @@ def statement_caveats(sql: str, dialect: str, catalog: Catalog | None) -> tuple[
             "the statement could not be read here (it does not parse in the "
             f"{dialect} dialect, or is a command nothing here recognises): what it does "
             "beyond its row count could not be told"))
+    return out
+
+
+def _rollback_caveats(found: StatementShape, dialect: str,
+                      catalog: Catalog | None) -> list[dict[str, Any]]:
+    """What the preview's ROLLBACK does not undo, or did not deliver: sequences, NOTIFY."""
+    out: list[dict[str, Any]] = []
     sequences = _sequences(found, dialect, catalog)
     if sequences:
         names = ", ".join(dict.fromkeys(s["sequence"] for s in sequences))
@@ -429,6 +446,12 @@ def statement_caveats(sql: str, dialect: str, catalog: Catalog | None) -> tuple[
             f"sends notification(s) on {', '.join(dict.fromkeys(channels))}: the rolled-back "
             "preview delivered none; execution delivers them when it commits",
             channels=list(dict.fromkeys(channels))))
+    return out
+
+
+def _function_caveats(found: StatementShape, catalog: Catalog | None) -> list[dict[str, Any]]:
+    """Functions that may answer otherwise at execution, or that the catalog does not know."""
+    out: list[dict[str, Any]] = []
     volatile, unknown = _functions(found, catalog)
     if volatile:
         out.append(caveat(
@@ -441,26 +464,32 @@ def statement_caveats(sql: str, dialect: str, catalog: Catalog | None) -> tuple[
             UNKNOWN_FUNCTION,
             f"calls function(s) {', '.join(unknown)} the target's catalog does not list: "
             "what they do could not be told", functions=unknown))
-    if catalog is not None:
-        triggers: list[dict[str, Any]] = [
-            {"table": t.shown(dialect), "triggers": listed}
-            for t in found.written if (listed := catalog.triggers(t))]
-        if triggers:
-            shown = "; ".join(f"{t['table']}: {', '.join(t['triggers'])}" for t in triggers)
-            out.append(caveat(
-                TRIGGERS,
-                f"writes table(s) with triggers ({shown}): what the triggers change is not in "
-                "the preview's row counts", tables=triggers))
-        foreign = [{"table": t.shown(dialect), "server": server}
-                   for t in found.touched if (server := catalog.foreign_server(t))]
-        if foreign:
-            shown = ", ".join(f"{f['table']} (server {f['server']})" for f in foreign)
-            out.append(caveat(
-                FOREIGN_TABLE,
-                f"touches foreign table(s) {shown}: their rows live outside this database, "
-                "they may differ at execution, and what is written to them may not roll back",
-                tables=foreign))
-    return out, previewable
+    return out
+
+
+def _catalog_caveats(found: StatementShape, dialect: str,
+                     catalog: Catalog) -> list[dict[str, Any]]:
+    """Tables whose triggers or foreign servers do what the row counts cannot show."""
+    out: list[dict[str, Any]] = []
+    triggers: list[dict[str, Any]] = [
+        {"table": t.shown(dialect), "triggers": listed}
+        for t in found.written if (listed := catalog.triggers(t))]
+    if triggers:
+        shown = "; ".join(f"{t['table']}: {', '.join(t['triggers'])}" for t in triggers)
+        out.append(caveat(
+            TRIGGERS,
+            f"writes table(s) with triggers ({shown}): what the triggers change is not in "
+            "the preview's row counts", tables=triggers))
+    foreign = [{"table": t.shown(dialect), "server": server}
+               for t in found.touched if (server := catalog.foreign_server(t))]
+    if foreign:
+        shown = ", ".join(f"{f['table']} (server {f['server']})" for f in foreign)
+        out.append(caveat(
+            FOREIGN_TABLE,
+            f"touches foreign table(s) {shown}: their rows live outside this database, "
+            "they may differ at execution, and what is written to them may not roll back",
+            tables=foreign))
+    return out
 
 
 def _sequences(found: StatementShape, dialect: str,

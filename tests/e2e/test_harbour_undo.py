@@ -33,7 +33,7 @@ from pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
 
 from marque.pilot.setup import add_target
-from marque.target.row_images import ROW_IMAGE_CAP
+from marque.target.image_capture import ROW_IMAGE_CAP
 
 
 class UndoStack:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from marque.target import Target, open_target
-from marque.target.row_images import ROW_IMAGE_CAP, diff_body, diff_cid
+from marque.target.image_capture import ROW_IMAGE_CAP
+from marque.target.row_images import diff_body, diff_cid
 from marque.token import Change, Statement
 
 #: Declared row keys of the fixture's tables without a key of their own.

@@ -38,9 +38,10 @@ from marque.cli.common import (
     parse_duration,
     when,
 )
-from marque.cli.issue import ISOLATION_LEVELS
+from marque.cli.connection import ask_harbour, checked_id, connect
+from marque.cli.issue import ISOLATION_LEVELS, statements_of
 from marque.cli.row_diff import print_row_images, print_undo
-from marque.errors import HarbourUnavailable, InvalidInput, MarqueError, Unauthenticated
+from marque.errors import HarbourUnavailable, InvalidInput, MarqueError
 from marque.harbour.lifecycle import RequestState
 
 if TYPE_CHECKING:
@@ -50,34 +51,6 @@ F = Callable[..., Any]
 
 #: Pauses between retries of a ``POST /v1/requests`` whose answer did not arrive (≈ 16 s).
 SUBMIT_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-
-def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
-    """A client for the Harbourmaster the options name; refuses locally when one is missing.
-
-    The token is ``--token``, else ``MARQUE_TOKEN`` (click reads both into ``token``),
-    else the one ``marque login`` stored for that URL.
-    """
-    from marque.harbour.client import HarbourClient
-
-    if not harbour_url:
-        raise InvalidInput("no Harbourmaster: give --harbour URL or set MARQUE_HARBOUR")
-    if not token:
-        from marque.cli.login import stored_token
-
-        token = stored_token(harbour_url)
-    if not token:
-        raise Unauthenticated("no token: run `marque login --harbour URL`, set MARQUE_TOKEN "
-                              "or give --token (the token `marque harbour principal add` "
-                              "printed)")
-    return HarbourClient(harbour_url, token)
-
-
-def checked_id(value: str) -> str:
-    """A request id (``rq_…`` or a caller request id) checked before anything is sent."""
-    from marque.harbour.identity import check_request_id
-
-    return check_request_id(value)
-
 
 # -- printing a request ---------------------------------------------------------------
 
@@ -95,7 +68,24 @@ def print_request(request: dict[str, Any]) -> None:
             f"by {one_line(request.get('principal'))})")
     out.say(f"  pilot {one_line(request.get('pilot_id'))} target "
             f"{one_line(request.get('target'))}, change {one_line(request.get('change_cid'))}")
-    change = request.get("change") or {}
+    _print_change(request.get("change") or {})
+    _print_terms(request)
+    print_undo(request.get("undo"))
+    _print_routing(request.get("routing"))
+    _print_preview(request.get("preview"))
+    _print_decisions(request)
+    _print_executions(request)
+    failure = request.get("failure")
+    if failure:
+        # While preparing it is why the request has not moved yet, not how it ended.
+        colour = "yellow" if request.get("state") == "preparing" else "red"
+        out.say(f"  [{colour}]{one_line(failure.get('code'))}[/]: "
+                f"{literal(failure.get('message'))}")
+    _print_next_step(request)
+
+
+def _print_change(change: dict[str, Any]) -> None:
+    """What the request asks to change: its Effect Set members, or its statements."""
     effect_set = change.get("effect_set") or {}
     for member in (effect_set.get("declaration") or {}).get("members") or []:
         rows = len(((effect_set.get("inputs") or {}).get(member.get("effect_id")) or {})
@@ -107,6 +97,10 @@ def print_request(request: dict[str, Any]) -> None:
         params = statement.get("params") or []
         out.say(f"  sql: {one_line(statement.get('sql'))}"
                 + (f"  params {one_line(json.dumps(params))}" if params else ""))
+
+
+def _print_terms(request: dict[str, Any]) -> None:
+    """The budget and lifetime asked for, why, and the request it compensates, if any."""
     budget = request.get("budget") or {}
     if budget:
         out.say(f"  budget: {budget.get('executions')} execution(s), max {budget.get('max_rows')}"
@@ -117,15 +111,19 @@ def print_request(request: dict[str, Any]) -> None:
     if request.get("rolls_back"):
         out.say(f"  compensates {one_line(request['rolls_back'])}: approving it rolls that "
                 "request back")
-    print_undo(request.get("undo"))
-    routing = request.get("routing")
+
+
+def _print_routing(routing: dict[str, Any] | None) -> None:
     if routing:
         out.say(f"  routing: {one_line(routing.get('outcome'))}"
                 + (f", {routing.get('approvals')} approval(s) needed"
                    if routing.get("approvals") else "")
                 + (", at least two when the preview has caveats"
                    if routing.get("caveats") == "two_approvers" else ""))
-    _print_preview(request.get("preview"))
+
+
+def _print_decisions(request: dict[str, Any]) -> None:
+    """The Checkpoint, its resolutions, and the marque they issued."""
     checkpoint = request.get("checkpoint")
     if checkpoint:
         out.say(f"  checkpoint {one_line(checkpoint.get('cid'))}, open until "
@@ -138,6 +136,10 @@ def print_request(request: dict[str, Any]) -> None:
     if marque:
         out.say(f"  marque {one_line(marque.get('marque_id'))}, valid until "
                 f"{when(marque.get('expires_at'))}")
+
+
+def _print_executions(request: dict[str, Any]) -> None:
+    """Each execution attempt the Pilot reported, and an Effect Set's receipt."""
     for execution in request.get("executions") or []:
         error = execution.get("error") or {}
         out.say(f"  execution nonce {one_line(execution.get('nonce'))} attempt "
@@ -153,13 +155,6 @@ def print_request(request: dict[str, Any]) -> None:
             out.say(f"    {one_line(effect_id)}: " + ", ".join(
                 "unknown (needs reconciliation)" if s == "unknown" else one_line(s)
                 for s in states))
-    failure = request.get("failure")
-    if failure:
-        # While preparing it is why the request has not moved yet, not how it ended.
-        colour = "yellow" if request.get("state") == "preparing" else "red"
-        out.say(f"  [{colour}]{one_line(failure.get('code'))}[/]: "
-                f"{literal(failure.get('message'))}")
-    _print_next_step(request)
 
 
 def _print_preview(preview: dict[str, Any] | None) -> None:
@@ -220,21 +215,9 @@ def _print_next_step(request: dict[str, Any]) -> None:
 def change_body(sql: tuple[str, ...], param: tuple[str, ...], isolation: str,
                 statement_timeout: str | None) -> dict[str, Any]:
     """The ``change`` of a request body, checked locally as the Pilot will check it."""
-    from marque.change import Change, Statement
+    from marque.change import Change
 
-    if len(param) > len(sql):
-        raise InvalidInput(f"{len(param)} --param given for {len(sql)} --sql")
-    statements = []
-    for index, text in enumerate(sql):
-        values: Any = []
-        if index < len(param):
-            try:
-                values = json.loads(param[index])
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"--param {index + 1} is not JSON: {exc.msg}") from exc
-            if not isinstance(values, list):
-                raise InvalidInput(f"--param {index + 1} must be a JSON array")
-        statements.append(Statement(text, tuple(values)))
+    statements = statements_of(sql, param)
     timeout_ms = None if statement_timeout is None else parse_duration(statement_timeout) * 1000
     change = Change(tuple(statements), isolation=isolation, statement_timeout_ms=timeout_ms)
     body: dict[str, Any] = {"statements": [s.to_claim() for s in change.statements],
@@ -342,17 +325,8 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
     if request_id is not None:
         checked_id(request_id)
     budget = Budget(executions, max_rows, attempts)
-    if effects_file is not None:
-        if sql or param or statement_timeout is not None:
-            raise InvalidInput("--effects asks for an Effect Set: give no --sql, --param or "
-                               "--statement-timeout with it")
-        change = effects_body(effects_file, targeted)
-    elif not sql:
-        raise InvalidInput("give the change: --sql (repeatable) or --effects FILE")
-    elif targeted:
-        raise InvalidInput("--targeted is for an Effect Set (--effects)")
-    else:
-        change = change_body(sql, param, isolation, statement_timeout)
+    change = _requested_change(sql, param, effects_file, targeted, isolation,
+                               statement_timeout)
     body: dict[str, Any] = {
         "pilot_id": pilot_id, "target": target, "change": change,
         "budget": budget.to_claim(), "ttl_seconds": parse_duration(ttl),
@@ -369,7 +343,38 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
         else:
             err.say(f"request id {one_line(rid)} (generated: to retry this request, pass "
                     f"--request-id {one_line(rid)})")
+    try:
+        request, created = _submit_saying_retries(client, body, rid, as_json)
+    finally:
+        client.close()
+    if as_json:
+        emit_json(request)
+        return
+    if not created:
+        out.say("[dim](this request id already names this request: nothing new was made)[/]")
+    print_request(request)
 
+
+def _requested_change(sql: tuple[str, ...], param: tuple[str, ...], effects_file: Path | None,
+                      targeted: tuple[str, ...], isolation: str,
+                      statement_timeout: str | None) -> dict[str, Any]:
+    """The request's ``change``: an Effect Set (``--effects``) or statements (``--sql``)."""
+    if effects_file is not None:
+        if sql or param or statement_timeout is not None:
+            raise InvalidInput("--effects asks for an Effect Set: give no --sql, --param or "
+                               "--statement-timeout with it")
+        return effects_body(effects_file, targeted)
+    if not sql:
+        raise InvalidInput("give the change: --sql (repeatable) or --effects FILE")
+    if targeted:
+        raise InvalidInput("--targeted is for an Effect Set (--effects)")
+    return change_body(sql, param, isolation, statement_timeout)
+
+
+def _submit_saying_retries(client: HarbourClient, body: dict[str, Any], rid: str,
+                           as_json: bool) -> tuple[dict[str, Any], bool]:
+    """:func:`submit_with_retry`, saying each retry; a failure ends the command, telling
+    the caller to retry with the same request id when the request may exist."""
     retried = False
 
     def on_retry(exc: HarbourUnavailable, delay: float) -> None:
@@ -383,7 +388,7 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
                     f"request id in {delay:g} s")
 
     try:
-        request, created = submit_with_retry(client, body, rid, on_retry)
+        return submit_with_retry(client, body, rid, on_retry)
     except MarqueError as exc:
         extra = {"request_id": rid}
         if isinstance(exc.detail.get("id"), str):
@@ -393,14 +398,6 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
             err.say(f"gave up; the request may or may not exist: retry with --request-id "
                     f"{one_line(rid)} (never without it)")
         fail(exc, as_json, extra)
-    finally:
-        client.close()
-    if as_json:
-        emit_json(request)
-        return
-    if not created:
-        out.say("[dim](this request id already names this request: nothing new was made)[/]")
-    print_request(request)
 
 
 # -- marque requests ---------------------------------------------------------------------
@@ -516,13 +513,8 @@ def requests_expire(id_: str, reason: str, harbour_url: str | None, token: str |
 
 def _resolve(call: Callable[[HarbourClient, str], dict[str, Any]], id_: str,
              harbour_url: str | None, token: str | None, as_json: bool) -> None:
-    client = connect(harbour_url, token)
-    try:
-        request = call(client, checked_id(id_))
-    except MarqueError as exc:
-        fail(exc, as_json, {"id": id_})
-    finally:
-        client.close()
+    request = ask_harbour(harbour_url, token, lambda client: call(client, checked_id(id_)),
+                          as_json, {"id": id_})
     if as_json:
         emit_json(request)
         return

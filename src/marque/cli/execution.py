@@ -210,19 +210,14 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
         print_event(event, as_json)
 
     try:
-        if sum(x is not None for x in (home, pilot_url, request_id)) != 1:
-            raise InvalidInput("give exactly one of --home (the embedded Pilot), --pilot URL "
-                               "(a Pilot service) and --request ID (a Harbourmaster's request)")
-        if (marque_file is None) == (request_id is None):
-            raise InvalidInput("give exactly one of --marque FILE and --request ID (whose "
-                               "marque the Harbourmaster holds)")
+        _check_exec_options(home, pilot_url, request_id, marque_file)
         holder = read_json_file(key, "holder key")
         if request_id is not None:
             marque, pilot_url = _marque_of_request(request_id, harbour_url, token, as_json)
         else:
             assert marque_file is not None
             marque = read_marque_file(marque_file)
-        from marque.token import make_proof, unverified_claims
+        from marque.token import unverified_claims
 
         marque_id = (unverified_claims(marque) or {}).get("jti")
         if not as_json and isinstance(marque_id, str):
@@ -232,16 +227,7 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
                                        on_event)
         else:
             assert home is not None
-            from marque.pilot import open_pilot
-
-            pilot = open_pilot(home)
-            pilot_info.update(id=pilot.pilot_id, incarnation=pilot.incarnation)
-            try:
-                proof = make_proof(holder, marque, nonce=nonce, pilot_id=pilot.pilot_id)
-                outcome = pilot.execute(marque, proof, nonce,
-                                        on_event=on_event)
-            finally:
-                pilot.close()
+            outcome = _exec_embedded(home, marque, holder, nonce, pilot_info, on_event)
     except Refusal as exc:
         from marque.token import unverified_claims
 
@@ -254,16 +240,40 @@ def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
     raise CommandExit(outcome.exit_status)
 
 
+def _check_exec_options(home: Path | None, pilot_url: str | None, request_id: str | None,
+                        marque_file: Path | None) -> None:
+    """Refuse anything but one Pilot to execute through and one place the marque is."""
+    if sum(x is not None for x in (home, pilot_url, request_id)) != 1:
+        raise InvalidInput("give exactly one of --home (the embedded Pilot), --pilot URL "
+                           "(a Pilot service) and --request ID (a Harbourmaster's request)")
+    if (marque_file is None) == (request_id is None):
+        raise InvalidInput("give exactly one of --marque FILE and --request ID (whose "
+                           "marque the Harbourmaster holds)")
+
+
+def _exec_embedded(home: Path, marque: str, holder: dict[str, Any], nonce: str,
+                   pilot_info: dict[str, Any],
+                   on_event: Callable[[dict[str, Any]], None]) -> Outcome:
+    """Execute through the embedded Pilot of ``home``; ``pilot_info`` learns which it is."""
+    from marque.pilot import open_pilot
+    from marque.token import make_proof
+
+    pilot = open_pilot(home)
+    pilot_info.update(id=pilot.pilot_id, incarnation=pilot.incarnation)
+    try:
+        proof = make_proof(holder, marque, nonce=nonce, pilot_id=pilot.pilot_id)
+        return pilot.execute(marque, proof, nonce, on_event=on_event)
+    finally:
+        pilot.close()
+
+
 def _marque_of_request(request_id: str, harbour_url: str | None, token: str | None,
                        as_json: bool) -> tuple[str, str]:
     """The marque a request holds at the Harbourmaster and the URL of the Pilot that runs it."""
-    from marque.cli.control import checked_id, connect
+    from marque.cli.connection import checked_id, connect
 
-    client = connect(harbour_url, token)
-    try:
+    with connect(harbour_url, token) as client:
         found = client.marque_for(checked_id(request_id))
-    finally:
-        client.close()
     pilot = found.get("pilot") or {}
     marque, url = found.get("marque"), pilot.get("url")
     if not isinstance(marque, str) or not isinstance(url, str) or not url:

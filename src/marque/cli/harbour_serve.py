@@ -6,8 +6,9 @@ import logging
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +18,7 @@ from marque.cli.serve import GRACEFUL_SECONDS, _bind, _is_loopback, _server_clas
 from marque.errors import InvalidInput, MarqueError
 
 if TYPE_CHECKING:
+    from marque.harbour.http import HarbourService
     from marque.harbour.notifications.delivery import Deliverer, DeliveryPolicy
     from marque.harbour.preparation import RetrySchedule
     from marque.harbour.service import Harbourmaster
@@ -237,13 +239,7 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
     sock: socket.socket | None = None
     try:
         sock = _bind(host, port)
-        scheme = "https" if tls_cert else "http"
-        shown_host = f"[{host}]" if ":" in host else host
-        url = f"{scheme}://{shown_host}:{sock.getsockname()[1]}"
-        if not _is_loopback(host) and tls_cert is None:
-            err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: "
-                    "tokens, marques and previews cross the network in clear text (use "
-                    "--tls-cert/--tls-key)")
+        url = _served_url(host, sock, tls_cert)
         service = HarbourService(harbourmaster, console_session_seconds=session_seconds)
         server = _server_class()(uvicorn.Config(
             service.app, log_level="warning", lifespan="off", access_log=False,
@@ -251,35 +247,59 @@ def harbour_serve(home: Path, listen: str, tls_cert: Path | None, tls_key: Path 
             ssl_certfile=str(tls_cert) if tls_cert else None,
             ssl_keyfile=str(tls_key) if tls_key else None,
         ))
-        harbour_id = harbourmaster.store.harbour_id
-
-        def announce() -> None:
-            if as_json:
-                emit_json({"url": url, "harbour_id": harbour_id, "console": f"{url}/"})
-            else:
-                err.say(f"Harbourmaster {literal(harbour_id)} serving on {literal(url)}")
-                err.say(f"Console: {literal(url + '/')}")
-            sys.stdout.flush()
-
-        server.on_started = announce
-        sweep = ReconciliationSweep(harbourmaster)
-        sweep.start()
-        retry = PreparationRetry(harbourmaster)
-        retry.start()
-        from marque.harbour.notifications.delivery import Deliverer
-
-        delivery = WebhookDelivery(harbourmaster, Deliverer(
-            harbourmaster.store, console_url=public_url or url, policy=policy,
-            on_attempt=service.notifications.attempted))
-        delivery.start()
-        try:
-            server.run(sockets=[sock])
-        finally:
-            delivery.stop()
-            retry.stop()
-            sweep.stop()
-            service.close()
+        server.on_started = _announcer(url, harbourmaster.store.harbour_id, as_json)
+        _serve_with_workers(harbourmaster, service, server, sock, public_url or url, policy)
     finally:
         if sock is not None:
             sock.close()
         harbourmaster.close()
+
+
+def _served_url(host: str, sock: socket.socket, tls_cert: Path | None) -> str:
+    """The URL the bound socket serves at; warns when it is not loopback and not TLS."""
+    scheme = "https" if tls_cert else "http"
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{shown_host}:{sock.getsockname()[1]}"
+    if not _is_loopback(host) and tls_cert is None:
+        err.say(f"[bold yellow]warning[/]: listening on {literal(host)} without TLS: "
+                "tokens, marques and previews cross the network in clear text (use "
+                "--tls-cert/--tls-key)")
+    return url
+
+
+def _announcer(url: str, harbour_id: str, as_json: bool) -> Callable[[], None]:
+    """What the server calls once listening: the line (or JSON) that says where."""
+    def announce() -> None:
+        if as_json:
+            emit_json({"url": url, "harbour_id": harbour_id, "console": f"{url}/"})
+        else:
+            err.say(f"Harbourmaster {literal(harbour_id)} serving on {literal(url)}")
+            err.say(f"Console: {literal(url + '/')}")
+        sys.stdout.flush()
+
+    return announce
+
+
+def _serve_with_workers(harbourmaster: Harbourmaster, service: HarbourService, server: Any,
+                        sock: socket.socket, console_url: str,
+                        policy: DeliveryPolicy) -> None:
+    """Run the server with its background workers (reconciliation sweep, preparation
+    retry, webhook delivery), stopping them after it, in reverse order."""
+    from marque.harbour.notifications.delivery import Deliverer
+
+    sweep = ReconciliationSweep(harbourmaster)
+    sweep.start()
+    retry = PreparationRetry(harbourmaster)
+    retry.start()
+    delivery = WebhookDelivery(harbourmaster, Deliverer(
+        harbourmaster.store, console_url=console_url, policy=policy,
+        on_attempt=service.notifications.attempted))
+    delivery.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        delivery.stop()
+        retry.stop()
+        sweep.stop()
+        service.close()
+

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,9 @@ from marque.cli.common import (
     read_marque_file,
 )
 from marque.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from marque.change import AnyChange, Statement
 
 #: What ``pilot init`` prints: ``inc_`` and 32 hex digits.
 _INCARNATION = re.compile(r"inc_[0-9a-f]{32}")
@@ -73,41 +76,12 @@ def issue(issuer_key: Path, pilot_id: str, incarnation: str, target: str, holder
     Prints the token on stdout; with --json, {marque, marque_id, change_cid,
     expires_at, not_before, pilot, target}.
     """
-    from marque.change import AnyChange, Budget, Change, EffectSetChange, Statement
+    from marque.change import Budget
     from marque.token import issue_marque, unverified_claims
 
-    if not _INCARNATION.fullmatch(incarnation):
-        raise InvalidInput(
-            "--incarnation must be the Pilot's ledger incarnation exactly as `marque pilot "
-            "init` or `marque pilot show` prints it (inc_ followed by 32 hex digits)")
-    if bool(sql) == (effects_preview is not None):
-        raise InvalidInput("give --sql (one or more statements) or --effects-preview CID, "
-                           "not both and not neither")
-    if effects_preview is not None and (param or statement_timeout is not None
-                                        or isolation != "read_committed"):
-        raise InvalidInput("--param, --isolation and --statement-timeout are for --sql; an "
-                           "Effect Set runs each row in its own transaction")
-    if len(param) > len(sql):
-        raise InvalidInput(f"{len(param)} --param given for {len(sql)} --sql")
-    statements = []
-    for index, text in enumerate(sql):
-        values: Any = []
-        if index < len(param):
-            try:
-                values = json.loads(param[index])
-            except json.JSONDecodeError as exc:
-                raise InvalidInput(f"--param {index + 1} is not JSON: {exc.msg}") from exc
-            if not isinstance(values, list):
-                raise InvalidInput(f"--param {index + 1} must be a JSON array")
-        statements.append(Statement(text, tuple(values)))
-    timeout_ms = None if statement_timeout is None else parse_duration(statement_timeout) * 1000
-    change: AnyChange
-    if effects_preview is not None:
-        change = EffectSetChange(effects_preview)
-        EffectSetChange.from_claim(change.to_claim())
-    else:
-        change = Change(tuple(statements), isolation=isolation, statement_timeout_ms=timeout_ms)
-        Change.from_claim(change.to_claim())  # the Pilot's own validation, before signing
+    _check_issue_options(incarnation, sql, effects_preview, param, isolation,
+                         statement_timeout)
+    change = _issued_change(sql, param, effects_preview, isolation, statement_timeout)
     budget = Budget(executions, max_rows, attempts)
     Budget.from_claim(budget.to_claim())
     token = issue_marque(
@@ -129,6 +103,60 @@ def issue(issuer_key: Path, pilot_id: str, incarnation: str, target: str, holder
                    "target": target})
     else:
         sys.stdout.write(token + "\n")
+
+
+def _check_issue_options(incarnation: str, sql: tuple[str, ...], effects_preview: str | None,
+                         param: tuple[str, ...], isolation: str,
+                         statement_timeout: str | None) -> None:
+    """Refuse options that cannot make one marque: a malformed incarnation, statements and
+    an Effect Set preview together (or neither), statement options on an Effect Set."""
+    if not _INCARNATION.fullmatch(incarnation):
+        raise InvalidInput(
+            "--incarnation must be the Pilot's ledger incarnation exactly as `marque pilot "
+            "init` or `marque pilot show` prints it (inc_ followed by 32 hex digits)")
+    if bool(sql) == (effects_preview is not None):
+        raise InvalidInput("give --sql (one or more statements) or --effects-preview CID, "
+                           "not both and not neither")
+    if effects_preview is not None and (param or statement_timeout is not None
+                                        or isolation != "read_committed"):
+        raise InvalidInput("--param, --isolation and --statement-timeout are for --sql; an "
+                           "Effect Set runs each row in its own transaction")
+
+
+def statements_of(sql: tuple[str, ...], param: tuple[str, ...]) -> list[Statement]:
+    """The statements ``--sql`` names, each with its ``--param`` JSON array (in order)."""
+    from marque.change import Statement
+
+    if len(param) > len(sql):
+        raise InvalidInput(f"{len(param)} --param given for {len(sql)} --sql")
+    statements = []
+    for index, text in enumerate(sql):
+        values: Any = []
+        if index < len(param):
+            try:
+                values = json.loads(param[index])
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"--param {index + 1} is not JSON: {exc.msg}") from exc
+            if not isinstance(values, list):
+                raise InvalidInput(f"--param {index + 1} must be a JSON array")
+        statements.append(Statement(text, tuple(values)))
+    return statements
+
+
+def _issued_change(sql: tuple[str, ...], param: tuple[str, ...], effects_preview: str | None,
+                   isolation: str, statement_timeout: str | None) -> AnyChange:
+    """The change the marque carries, validated as the Pilot will validate it."""
+    from marque.change import Change, EffectSetChange
+
+    statements = statements_of(sql, param)
+    timeout_ms = None if statement_timeout is None else parse_duration(statement_timeout) * 1000
+    if effects_preview is not None:
+        effect_set = EffectSetChange(effects_preview)
+        EffectSetChange.from_claim(effect_set.to_claim())
+        return effect_set
+    change = Change(tuple(statements), isolation=isolation, statement_timeout_ms=timeout_ms)
+    Change.from_claim(change.to_claim())  # the Pilot's own validation, before signing
+    return change
 
 
 @click.command("proof")

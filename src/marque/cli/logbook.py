@@ -34,7 +34,7 @@ from marque.cli.common import (
     token_option,
     when,
 )
-from marque.cli.control import connect
+from marque.cli.connection import connect
 from marque.errors import HarbourUnavailable, InvalidInput, LogbookBroken
 from marque.logbook.remote import pages, saved_head_over_http, verify_over_http
 

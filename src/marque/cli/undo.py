@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import click
 
-from marque.cli.common import emit_json, fail, guarded, json_option, one_line, out
-from marque.cli.control import checked_id, connect, harbour_options, print_request
-from marque.errors import InvalidInput, MarqueError
+from marque.cli.common import emit_json, guarded, harbour_options, json_option, one_line, out
+from marque.cli.connection import ask_harbour, checked_id
+from marque.cli.control import print_request
+from marque.errors import InvalidInput
 
 __all__ = ["undo"]
 
@@ -45,13 +46,9 @@ def undo(id_: str, reason: str | None, request_id: str | None, per_row: bool,
         raise InvalidInput("give the request's rq_ id (as `marque requests` lists it)")
     if request_id is not None:
         checked_id(request_id)
-    client = connect(harbour_url, token)
-    try:
-        request, created = client.undo(checked_id(id_), reason, request_id, per_row=per_row)
-    except MarqueError as exc:
-        fail(exc, as_json, {"rolls_back": id_})
-    finally:
-        client.close()
+    request, created = ask_harbour(
+        harbour_url, token, lambda client: client.undo(checked_id(id_), reason, request_id, per_row=per_row),
+        as_json, {"rolls_back": id_})
     if as_json:
         emit_json(request)
         return

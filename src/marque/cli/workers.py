@@ -83,64 +83,85 @@ def _read_ready(fd: int, pid: int) -> dict[str, Any]:
 def supervise(count: int, worker: Worker, on_ready: Callable[[dict[str, Any]], None],
               warn: Callable[[str], None]) -> int:
     """Run ``count`` workers until SIGTERM/SIGINT; returns the exit status."""
-    stopping = False
+    supervisor = _Supervisor(worker, warn)
+    previous = {sig: signal.signal(sig, supervisor.stop)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        info: dict[str, Any] = {}
+        for _ in range(count):
+            pid, fd = _spawn(worker)
+            supervisor.workers[pid] = time.monotonic()
+            try:
+                info = _read_ready(fd, pid)
+            except StartFailed as exc:
+                supervisor.workers.pop(pid)
+                supervisor.stop(signal.SIGTERM, None)
+                _reap_all(supervisor.workers)
+                return exc.status if exc.status > 0 else 1
+        on_ready(info)
+        return supervisor.watch()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
-    def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        for pid in list(workers):
+
+class _Supervisor:
+    """The running workers (pid → when started) and whether they were asked to stop."""
+
+    def __init__(self, worker: Worker, warn: Callable[[str], None]) -> None:
+        self.worker = worker
+        self.warn = warn
+        self.workers: dict[int, float] = {}
+        self.stopping = False
+
+    def stop(self, signum: int, _frame: Any) -> None:
+        """Ask every worker to stop (SIGTERM); none is replaced from now on."""
+        self.stopping = True
+        for pid in list(self.workers):
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
 
-    workers: dict[int, float] = {}
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        info: dict[str, Any] = {}
-        for _ in range(count):
-            pid, fd = _spawn(worker)
-            workers[pid] = time.monotonic()
-            try:
-                info = _read_ready(fd, pid)
-            except StartFailed as exc:
-                workers.pop(pid)
-                stop(signal.SIGTERM, None)
-                _reap_all(workers)
-                return exc.status if exc.status > 0 else 1
-        on_ready(info)
+    def watch(self) -> int:
+        """Wait for the workers, replacing one that died unasked, until none is left; the
+        exit status (a worker's failing status while stopping, 1 if a replacement failed)."""
         status = 0
-        while workers:
+        while self.workers:
             try:
                 pid, raw = os.wait()
             except ChildProcessError:
                 break
             except InterruptedError:
                 continue
-            started = workers.pop(pid, None)
+            started = self.workers.pop(pid, None)
             if started is None:
                 continue
             code = os.waitstatus_to_exitcode(raw)
-            if stopping:
+            if self.stopping:
                 status = status or (code if code > 0 else 0)
                 continue
-            warn(f"worker {pid} stopped unasked (exit status {code}); starting another")
-            time.sleep(RESTART_PAUSE_SECONDS)
-            if stopping:
-                continue
-            new_pid, fd = _spawn(worker)
-            workers[new_pid] = time.monotonic()
-            try:
-                _read_ready(fd, new_pid)
-            except StartFailed as exc:
-                workers.pop(new_pid, None)
-                warn(str(exc))
-                stop(signal.SIGTERM, None)
+            if not self._replace(pid, code):
                 status = 1
         return status
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+
+    def _replace(self, pid: int, code: int) -> bool:
+        """Start another worker for one that stopped unasked; False if it could not start
+        (then every worker is stopped)."""
+        self.warn(f"worker {pid} stopped unasked (exit status {code}); starting another")
+        time.sleep(RESTART_PAUSE_SECONDS)
+        if self.stopping:
+            return True
+        new_pid, fd = _spawn(self.worker)
+        self.workers[new_pid] = time.monotonic()
+        try:
+            _read_ready(fd, new_pid)
+        except StartFailed as exc:
+            self.workers.pop(new_pid, None)
+            self.warn(str(exc))
+            self.stop(signal.SIGTERM, None)
+            return False
+        return True
 
 
 def _reap_all(workers: dict[int, float]) -> None:

@@ -18,12 +18,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from marque.demo.stack import Service, ServiceFailed, free_loopback_port
 from marque.demo.story import Story, show_balances, show_preview
+
+if TYPE_CHECKING:
+    from marque.harbour.client import HarbourClient
 
 __all__ = ["run_demo"]
 
@@ -116,130 +119,158 @@ def _start(homes: _Homes, story: Story) -> tuple[Service, Service]:
 
 def _walk(homes: _Homes, harbour_url: str, story: Story) -> dict[str, Any]:
     """The change's walk through both services; returns the final request object."""
-    from marque.client import PilotClient
-    from marque.errors import MarqueError
     from marque.harbour.client import HarbourClient
-    from marque.logbook.remote import verify_over_http
-    from marque.token import make_proof
 
     alice = HarbourClient(harbour_url, homes.tokens["alice"])
     bob = HarbourClient(harbour_url, homes.tokens["bob"])
     audra = HarbourClient(harbour_url, homes.tokens["audra"])
     try:
-        story.step("2. Alice asks for a change",
-                   "a debit of 10 from account 1, paying invoice #42")
-        story.command("marque request --pilot demo-pilot --target bank --sql '" + DEBIT
-                      + "' --param '[1]' --executions 1 --max-rows 1 --reason 'invoice #42' "
-                      "--request-id invoice-42")
-        body = {"pilot_id": homes.pilot_id, "target": "bank",
-                "change": {"statements": [{"sql": DEBIT, "params": [1]}]},
-                "budget": {"executions": 1, "max_rows": 1}, "ttl_seconds": 900,
-                "reason": "invoice #42"}
-        request, created = alice.submit(body, request_id="invoice-42")
-        rq = request["id"]
-        routing = request.get("routing") or {}
-        story.say(f"    request {rq} ({request['request_id']}), routing: "
-                  f"{routing.get('outcome')} to {routing.get('approvals')} approver(s) by "
-                  f"config {str(routing.get('config_cid'))[:19]}…")
-        story.check("routed", created and request["state"] == "awaiting_approval"
-                    and routing.get("outcome") == "delegate",
-                    "a write is delegated: it waits for another person's approval")
-        preview = request.get("preview") or {}
-        show_preview(story, preview)
-        story.check("previewed", preview.get("total_rows") == 1
-                    and preview.get("within_max_rows") is True
-                    and _balances(homes.bank) == {1: 100, 2: 100},
-                    "the Pilot previewed it exactly (1 row) and rolled it back: nothing changed")
-        again, created_again = alice.submit(body, request_id="invoice-42")
-        story.check("same_request", not created_again and again["id"] == rq,
-                    "asking again with the same request id is the same request, not a second")
-
-        story.step("3. Alice tries to approve her own change")
-        story.command(f"marque approve {rq}")
-        try:
-            alice.approve(rq, "looks fine to me")
-            refused: MarqueError | None = None
-        except MarqueError as exc:
-            refused = exc
-            story.say(f"    [yellow]refused[/]: {exc.code} — {exc.message}")
-        story.check("self_approval", refused is not None and refused.code == "self_approval",
-                    "refused with self_approval: someone else must approve")
-
-        story.step("4. Bob reads the preview and approves")
-        story.command(f"marque approve {rq} --reason 'checked the preview: one row'")
-        approved = bob.approve(rq, "checked the preview: one row")
-        story.check("approved", approved["state"] == "prepared"
-                    and approved.get("marque_id") is not None,
-                    f"revalidated and issued: marque {approved.get('marque_id')}, "
-                    "bound to Alice's key")
-
-        story.step("5. Alice executes it through the Pilot", "nonce pay-1")
-        story.command(f"marque exec --request {rq} --key alice.jwk --nonce pay-1")
-        issued = alice.marque_for(rq)
-        token = issued["marque"]
-        pilot = PilotClient(issued["pilot"]["url"])
-        try:
-            def run(nonce: str) -> Any:
-                def prove() -> str:
-                    return make_proof(homes.holder, token, nonce=nonce, pilot_id=homes.pilot_id)
-                try:
-                    outcome = pilot.execute(token, nonce, prove, on_event=story.event)
-                except MarqueError as exc:
-                    story.say(f"    [yellow]refused[/]: {exc.code} — {exc.message}")
-                    return exc
-                story.say(f"    → [bold]{outcome.status}[/] attempt={outcome.attempt} "
-                          f"rows_affected={outcome.rows_affected} replayed={outcome.replayed}")
-                return outcome
-
-            first = run("pay-1")
-            story.check("applied", getattr(first, "status", None) == "applied"
-                        and not first.replayed and _balances(homes.bank)[1] == 90,
-                        "applied once: account 1 is now 90")
-
-            story.step("6. The same nonce again", "a retry after a dropped connection")
-            again_run = run("pay-1")
-            story.check("replayed", getattr(again_run, "status", None) == "applied"
-                        and again_run.replayed and _balances(homes.bank)[1] == 90,
-                        "the recorded outcome comes back (replayed): nothing ran twice")
-
-            story.step("7. A new nonce on the spent marque")
-            spent = run("pay-2")
-            story.check("budget_exhausted", getattr(spent, "code", None) == "budget_exhausted",
-                        "refused with budget_exhausted: the budget allowed one execution")
-        finally:
-            pilot.close()
-
-        story.step("8. The outcome reaches the Harbourmaster", "the Pilot's outbox reports it")
-        story.command(f"marque requests show {rq}")
-        final = _wait_verified(alice, rq)
-        executions = final.get("executions") or []
-        story.say(f"    request {rq}: {final['state']}; executions "
-                  + ", ".join(f"{e['nonce']} attempt {e['attempt']} {e['status']}"
-                              for e in executions))
-        story.check("verified", final["state"] == "verified"
-                    and [(e["nonce"], e["status"]) for e in executions] == [("pay-1", "applied")],
-                    "verified: one execution, applied")
-
-        story.step("9. The logbook", "Audra, an auditor, reads and verifies it")
-        story.command(f"marque logbook tail --harbour {harbour_url}")
-        entries = audra.logbook(after=0, limit=1000).get("entries") or []
-        mine = [e for e in entries if e.get("subject") == rq]
-        for entry in mine:
-            story.say(f"    #{entry['seq']:<3} {entry['kind']:<24} by {entry['actor']}")
-        kinds = [e["kind"] for e in mine]
-        story.check("logbook", "marque.issued" in kinds and "execution.applied" in kinds,
-                    "the request's whole life is in the logbook, execution.applied included")
-        story.command(f"marque logbook verify --harbour {harbour_url}")
-        try:
-            verified = verify_over_http(audra, None)
-            intact, detail = True, f"intact: {verified['entries']} entries, every hash chained"
-        except MarqueError as exc:
-            intact, detail = False, f"{exc.code}: {exc.message}"
-        story.check("logbook_verified", intact, detail)
+        rq = _ask(homes, alice, story)
+        _approve(rq, alice, bob, story)
+        _execute(homes, alice, rq, story)
+        final = _reported(alice, rq, story)
+        _read_logbook(audra, rq, harbour_url, story)
         return final
     finally:
         for client in (alice, bob, audra):
             client.close()
+
+
+def _ask(homes: _Homes, alice: HarbourClient, story: Story) -> str:
+    """Step 2: Alice's request, routed and previewed; its rq_ id."""
+    story.step("2. Alice asks for a change",
+               "a debit of 10 from account 1, paying invoice #42")
+    story.command("marque request --pilot demo-pilot --target bank --sql '" + DEBIT
+                  + "' --param '[1]' --executions 1 --max-rows 1 --reason 'invoice #42' "
+                  "--request-id invoice-42")
+    body = {"pilot_id": homes.pilot_id, "target": "bank",
+            "change": {"statements": [{"sql": DEBIT, "params": [1]}]},
+            "budget": {"executions": 1, "max_rows": 1}, "ttl_seconds": 900,
+            "reason": "invoice #42"}
+    request, created = alice.submit(body, request_id="invoice-42")
+    rq: str = request["id"]
+    routing = request.get("routing") or {}
+    story.say(f"    request {rq} ({request['request_id']}), routing: "
+              f"{routing.get('outcome')} to {routing.get('approvals')} approver(s) by "
+              f"config {str(routing.get('config_cid'))[:19]}…")
+    story.check("routed", created and request["state"] == "awaiting_approval"
+                and routing.get("outcome") == "delegate",
+                "a write is delegated: it waits for another person's approval")
+    preview = request.get("preview") or {}
+    show_preview(story, preview)
+    story.check("previewed", preview.get("total_rows") == 1
+                and preview.get("within_max_rows") is True
+                and _balances(homes.bank) == {1: 100, 2: 100},
+                "the Pilot previewed it exactly (1 row) and rolled it back: nothing changed")
+    again, created_again = alice.submit(body, request_id="invoice-42")
+    story.check("same_request", not created_again and again["id"] == rq,
+                "asking again with the same request id is the same request, not a second")
+    return rq
+
+
+def _approve(rq: str, alice: HarbourClient, bob: HarbourClient, story: Story) -> None:
+    """Steps 3 and 4: Alice's own approval refused, Bob's issuing the marque."""
+    from marque.errors import MarqueError
+
+    story.step("3. Alice tries to approve her own change")
+    story.command(f"marque approve {rq}")
+    try:
+        alice.approve(rq, "looks fine to me")
+        refused: MarqueError | None = None
+    except MarqueError as exc:
+        refused = exc
+        story.say(f"    [yellow]refused[/]: {exc.code} — {exc.message}")
+    story.check("self_approval", refused is not None and refused.code == "self_approval",
+                "refused with self_approval: someone else must approve")
+
+    story.step("4. Bob reads the preview and approves")
+    story.command(f"marque approve {rq} --reason 'checked the preview: one row'")
+    approved = bob.approve(rq, "checked the preview: one row")
+    story.check("approved", approved["state"] == "prepared"
+                and approved.get("marque_id") is not None,
+                f"revalidated and issued: marque {approved.get('marque_id')}, "
+                "bound to Alice's key")
+
+
+def _execute(homes: _Homes, alice: HarbourClient, rq: str, story: Story) -> None:
+    """Steps 5 to 7: the marque run through the Pilot, replayed, then refused as spent."""
+    from marque.client import PilotClient
+    from marque.errors import MarqueError
+    from marque.token import make_proof
+
+    story.step("5. Alice executes it through the Pilot", "nonce pay-1")
+    story.command(f"marque exec --request {rq} --key alice.jwk --nonce pay-1")
+    issued = alice.marque_for(rq)
+    token = issued["marque"]
+    pilot = PilotClient(issued["pilot"]["url"])
+    try:
+        def run(nonce: str) -> Any:
+            def prove() -> str:
+                return make_proof(homes.holder, token, nonce=nonce, pilot_id=homes.pilot_id)
+            try:
+                outcome = pilot.execute(token, nonce, prove, on_event=story.event)
+            except MarqueError as exc:
+                story.say(f"    [yellow]refused[/]: {exc.code} — {exc.message}")
+                return exc
+            story.say(f"    → [bold]{outcome.status}[/] attempt={outcome.attempt} "
+                      f"rows_affected={outcome.rows_affected} replayed={outcome.replayed}")
+            return outcome
+
+        first = run("pay-1")
+        story.check("applied", getattr(first, "status", None) == "applied"
+                    and not first.replayed and _balances(homes.bank)[1] == 90,
+                    "applied once: account 1 is now 90")
+
+        story.step("6. The same nonce again", "a retry after a dropped connection")
+        again_run = run("pay-1")
+        story.check("replayed", getattr(again_run, "status", None) == "applied"
+                    and again_run.replayed and _balances(homes.bank)[1] == 90,
+                    "the recorded outcome comes back (replayed): nothing ran twice")
+
+        story.step("7. A new nonce on the spent marque")
+        spent = run("pay-2")
+        story.check("budget_exhausted", getattr(spent, "code", None) == "budget_exhausted",
+                    "refused with budget_exhausted: the budget allowed one execution")
+    finally:
+        pilot.close()
+
+
+def _reported(alice: HarbourClient, rq: str, story: Story) -> dict[str, Any]:
+    """Step 8: the request as the Pilot's report left it at the Harbourmaster."""
+    story.step("8. The outcome reaches the Harbourmaster", "the Pilot's outbox reports it")
+    story.command(f"marque requests show {rq}")
+    final = _wait_verified(alice, rq)
+    executions = final.get("executions") or []
+    story.say(f"    request {rq}: {final['state']}; executions "
+              + ", ".join(f"{e['nonce']} attempt {e['attempt']} {e['status']}"
+                          for e in executions))
+    story.check("verified", final["state"] == "verified"
+                and [(e["nonce"], e["status"]) for e in executions] == [("pay-1", "applied")],
+                "verified: one execution, applied")
+    return final
+
+
+def _read_logbook(audra: HarbourClient, rq: str, harbour_url: str, story: Story) -> None:
+    """Step 9: the request's entries in the logbook, and the whole chain verified."""
+    from marque.errors import MarqueError
+    from marque.logbook.remote import verify_over_http
+
+    story.step("9. The logbook", "Audra, an auditor, reads and verifies it")
+    story.command(f"marque logbook tail --harbour {harbour_url}")
+    entries = audra.logbook(after=0, limit=1000).get("entries") or []
+    mine = [e for e in entries if e.get("subject") == rq]
+    for entry in mine:
+        story.say(f"    #{entry['seq']:<3} {entry['kind']:<24} by {entry['actor']}")
+    kinds = [e["kind"] for e in mine]
+    story.check("logbook", "marque.issued" in kinds and "execution.applied" in kinds,
+                "the request's whole life is in the logbook, execution.applied included")
+    story.command(f"marque logbook verify --harbour {harbour_url}")
+    try:
+        verified = verify_over_http(audra, None)
+        intact, detail = True, f"intact: {verified['entries']} entries, every hash chained"
+    except MarqueError as exc:
+        intact, detail = False, f"{exc.code}: {exc.message}"
+    story.check("logbook_verified", intact, detail)
 
 
 def _wait_verified(client: Any, rq: str) -> dict[str, Any]:

@@ -357,6 +357,53 @@ def _column_name(name: str, index: int) -> str:
     return name
 
 
+def _json_rows(data: bytes) -> tuple[list[str], list[dict[str, Any]]]:
+    """A JSON input's columns (the first row's keys) and rows, as written."""
+    raw = _strict_json(data, EffectInputInvalid, "the input")
+    if not isinstance(raw, list) or not all(isinstance(row, dict) for row in raw):
+        raise _bad_input("a JSON input must be an array of objects, one per row", "shape")
+    rows: list[dict[str, Any]] = raw
+    return (sorted(rows[0]) if rows else []), rows
+
+
+def _csv_rows(data: bytes) -> tuple[list[str], list[dict[str, Any]]]:
+    """A CSV input's columns (its header row) and records, every value a string."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad_input(f"the input is not UTF-8: {exc}", "encoding") from None
+    text = text.removeprefix("\ufeff")
+    try:
+        records = list(csv.reader(io.StringIO(text, newline=""), strict=True))
+    except csv.Error as exc:
+        raise _bad_input(f"the input is not valid CSV: {exc}", "csv") from None
+    if not records or not records[0] or records[0] == [""]:
+        raise _bad_input("a CSV input needs a header row of column names", "csv_header")
+    header = records[0]
+    if len(set(header)) != len(header):
+        raise _bad_input("the CSV header names a column twice", "csv_header")
+    rows: list[dict[str, Any]] = []
+    for number, record in enumerate(records[1:], start=1):
+        if len(record) != len(header):
+            raise _bad_input(f"CSV record {number} has {len(record)} fields, the header "
+                             f"{len(header)}", "csv_field_count", row=number)
+        rows.append(dict(zip(header, record, strict=True)))
+    return list(header), rows
+
+
+def _check_rows(columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """Every column a plain identifier, every row the same columns, every value plain."""
+    for index, name in enumerate(columns):
+        _column_name(name, index)
+    for number, row in enumerate(rows):
+        if sorted(row) != sorted(columns):
+            raise _bad_input(f"row {number} has columns {sorted(row)}, row 0 has {columns}: "
+                             "every row must have the same columns", "columns_differ",
+                             row=number)
+        for column, value in row.items():
+            _check_value(value, number, column)
+
+
 def capture_input(data: bytes, format: str) -> InputRelation:
     """Capture a member's input file as an immutable content-addressed relation.
 
@@ -370,44 +417,12 @@ def capture_input(data: bytes, format: str) -> InputRelation:
     ``csv_field_count``, ``csv``.
     """
     if format == "json":
-        raw = _strict_json(data, EffectInputInvalid, "the input")
-        if not isinstance(raw, list) or not all(isinstance(row, dict) for row in raw):
-            raise _bad_input("a JSON input must be an array of objects, one per row", "shape")
-        rows: list[dict[str, Any]] = raw
-        columns = sorted(rows[0]) if rows else []
+        columns, rows = _json_rows(data)
     elif format == "csv":
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _bad_input(f"the input is not UTF-8: {exc}", "encoding") from None
-        text = text.removeprefix("\ufeff")
-        try:
-            records = list(csv.reader(io.StringIO(text, newline=""), strict=True))
-        except csv.Error as exc:
-            raise _bad_input(f"the input is not valid CSV: {exc}", "csv") from None
-        if not records or not records[0] or records[0] == [""]:
-            raise _bad_input("a CSV input needs a header row of column names", "csv_header")
-        header = records[0]
-        if len(set(header)) != len(header):
-            raise _bad_input("the CSV header names a column twice", "csv_header")
-        columns = list(header)
-        rows = []
-        for number, record in enumerate(records[1:], start=1):
-            if len(record) != len(header):
-                raise _bad_input(f"CSV record {number} has {len(record)} fields, the header "
-                                 f"{len(header)}", "csv_field_count", row=number)
-            rows.append(dict(zip(header, record, strict=True)))
+        columns, rows = _csv_rows(data)
     else:
         raise _bad_input(f"input format must be json or csv; got {format!r}", "format")
-    for index, name in enumerate(columns):
-        _column_name(name, index)
-    for number, row in enumerate(rows):
-        if sorted(row) != sorted(columns):
-            raise _bad_input(f"row {number} has columns {sorted(row)}, row 0 has {columns}: "
-                             "every row must have the same columns", "columns_differ",
-                             row=number)
-        for column, value in row.items():
-            _check_value(value, number, column)
+    _check_rows(columns, rows)
     columns = sorted(columns, key=lambda c: c.encode("utf-16-be"))
     ordered = sorted(rows, key=canonicalize)
     return InputRelation(
@@ -475,6 +490,37 @@ def bind_member(member: MemberDeclaration, relation: InputRelation) -> BoundMemb
     """Bind one member to its captured relation; see :func:`bind` for the rules."""
     key = member.key
     where = {"effect_id": member.effect_id}
+    _check_member_columns(member, relation)
+    items: list[tuple[Any, BoundItem]] = []
+    seen: dict[str, int] = {}
+    occurrences: dict[str, int] = {}
+    for number, frozen_row in enumerate(relation.rows):
+        row = thaw(frozen_row)
+        identity, order, values = _row_identity(member, row, occurrences)
+        # A create row's mutation identity is its declared key, if it has one; without a key
+        # identical rows are distinct occurrences, never duplicates.
+        keyed_create = member.kind is Kind.CREATE and bool(key)
+        mutation = read_key({col: row[col] for col in key} if keyed_create else identity)
+        if member.kind is not Kind.CREATE or keyed_create:
+            if mutation in seen:
+                raise EffectDuplicateIdentity(
+                    f"{member.effect_id}: two input rows share one mutation identity "
+                    f"{mutation}; duplicates are invalid, never collapsed",
+                    detail={"rule": "duplicate_identity", "identity": mutation, **where})
+            seen[mutation] = number
+        reads = member.kind in KEYED or keyed_create
+        items.append((order, BoundItem(freeze(identity), freeze(values),
+                                       mutation if reads else None)))
+    _check_max_items(member, len(items))
+    items.sort(key=lambda pair: pair[0])
+    return BoundMember(member, relation, tuple(item for _, item in items))
+
+
+def _check_member_columns(member: MemberDeclaration, relation: InputRelation) -> None:
+    """The relation holds the member's key, the columns its kind needs, and key values
+    of one plain type."""
+    key = member.key
+    where = {"effect_id": member.effect_id}
     columns = set(relation.columns)
     if relation.rows:
         missing = [col for col in key if col not in columns]
@@ -497,54 +543,37 @@ def bind_member(member: MemberDeclaration, relation: InputRelation) -> BoundMemb
         if len(types) > 1:
             raise _bad_input(f"{member.effect_id}: key column {column!r} mixes strings and "
                              "integers", "mixed_key_types", column=column, **where)
-    items: list[tuple[Any, BoundItem]] = []
-    seen: dict[str, int] = {}
-    occurrences: dict[str, int] = {}
-    for number, frozen_row in enumerate(relation.rows):
-        row = thaw(frozen_row)
-        identity: dict[str, Any]
-        if member.kind is Kind.CREATE:
-            content = cids.content_cid(row)
-            occurrence = occurrences.get(content, 0)
-            occurrences[content] = occurrence + 1
-            identity = {"content_cid": content, "occurrence": occurrence}
-            order: Any = (content, occurrence)
-            values = row
-        elif member.kind is Kind.COMMAND:
-            assert member.command is not None
-            payload = cids.command_payload_cid(row)
-            identity = {"command": member.command, "target": member.table,
-                        "payload_cid": payload}
-            order = payload
-            values = row
-        else:
-            identity = {col: row[col] for col in key}
-            order = tuple(_order_value(row[col]) for col in key)
-            values = {col: v for col, v in row.items() if col not in key}
-        # A create row's mutation identity is its declared key, if it has one; without a key
-        # identical rows are distinct occurrences, never duplicates.
-        keyed_create = member.kind is Kind.CREATE and bool(key)
-        mutation = read_key({col: row[col] for col in key} if keyed_create else identity)
-        if member.kind is not Kind.CREATE or keyed_create:
-            if mutation in seen:
-                raise EffectDuplicateIdentity(
-                    f"{member.effect_id}: two input rows share one mutation identity "
-                    f"{mutation}; duplicates are invalid, never collapsed",
-                    detail={"rule": "duplicate_identity", "identity": mutation, **where})
-            seen[mutation] = number
-        reads = member.kind in KEYED or keyed_create
-        items.append((order, BoundItem(freeze(identity), freeze(values),
-                                       mutation if reads else None)))
-    if len(items) > member.max_items:
+
+
+def _row_identity(member: MemberDeclaration, row: dict[str, Any],
+                  occurrences: dict[str, int]) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """One input row's identity, its sort order, and the values it sets. ``occurrences``
+    counts the create rows seen so far by content (identical rows are distinct items)."""
+    key = member.key
+    if member.kind is Kind.CREATE:
+        content = cids.content_cid(row)
+        occurrence = occurrences.get(content, 0)
+        occurrences[content] = occurrence + 1
+        return {"content_cid": content, "occurrence": occurrence}, (content, occurrence), row
+    if member.kind is Kind.COMMAND:
+        assert member.command is not None
+        payload = cids.command_payload_cid(row)
+        return ({"command": member.command, "target": member.table, "payload_cid": payload},
+                payload, row)
+    return ({col: row[col] for col in key}, tuple(_order_value(row[col]) for col in key),
+            {col: v for col, v in row.items() if col not in key})
+
+
+def _check_max_items(member: MemberDeclaration, count: int) -> None:
+    """Refuse a member whose input makes more items than its ``max_items``."""
+    if count > member.max_items:
         counted = {Kind.CREATE: "created rows", Kind.UPDATE: "unique target identities",
                    Kind.DELETE: "unique target identities", Kind.UPSERT: "unique upsert keys",
                    Kind.COMMAND: "target-plus-payload items"}[member.kind]
         raise EffectMaxItemsExceeded(
-            f"{member.effect_id}: {len(items)} {counted}, more than max_items "
-            f"{member.max_items}", detail={"count": len(items), "max_items": member.max_items,
-                                           "counted_as": counted, **where})
-    items.sort(key=lambda pair: pair[0])
-    return BoundMember(member, relation, tuple(item for _, item in items))
+            f"{member.effect_id}: {count} {counted}, more than max_items "
+            f"{member.max_items}", detail={"count": count, "max_items": member.max_items,
+                                           "counted_as": counted, "effect_id": member.effect_id})
 
 
 def bind(declaration: EffectSetDeclaration,

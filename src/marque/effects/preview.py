@@ -264,42 +264,45 @@ def build_preview(
         if not is_cid(value):
             raise EffectPreviewInvalid(f"{name} must be a CID, got {value!r}",
                                        detail={"rule": "binding"})
-    member_objects: list[dict[str, Any]] = []
-    for member in bound.members:
-        decl = member.declaration
-        member_reads = reads.get(decl.effect_id, {})
-        wanted = {item.read_key for item in member.items if item.read_key is not None}
-        unexpected = sorted(set(member_reads) - wanted)
-        if unexpected:
-            raise _failed(f"{decl.effect_id}: a read of row {unexpected[0]} that the member "
-                          "does not change", "unexpected_read", effect_id=decl.effect_id,
-                          row=unexpected[0])
-        how = _strength_of(strength, decl.effect_id)
-        changes = []
-        for item in member.items:
-            identity, values = thaw(item.row_or_item_key), thaw(item.values)
-            before, after, guard = _row_states(member, member_reads, identity, values,
-                                               item.read_key)
-            if how is Strength.TARGETED and decl.kind is not Kind.COMMAND:
-                before = dict(cids.UNAVAILABLE)
-                after = dict(cids.ABSENT if decl.kind is Kind.DELETE else cids.UNAVAILABLE)
-            change = {"row_or_item_key": identity, "before": before, "after": after,
-                      "intended_changes": {"values": values}, "target_version": guard}
-            change = {"row_preview_cid": cids.row_preview_cid(
-                effect_id=decl.effect_id, kind=decl.kind.value, table=decl.table, **change),
-                **change}
-            changes.append(change)
-        member_object = {**_declared(decl), "strength": how.value,
-                         "item_count": member.item_count, "changes": changes}
-        member_object["effect_member_preview_cid"] = cids.effect_member_preview_cid(
-            member_object)
-        member_objects.append(member_object)
+    member_objects = [_member_preview(member, reads.get(member.declaration.effect_id, {}),
+                                      strength) for member in bound.members]
     body = {"version": cids.PREVIEW_VERSION, "pilot_id": pilot_id, "target": target,
             "caller_input_intent_cid": bound.caller_input_intent_cid,
             "members": member_objects, "executed": False}
     set_cid = cids.effect_preview_cid(body)
     context = {"logical_request_scope": logical_request_scope, "previewed_at": previewed_at}
     return _assemble(body, set_cid, run_identity_cid, context)
+
+
+def _member_preview(member: BoundMember, member_reads: Mapping[str, Any],
+                    strength: Strength | Mapping[str, Strength]) -> dict[str, Any]:
+    """One member's preview object: every item's before, after and guard, and its CID."""
+    decl = member.declaration
+    wanted = {item.read_key for item in member.items if item.read_key is not None}
+    unexpected = sorted(set(member_reads) - wanted)
+    if unexpected:
+        raise _failed(f"{decl.effect_id}: a read of row {unexpected[0]} that the member "
+                      "does not change", "unexpected_read", effect_id=decl.effect_id,
+                      row=unexpected[0])
+    how = _strength_of(strength, decl.effect_id)
+    changes = []
+    for item in member.items:
+        identity, values = thaw(item.row_or_item_key), thaw(item.values)
+        before, after, guard = _row_states(member, member_reads, identity, values,
+                                           item.read_key)
+        if how is Strength.TARGETED and decl.kind is not Kind.COMMAND:
+            before = dict(cids.UNAVAILABLE)
+            after = dict(cids.ABSENT if decl.kind is Kind.DELETE else cids.UNAVAILABLE)
+        change = {"row_or_item_key": identity, "before": before, "after": after,
+                  "intended_changes": {"values": values}, "target_version": guard}
+        change = {"row_preview_cid": cids.row_preview_cid(
+            effect_id=decl.effect_id, kind=decl.kind.value, table=decl.table, **change),
+            **change}
+        changes.append(change)
+    member_object = {**_declared(decl), "strength": how.value,
+                     "item_count": member.item_count, "changes": changes}
+    member_object["effect_member_preview_cid"] = cids.effect_member_preview_cid(member_object)
+    return member_object
 
 
 def _declared(decl: Any) -> dict[str, Any]:

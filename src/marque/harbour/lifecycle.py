@@ -142,11 +142,6 @@ class ExpiryRefused(Conflict):
     """
 
 
-def is_blocking(state: RequestState) -> bool:
-    """Whether a request in ``state`` blocks a fresh request with the same scope."""
-    return state in BLOCKING
-
-
 def can_move(current: RequestState, to: RequestState) -> bool:
     """Whether the table allows ``current → to``."""
     return to in TRANSITIONS[current]

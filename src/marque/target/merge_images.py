@@ -34,18 +34,18 @@ from typing import Any
 
 from sqlglot import exp
 
-from marque.target.row_images import (
+from marque.target.image_capture import (
     Capture,
     ImageSession,
-    _bare,
-    _placeholders,
-    _Plan,
-    _row_key,
-    _select_keys,
-    _sorted,
-    _unsafe_where,
+    Plan,
     captured_images,
+    placeholders,
+    row_key,
+    select_keys,
+    sorted_orders,
+    unaliased,
     unavailable,
+    unsafe_where,
 )
 
 __all__ = ["MergeCapture", "plan_merge", "start_merge"]
@@ -60,7 +60,7 @@ def _tid(ref: str) -> str:
     return f"{ref}.tableoid::oid::text || ':' || {ref}.ctid::text AS {_TID}"
 
 
-def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) -> _Plan | str:
+def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) -> Plan | str:
     """What to select around a ``MERGE``, or why its rows cannot be imaged (a reason)."""
     if session.dialect != "postgres":
         return "MERGE is previewed by count only"
@@ -72,14 +72,14 @@ def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) ->
         return "this MERGE could not be read to derive its row images: previewed by count only"
     if node.args.get("returning") is not None:
         return "a MERGE with RETURNING is previewed by count only"
-    unsafe = _unsafe_where(on)
+    unsafe = unsafe_where(on)
     if unsafe:
         return unsafe.replace("its WHERE", "its ON") + ": previewed by count only"
     for func in using.find_all(exp.Func):
         if isinstance(func, exp.Anonymous | exp.Rand):
             return (f"its USING calls {func.sql()[:60]!r}, which may give other rows to a "
                     "second query: previewed by count only")
-    keyed = _row_key(session, target)
+    keyed = row_key(session, target)
     if isinstance(keyed, str):
         return keyed
     key, source = keyed
@@ -100,17 +100,17 @@ def plan_merge(node: exp.Merge, params: Sequence[Any], session: ImageSession) ->
         elif isinstance(then, exp.Var) and then.name.upper() == "DELETE":
             deletes = True
     ref = exp.to_identifier(target.alias).sql(dialect="postgres") if target.alias else \
-        _bare(target).sql(dialect="postgres")
+        unaliased(target).sql(dialect="postgres")
     # Placeholders come in text order: USING, then ON, then the WHEN clauses.
-    count = _placeholders(using) + _placeholders(on)
+    count = placeholders(using) + placeholders(on)
     before = (f"SELECT {ref}.*, {_tid(ref)} FROM {target.sql(dialect='postgres')} WHERE "
               f"EXISTS (SELECT 1 FROM {using.sql(dialect='postgres')} "
               f"WHERE {on.sql(dialect='postgres')})")
-    return _Plan("merge", _bare(target), key, before, list(params[:count]),
+    return Plan("merge", unaliased(target), key, before, list(params[:count]),
                  updates_on_conflict=inserts, merge_deletes=deletes, key_source=source)
 
 
-def _written(session: ImageSession, plan: _Plan) -> tuple[list[str], list[tuple[Any, ...]]]:
+def _written(session: ImageSession, plan: Plan) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The rows of the plan's table this transaction wrote so far (none without an xid)."""
     _, rows = session.query("SELECT pg_current_xact_id_if_assigned()::text", ())
     if not rows or rows[0][0] is None:
@@ -128,7 +128,7 @@ def _split(columns: list[str], rows: list[tuple[Any, ...]]
     return columns[:-1], [r[:-1] for r in rows], [str(r[-1]) for r in rows]
 
 
-def start_merge(session: ImageSession, plan: _Plan) -> MergeCapture:
+def start_merge(session: ImageSession, plan: Plan) -> MergeCapture:
     """Before the ``MERGE`` runs: its matched rows and the tuples already written."""
     assert plan.before_sql is not None
     columns, rows, tids = _split(*session.query(plan.before_sql, plan.before_params))
@@ -141,7 +141,7 @@ def start_merge(session: ImageSession, plan: _Plan) -> MergeCapture:
 class MergeCapture(Capture):
     """The row images of one ``MERGE`` (:func:`start_merge`)."""
 
-    def __init__(self, plan: _Plan, columns: list[str], before: list[tuple[Any, ...]],
+    def __init__(self, plan: Plan, columns: list[str], before: list[tuple[Any, ...]],
                  tids: list[str], written_before: set[str]) -> None:
         super().__init__(plan, columns, before)
         self._tids = tids
@@ -154,7 +154,7 @@ class MergeCapture(Capture):
         plan = self._plan
         before = self._keyed(self._columns, self._before)
         tid_of = dict(zip(before, self._tids, strict=True))
-        columns, rows, tids = _split(*_select_keys(session, plan,
+        columns, rows, tids = _split(*select_keys(session, plan,
                                                    [v[2] for v in before.values()],
                                                    extra=_tid(plan.table.sql(
                                                        dialect="postgres"))))
@@ -181,7 +181,7 @@ class MergeCapture(Capture):
                         if at not in before}
             if inserted and plan.key_source == "declared":
                 # A declared key may be held by an untouched row too: read them all back.
-                self._keyed(*_select_keys(session, plan, [v[2] for v in inserted.values()]))
+                self._keyed(*select_keys(session, plan, [v[2] for v in inserted.values()]))
             for at, (key, row, _) in inserted.items():
                 changes[at] = {"key": key, "op": "insert", "before": None, "after": row,
                                "changed": sorted(row)}
@@ -190,7 +190,7 @@ class MergeCapture(Capture):
                 f"the MERGE reports {rowcount} row(s) but its images account for "
                 f"{len(changes)} (a trigger, another constraint, or rows changed meanwhile): "
                 "previewed by count only")
-        ordered = [changes[o] for o in _sorted(changes)]
+        ordered = [changes[o] for o in sorted_orders(changes)]
         for change in ordered:
             change["key"] = dict(zip(plan.key, change["key"], strict=True))
         return captured_images(plan, session, ordered, before)

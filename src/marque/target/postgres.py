@@ -51,7 +51,7 @@ from psycopg import errors as pgerrors
 from psycopg.rows import TupleRow
 from psycopg.types.string import TextLoader
 
-from marque.change import Change
+from marque.change import Change, Statement
 from marque.dsn import describe
 from marque.errors import (
     CommitUnknown,
@@ -156,7 +156,7 @@ class _ImageSession:
                 cur.execute(sql, tuple(params) or None)
                 return [d.name for d in cur.description or ()], list(cur.fetchall())
         except psycopg.Error as exc:
-            from marque.target.row_images import ImageUnavailable
+            from marque.target.image_capture import ImageUnavailable
 
             raise ImageUnavailable(
                 f"the derived row-image query failed ({reason(exc)}): previewed by count "
@@ -181,7 +181,7 @@ class _ImageSession:
                              (list(self.declared), table_sql))
         keys = {tuple(self.declared[str(r[0])]) for r in rows}
         if len(keys) > 1:
-            from marque.target.row_images import ImageUnavailable
+            from marque.target.image_capture import ImageUnavailable
 
             raise ImageUnavailable(
                 f"pilot.json declares different row keys for {table_sql} under different "
@@ -603,7 +603,6 @@ class PostgresTarget(SqlTarget):
         # needs (as in the SQLite target).
         from marque.preview_caveats import statement_caveats
         from marque.target.caveat_catalog import PostgresCatalog
-        from marque.target.row_images import explain_images, finish_capture, start_capture
 
         conn = self._checkout()
         results: list[dict[str, Any]] = []
@@ -618,59 +617,35 @@ class PostgresTarget(SqlTarget):
             images = _ImageSession(conn, self.row_keys)
             catalog = PostgresCatalog(conn)
             for index, statement in enumerate(change.statements):
-                params = tuple(statement.params) or None
                 caveats, previewable = statement_caveats(statement.sql, "postgres", catalog)
                 if not previewable:
                     results.append(not_previewed(statement.sql, caveats))
-                    continue
-                if mode == "explain":
-                    # EXPLAIN without ANALYZE plans the statement and executes nothing.
-                    row = conn.execute("EXPLAIN (FORMAT JSON) " + statement.sql,
-                                       params).fetchone()
-                    plan = row[0] if row else None
-                    if isinstance(plan, str):
-                        plan = json.loads(plan)
-                    estimate = plan[0]["Plan"].get("Plan Rows") if plan else None
-                    results.append({"sql": statement.sql, "rows": estimate, "sample": None,
-                                    "plan": plan,
-                                    "row_images": explain_images(statement.sql, "postgres"),
-                                    "preview_caveats": caveats})
-                    continue
-                capture = start_capture(images, statement.sql, statement.params)
-                cur = conn.cursor()
-                cur.execute(statement.sql, params)
-                sample = None
-                returned = None
-                if cur.description is not None:
-                    rows = cur.fetchall()  # all of them: the count must be exact
-                    returned = ([d.name for d in cur.description], rows)
-                    count = len(rows)
-                    sample = {"columns": [d.name for d in cur.description],
-                              "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
+                elif mode == "explain":
+                    results.append(_explained(conn, statement, caveats))
                 else:
-                    count = max(cur.rowcount, 0)
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
-                    raise PreviewFailed(f"statement {index} ended the preview's transaction")
-                results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None,
-                                "row_images": finish_capture(capture, images, count, returned),
-                                "preview_caveats": caveats})
+                    results.append(_rolled_back_run(conn, images, statement, index,
+                                                    sample_rows, caveats))
         except psycopg.Error as exc:
-            if exc.sqlstate == "57014":
-                what = (f"statement {index} ran past the statement timeout "
-                        f"({statement_timeout_ms} ms) and was cancelled")
-            elif exc.sqlstate == "55P03":
-                what = (f"statement {index} waited longer than the lock timeout "
-                        f"({self.lock_timeout_ms} ms) for a lock")
-            else:
-                what = f"statement {index} failed: {reason(exc)}"
-            raise PreviewFailed(
-                f"preview on target {self.name} ({describe(self.dsn)}): {what}; everything was "
-                "rolled back", sqlstate=exc.sqlstate,
-                detail={"sqlstate": exc.sqlstate, "statement": index}) from exc
+            raise self._preview_failed(exc, index, statement_timeout_ms) from exc
         finally:
             self._abandon(conn)  # ROLLBACK, always
         return results
+
+    def _preview_failed(self, exc: psycopg.Error, index: int,
+                        statement_timeout_ms: int) -> PreviewFailed:
+        """What a preview that PostgreSQL stopped at statement ``index`` raises."""
+        if exc.sqlstate == "57014":
+            what = (f"statement {index} ran past the statement timeout "
+                    f"({statement_timeout_ms} ms) and was cancelled")
+        elif exc.sqlstate == "55P03":
+            what = (f"statement {index} waited longer than the lock timeout "
+                    f"({self.lock_timeout_ms} ms) for a lock")
+        else:
+            what = f"statement {index} failed: {reason(exc)}"
+        return PreviewFailed(
+            f"preview on target {self.name} ({describe(self.dsn)}): {what}; everything was "
+            "rolled back", sqlstate=exc.sqlstate,
+            detail={"sqlstate": exc.sqlstate, "statement": index})
 
     def stamps_of(self, marque_id: str) -> list[dict[str, Any]]:
         conn = self._checkout()
@@ -755,3 +730,50 @@ class PostgresTarget(SqlTarget):
             + " RETURNING (xmax = 0)", tuple(row[c] for c in columns))
         answer = cur.fetchone()
         return "created" if answer and answer[0] else "updated"
+
+
+# -- a preview's steps ------------------------------------------------------------------
+
+
+def _explained(conn: psycopg.Connection[TupleRow], statement: Statement,
+               caveats: list[dict[str, Any]]) -> dict[str, Any]:
+    """An explain preview of one statement: the planner's estimate, nothing run."""
+    from marque.target.row_images import explain_images
+
+    # EXPLAIN without ANALYZE plans the statement and executes nothing.
+    row = conn.execute("EXPLAIN (FORMAT JSON) " + statement.sql,
+                       tuple(statement.params) or None).fetchone()
+    plan = row[0] if row else None
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    estimate = plan[0]["Plan"].get("Plan Rows") if plan else None
+    return {"sql": statement.sql, "rows": estimate, "sample": None, "plan": plan,
+            "row_images": explain_images(statement.sql, "postgres"),
+            "preview_caveats": caveats}
+
+
+def _rolled_back_run(conn: psycopg.Connection[TupleRow], images: _ImageSession,
+                     statement: Statement, index: int, sample_rows: int,
+                     caveats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One statement run inside the preview's transaction: its exact count, a sample of
+    what it returns, and its row images."""
+    from marque.target.row_images import finish_capture, start_capture
+
+    capture = start_capture(images, statement.sql, statement.params)
+    cur = conn.cursor()
+    cur.execute(statement.sql, tuple(statement.params) or None)
+    sample = None
+    returned = None
+    if cur.description is not None:
+        rows = cur.fetchall()  # all of them: the count must be exact
+        returned = ([d.name for d in cur.description], rows)
+        count = len(rows)
+        sample = {"columns": [d.name for d in cur.description],
+                  "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
+    else:
+        count = max(cur.rowcount, 0)
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+        raise PreviewFailed(f"statement {index} ended the preview's transaction")
+    return {"sql": statement.sql, "rows": count, "sample": sample, "plan": None,
+            "row_images": finish_capture(capture, images, count, returned),
+            "preview_caveats": caveats}

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from marque.change import Change
+from marque.change import Change, Statement
 from marque.errors import (
     MarqueError,
     PreviewFailed,
@@ -85,7 +85,7 @@ class _ImageSession:
             cur = self.conn.execute(sql, tuple(params))
             return [d[0] for d in cur.description or ()], list(cur.fetchall())
         except sqlite3.Error as exc:
-            from marque.target.row_images import ImageUnavailable
+            from marque.target.image_capture import ImageUnavailable
 
             raise ImageUnavailable(
                 f"the derived row-image query failed ({' '.join(str(exc).split())}): "
@@ -136,7 +136,7 @@ class _ImageSession:
 def table_shape(conn: sqlite3.Connection, table: str) -> dict[str, Any] | None:
     """What ``marque pilot target row-key`` checks a declared key against: the table's
     ``{columns, key, key_source}`` (its own key, if any), or None if it does not exist."""
-    from marque.target.row_images import ImageUnavailable
+    from marque.target.image_capture import ImageUnavailable
 
     schema, _, name = table.rpartition(".")
     session = _ImageSession(conn)
@@ -429,12 +429,6 @@ class SqliteTarget(SqlTarget):
         # execution never needs and a fresh `marque exec` process would pay for.
         from marque.preview_caveats import statement_caveats
         from marque.target.caveat_catalog import SqliteCatalog
-        from marque.target.row_images import (
-            explain_images,
-            finish_capture,
-            start_capture,
-            writes_rows,
-        )
 
         try:
             conn = self._connect()
@@ -444,78 +438,39 @@ class SqliteTarget(SqlTarget):
         results: list[dict[str, Any]] = []
         index = 0
         try:
-            # Deferred: an explain preview never takes the write lock, nor a read. A rollback
-            # preview of writes takes it at once (bounded by the lock timeout): its row
-            # images read before the first write, and a read lock that then has to become
-            # a write lock could fail at once instead of waiting its turn.
-            conn.execute("BEGIN IMMEDIATE" if mode != "explain" and not change.read_only
-                         and any(writes_rows(s.sql, "sqlite") for s in change.statements)
-                         else "BEGIN")
-            if change.read_only:
-                # As its execution will: a read approval is previewed read-only too.
-                conn.execute("PRAGMA query_only = 1")
-            conn.set_authorizer(_deny_transaction_control)
-            conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
-                                      _PROGRESS_STEPS)
+            _begin_preview(conn, change, mode, deadline)
             images = _ImageSession(conn, self.row_keys)
             catalog = SqliteCatalog(conn, _deny_transaction_control)
             for index, statement in enumerate(change.statements):
                 caveats, previewable = statement_caveats(statement.sql, "sqlite", catalog)
                 if not previewable:
                     results.append(not_previewed(statement.sql, caveats))
-                    continue
-                if mode == "explain":
-                    plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
-                                        tuple(statement.params)).fetchall()
-                    results.append({"sql": statement.sql, "rows": None, "sample": None,
-                                    "plan": [str(r[-1]) for r in plan],
-                                    "row_images": explain_images(statement.sql, "sqlite"),
-                                    "preview_caveats": caveats})
-                    continue
-                capture = start_capture(images, statement.sql, statement.params)
-                cur = conn.execute(statement.sql, tuple(statement.params))
-                sample = None
-                returned = None
-                if cur.description is not None:
-                    rows = cur.fetchall()  # all of them: the count must be exact
-                    returned = ([d[0] for d in cur.description], rows)
-                    count = len(rows)
-                    sample = {"columns": [d[0] for d in cur.description],
-                              "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
+                elif mode == "explain":
+                    results.append(_explained(conn, statement, caveats))
                 else:
-                    count = max(cur.rowcount, 0)
-                if not conn.in_transaction:
-                    raise PreviewFailed(f"statement {index} ended the preview's transaction")
-                results.append({"sql": statement.sql, "rows": count, "sample": sample,
-                                "plan": None,
-                                "row_images": finish_capture(capture, images, count, returned),
-                                "preview_caveats": caveats})
+                    results.append(_rolled_back_run(conn, images, statement, index,
+                                                    sample_rows, caveats))
         except sqlite3.Error as exc:
-            name = getattr(exc, "sqlite_errorname", None)
-            if name == "SQLITE_INTERRUPT":
-                what = (f"statement {index} ran past the statement timeout "
-                        f"({statement_timeout_ms} ms) and was interrupted")
-            elif name and name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-                what = (f"statement {index} waited longer than the lock timeout "
-                        f"({self.lock_timeout_ms} ms) for another writer")
-            else:
-                what = f"statement {index} failed: {' '.join(str(exc).split())}"
-            raise PreviewFailed(
-                f"preview on target {self.name} ({self.path}): {what}; everything was rolled "
-                "back", detail={"sqlite_errorname": name, "statement": index}) from exc
+            raise self._preview_failed(exc, index, statement_timeout_ms) from exc
         finally:
-            try:
-                conn.set_progress_handler(None, 0)
-                conn.set_authorizer(None)
-                if change.read_only:
-                    conn.execute("PRAGMA query_only = 0")
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # closing the connection rolls back whatever is left
-            finally:
-                conn.close()
+            _end_preview(conn, change)
         return results
+
+    def _preview_failed(self, exc: sqlite3.Error, index: int,
+                        statement_timeout_ms: int) -> PreviewFailed:
+        """What a preview that SQLite stopped at statement ``index`` raises."""
+        name = getattr(exc, "sqlite_errorname", None)
+        if name == "SQLITE_INTERRUPT":
+            what = (f"statement {index} ran past the statement timeout "
+                    f"({statement_timeout_ms} ms) and was interrupted")
+        elif name and name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            what = (f"statement {index} waited longer than the lock timeout "
+                    f"({self.lock_timeout_ms} ms) for another writer")
+        else:
+            what = f"statement {index} failed: {' '.join(str(exc).split())}"
+        return PreviewFailed(
+            f"preview on target {self.name} ({self.path}): {what}; everything was rolled "
+            "back", detail={"sqlite_errorname": name, "statement": index})
 
     def stamps_of(self, marque_id: str) -> list[dict[str, Any]]:
         try:
@@ -611,3 +566,81 @@ class SqliteTarget(SqlTarget):
             raise RowConditionFailed(f"the upsert of {table} row {[row[c] for c in key]} "
                                      f"neither inserted nor updated one row")
         return "updated"
+
+
+# -- a preview's steps ------------------------------------------------------------------
+
+
+def _begin_preview(conn: sqlite3.Connection, change: Change, mode: str,
+                   deadline: float) -> None:
+    """Open the preview's transaction, guarded: no transaction control, no running past
+    ``deadline``, read-only for a read approval."""
+    from marque.target.row_images import writes_rows
+
+    # Deferred: an explain preview never takes the write lock, nor a read. A rollback
+    # preview of writes takes it at once (bounded by the lock timeout): its row
+    # images read before the first write, and a read lock that then has to become
+    # a write lock could fail at once instead of waiting its turn.
+    conn.execute("BEGIN IMMEDIATE" if mode != "explain" and not change.read_only
+                 and any(writes_rows(s.sql, "sqlite") for s in change.statements)
+                 else "BEGIN")
+    if change.read_only:
+        # As its execution will: a read approval is previewed read-only too.
+        conn.execute("PRAGMA query_only = 1")
+    conn.set_authorizer(_deny_transaction_control)
+    conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0,
+                              _PROGRESS_STEPS)
+
+
+def _explained(conn: sqlite3.Connection, statement: Statement,
+               caveats: list[dict[str, Any]]) -> dict[str, Any]:
+    """An explain preview of one statement: SQLite's query plan, nothing run."""
+    from marque.target.row_images import explain_images
+
+    plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql,
+                        tuple(statement.params)).fetchall()
+    return {"sql": statement.sql, "rows": None, "sample": None,
+            "plan": [str(r[-1]) for r in plan],
+            "row_images": explain_images(statement.sql, "sqlite"),
+            "preview_caveats": caveats}
+
+
+def _rolled_back_run(conn: sqlite3.Connection, images: _ImageSession, statement: Statement,
+                     index: int, sample_rows: int,
+                     caveats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One statement run inside the preview's transaction: its exact count, a sample of
+    what it returns, and its row images."""
+    from marque.target.row_images import finish_capture, start_capture
+
+    capture = start_capture(images, statement.sql, statement.params)
+    cur = conn.execute(statement.sql, tuple(statement.params))
+    sample = None
+    returned = None
+    if cur.description is not None:
+        rows = cur.fetchall()  # all of them: the count must be exact
+        returned = ([d[0] for d in cur.description], rows)
+        count = len(rows)
+        sample = {"columns": [d[0] for d in cur.description],
+                  "rows": [[_jsonable(v) for v in r] for r in rows[:sample_rows]]}
+    else:
+        count = max(cur.rowcount, 0)
+    if not conn.in_transaction:
+        raise PreviewFailed(f"statement {index} ended the preview's transaction")
+    return {"sql": statement.sql, "rows": count, "sample": sample, "plan": None,
+            "row_images": finish_capture(capture, images, count, returned),
+            "preview_caveats": caveats}
+
+
+def _end_preview(conn: sqlite3.Connection, change: Change) -> None:
+    """Undo the preview's guards, roll everything back and close the connection."""
+    try:
+        conn.set_progress_handler(None, 0)
+        conn.set_authorizer(None)
+        if change.read_only:
+            conn.execute("PRAGMA query_only = 0")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # closing the connection rolls back whatever is left
+    finally:
+        conn.close()

@@ -23,6 +23,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from joserfc.jwk import OKPKey
+
 from marque.change import AnyChange, Budget, Change, EffectSetChange, change_from_claim
 from marque.cid import canonicalize
 from marque.errors import (
@@ -166,38 +168,12 @@ def issue_marque(
     key = import_private(issuer_key, "issuer key")
     kid = kid_of(issuer_key, "issuer key")
     holder = import_public(holder_jwk, InvalidInput, "holder key")
-    for name, value in (
-        ("pilot_id", pilot_id),
-        ("incarnation", incarnation),
-        ("target", target),
-        ("subject", subject),
-        ("issuer", issuer),
-    ):
-        nonempty_str(value, name, InvalidInput)
-    if not isinstance(change, Change | EffectSetChange):
-        raise InvalidInput("change must be a Change or an EffectSetChange")
-    if not isinstance(budget, Budget):
-        raise InvalidInput("budget must be a Budget")
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
-        raise InvalidInput("ttl_seconds must be a number of seconds")
-    if not ttl_seconds > 0:
-        raise InvalidInput("ttl_seconds must be greater than zero")
-    moment = time.time() if now is None else now
-    issued_at = math.floor(moment)
-    starts = issued_at if not_before is None else math.floor(not_before)
-    expires = math.floor(moment + ttl_seconds)
-    if expires <= starts:
-        raise InvalidInput("the marque would expire before it becomes valid")
+    _check_binding(pilot_id=pilot_id, incarnation=incarnation, target=target,
+                   subject=subject, issuer=issuer, change=change, budget=budget)
+    issued_at, starts, expires = _validity(ttl_seconds, now, not_before)
     jti = _new_marque_id() if marque_id is None else marque_id
     nonempty_str(jti, "marque_id", InvalidInput)
-    if request_scope is not None:
-        nonempty_str(request_scope, "request_scope", InvalidInput)
-    if approval is not None:
-        if not isinstance(approval, dict) or not approval:
-            raise InvalidInput("approval must be a non-empty JSON object")
-        canonicalize(approval)  # refuses anything that is not plain JSON, naming where
-
-    header = {"alg": ALG, "typ": MARQUE_TYP, "kid": kid}
+    _check_request_claims(request_scope, approval)
     claims: dict[str, Any] = {
         "iss": issuer,
         "sub": subject,
@@ -215,6 +191,54 @@ def issue_marque(
         claims["req"] = request_scope
     if approval is not None:
         claims["approval"] = approval
+    return _signed_marque({"alg": ALG, "typ": MARQUE_TYP, "kid": kid}, claims, key)
+
+
+def _check_binding(*, pilot_id: str, incarnation: str, target: str, subject: str,
+                   issuer: str, change: AnyChange, budget: Budget) -> None:
+    """Refuse (:class:`InvalidInput`) a marque bound to no Pilot, target or change."""
+    for name, value in (
+        ("pilot_id", pilot_id),
+        ("incarnation", incarnation),
+        ("target", target),
+        ("subject", subject),
+        ("issuer", issuer),
+    ):
+        nonempty_str(value, name, InvalidInput)
+    if not isinstance(change, Change | EffectSetChange):
+        raise InvalidInput("change must be a Change or an EffectSetChange")
+    if not isinstance(budget, Budget):
+        raise InvalidInput("budget must be a Budget")
+
+
+def _validity(ttl_seconds: int, now: float | None, not_before: float | None
+              ) -> tuple[int, int, int]:
+    """The marque's ``iat``, ``nbf`` and ``exp`` (whole seconds), checked."""
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
+        raise InvalidInput("ttl_seconds must be a number of seconds")
+    if not ttl_seconds > 0:
+        raise InvalidInput("ttl_seconds must be greater than zero")
+    moment = time.time() if now is None else now
+    issued_at = math.floor(moment)
+    starts = issued_at if not_before is None else math.floor(not_before)
+    expires = math.floor(moment + ttl_seconds)
+    if expires <= starts:
+        raise InvalidInput("the marque would expire before it becomes valid")
+    return issued_at, starts, expires
+
+
+def _check_request_claims(request_scope: str | None, approval: dict[str, Any] | None) -> None:
+    """Refuse an empty ``req`` claim, or an ``approval`` that is not plain, non-empty JSON."""
+    if request_scope is not None:
+        nonempty_str(request_scope, "request_scope", InvalidInput)
+    if approval is not None:
+        if not isinstance(approval, dict) or not approval:
+            raise InvalidInput("approval must be a non-empty JSON object")
+        canonicalize(approval)  # refuses anything that is not plain JSON, naming where
+
+
+def _signed_marque(header: dict[str, Any], claims: dict[str, Any], key: OKPKey) -> str:
+    """The compact JWS of ``claims``, refused when it is larger than a verifier accepts."""
     token = sign(header, claims, key, MARQUE_REGISTRY)
     header_segment, payload_segment, _ = token.split(".")
     if len(header_segment) > MARQUE_REGISTRY.max_header_length:
