@@ -47,7 +47,8 @@ def undo(id_: str, reason: str | None, request_id: str | None, per_row: bool,
     if request_id is not None:
         checked_id(request_id)
     request, created = ask_harbour(
-        harbour_url, token, lambda client: client.undo(checked_id(id_), reason, request_id, per_row=per_row),
+        harbour_url, token,
+        lambda client: client.undo(checked_id(id_), reason, request_id, per_row=per_row),
         as_json, {"rolls_back": id_})
     if as_json:
         emit_json(request)
