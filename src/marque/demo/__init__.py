@@ -116,9 +116,9 @@ def _start(homes: _Homes, story: Story) -> tuple[Service, Service]:
 
 def _walk(homes: _Homes, harbour_url: str, story: Story) -> dict[str, Any]:
     """The change's walk through both services; returns the final request object."""
-    from marque.client import PilotClient
+    from marque.clients.harbour import HarbourClient
+    from marque.clients.pilot import PilotClient
     from marque.errors import MarqueError
-    from marque.harbour.client import HarbourClient
     from marque.harbour.remote_logbook import verify_over_http
     from marque.token import make_proof
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from marque.errors import InvalidInput, LogbookBroken
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
     from marque.token import TrustedKeys
 
 __all__ = ["PAGE", "pages", "saved_head_over_http", "trusted_keys", "verify_over_http"]
