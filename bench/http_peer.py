@@ -2,7 +2,7 @@
 
 The bed is a Pilot home like ``MarqueBed``'s (SQLite ledger, the PostgreSQL
 target), served by a child process; each client is the client ``marque exec --pilot``
-uses (``marque.client.PilotClient``: httpx, one keep-alive connection) posting
+uses (``marque.clients.pilot.PilotClient``: httpx, one keep-alive connection) posting
 ``{marque, nonce, proof}`` and reading the NDJSON stream to its outcome line.
 Only the request is timed; proofs are made before.
 """
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from harness import Cell, Op
 from scenarios import EXECUTIONS, TTL_SECONDS, UPDATE, client_row
 
-from marque.client import PilotClient
+from marque.clients.pilot import PilotClient
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import Budget, Change, Statement, issue_marque, make_proof, new_key, public_jwk
 

@@ -55,7 +55,7 @@ from cluster import BenchCluster  # noqa: E402
 from http_peer import HttpBed  # noqa: E402
 from scenarios import UPDATE, MarqueBed  # noqa: E402
 
-from marque.client import PilotClient  # noqa: E402
+from marque.clients.pilot import PilotClient  # noqa: E402
 
 N = int(os.environ.get("N", "300"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))

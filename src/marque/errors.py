@@ -7,6 +7,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     ├── UsageError            bad input to a command (exit 2; HTTP 400)
     │   ├── InvalidInput         input_invalid
     │   ├── ConfigInvalid        config_invalid        pilot.json (or another config) is unusable
+    │   ├── RowKeyInvalid        row_key_invalid       a declared row key the target cannot use
     │   ├── LedgerExists         ledger_exists
     │   ├── LedgerMissing        ledger_missing
     │   ├── HomeMismatch         home_mismatch         ledger opened from another home
@@ -34,7 +35,8 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── PayloadTooLarge      payload_too_large     (HTTP 413) a body over its endpoint's limit
     │   └── Conflict             conflict              (HTTP 409; 422 for a reused request id)
     │       ├── AlreadyApproved  already_approved      this approver's approval is stored
-    │       └── AlreadyRejected  already_rejected      this approver's rejection is stored
+    │       ├── AlreadyRejected  already_rejected      this approver's rejection is stored
+    │       └── TargetUnsettled  target_unsettled      a rebinding while attempts are unsettled
     ├── Refusal               nothing was claimed, no budget spent (exit 3; HTTP 403)
     │   ├── MarqueInvalid        marque_invalid
     │   ├── MarqueExpired        marque_expired
@@ -42,6 +44,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── WrongPilot           wrong_pilot
     │   ├── WrongIncarnation     wrong_incarnation
     │   ├── UnknownTarget        unknown_target
+    │   ├── TargetReplaced       target_replaced       the name points at another database
     │   ├── PopMissing           pop_missing
     │   ├── PopInvalid           pop_invalid
     │   ├── PopReplayed          pop_replayed
@@ -75,6 +78,7 @@ Every error a caller can act on carries a ``code`` that never changes, and a
     │   ├── PilotLost            pilot_lost            a service lost mid-execution, not regained
     │   └── CommitUnknown        commit_unknown
     ├── LogbookBroken         logbook_broken        a logbook's chain does not hold (exit 8)
+    ├── Internal              internal              a service's own fault, logged (HTTP 500)
     └── Unavailable           could not be reached before anything ran (exit 7; HTTP 503)
         ├── LedgerUnavailable    ledger_unavailable
         │   └── LedgerCorrupt    ledger_corrupt        the ledger file is not a ledger database
@@ -538,6 +542,16 @@ class LogbookBroken(MarqueError, code="logbook_broken"):
     # Its own status: exit 1 is left to what nobody planned for (a bug), so a script
     # watching `logbook verify` never mistakes a crash for tampering, or the reverse.
     exit_status = 8
+
+
+# -- a fault of ours --------------------------------------------------------------
+
+
+class Internal(MarqueError, code="internal"):
+    """A service met an exception that is no Marque error (a fault in Marque itself): it
+    logged the exception with its traceback and answers this instead, without the
+    exception's text. Exit 1, like any unplanned failure: nothing is said about whether
+    an execution applied — its outcome, asked by the same nonce, says that."""
 
 
 # -- could not be reached; nothing ran ---------------------------------------------

@@ -1,18 +1,26 @@
-"""What Marque's HTTP services share: problem documents and ``X-Request-Id`` (DESIGN §10).
+"""What Marque's HTTP services share: problem documents, ``X-Request-Id`` and the worker
+threads their synchronous cores run in (DESIGN §10).
 
 The Pilot's service and the Harbourmaster's answer errors the same way — an
 RFC 9457 problem document whose status comes from the error's class — and
 both put an ``X-Request-Id`` on every response, so one request can be traced
-across a client, a Harbourmaster and a Pilot. Keeping both here means the two
-services cannot drift apart.
+across a client, a Harbourmaster and a Pilot. Both run their core in
+:class:`WorkerThreads`, the one boundary where an exception that is not a
+:class:`~marque.errors.MarqueError` (a fault of ours) is logged with its
+traceback and answered ``internal`` — without its text, which may hold anything
+(a DSN, a row, a path). Keeping all of it here means the two services cannot
+drift apart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -22,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from marque.errors import (
     PROBLEM_MEMBERS,
+    Internal,
     InvalidInput,
     MarqueError,
     MethodNotAllowed,
@@ -29,8 +38,11 @@ from marque.errors import (
     PayloadTooLarge,
 )
 
-__all__ = ["PROBLEM", "BodyLimit", "RequestIdMiddleware", "api_http_errors", "json_body",
-           "no_surrogates", "problem", "request_id_of"]
+__all__ = ["PROBLEM", "BodyLimit", "RequestIdMiddleware", "WorkerThreads", "api_http_errors",
+           "core_call", "internal_error", "json_body", "no_surrogates", "problem",
+           "request_id_of"]
+
+log = logging.getLogger(__name__)
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -45,7 +57,7 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
 
     The error's ``detail`` travels as extension members (``rule``, ``statement``,
     ``target``…: what a caller's client turns back into the error's detail, see
-    :func:`marque.client.error_from_problem`); JSON values only. ``extra`` adds
+    :func:`marque.clients.problems.problem_error`); JSON values only. ``extra`` adds
     members (e.g. the ``id`` of a request stored as failed). Neither can override
     the standard ones. ``request_id``, when given, goes on the response's
     ``X-Request-Id`` header (a route that skips the middleware sets it so; behind
@@ -67,6 +79,53 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     if request_id is not None:
         response.headers["x-request-id"] = request_id
     return response
+
+
+def internal_error(exc: BaseException, where: object) -> Internal:
+    """Log ``exc`` (an exception that is not a Marque error) with its traceback, and the
+    ``internal`` error that answers it in its place: the caller learns that the service
+    failed, not what the exception said."""
+    name = getattr(where, "__qualname__", None) or getattr(where, "__name__", None) or where
+    log.error("unexpected error in %s", name, exc_info=exc)
+    return Internal("the service met an unexpected error; its log holds the cause")
+
+
+def core_call(func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)`` as a service's core call: a Marque error passes as it is; any other
+    exception is logged and becomes ``internal`` (:func:`internal_error`)."""
+    try:
+        return func(*args)
+    except MarqueError:
+        raise
+    except Exception as exc:
+        raise internal_error(exc, func) from exc
+
+
+class WorkerThreads:
+    """The threads a service's synchronous core runs in: never on the event loop.
+
+    :meth:`call` awaits one core call; :meth:`start` runs a job the caller follows by
+    other means (the Pilot's execution streams through a feed). Both go through
+    :func:`core_call`, so a crash is logged and answered ``internal`` the same way
+    everywhere.
+    """
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
+
+    async def call(self, func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)`` in a worker thread (see :func:`core_call`)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, core_call, func, *args)
+
+    def start(self, job: Callable[[], None]) -> None:
+        """Run ``job`` in a worker thread, not awaited: it must report its own result
+        (an error it lets out is logged as :func:`core_call` logs one)."""
+        self._pool.submit(core_call, job)
+
+    def close(self) -> None:
+        """Let calls in progress finish, then release the threads."""
+        self._pool.shutdown(wait=True)
 
 
 def request_id_of(scope: Scope) -> str:

@@ -18,8 +18,8 @@ from marque.change import Budget, EffectSetChange
 from marque.effects.declare import capture_input, parse_declaration
 from marque.effects.request import EffectPreviewRequest, run_identity_cid
 from marque.harbour.identity import authority_scope_cid, logical_request_scope
-from marque.service_tokens import issue_preview_token
 from marque.token import issue_marque, make_proof, public_jwk
+from marque.token.service_tokens import issue_preview_token
 
 
 def _request() -> EffectPreviewRequest:

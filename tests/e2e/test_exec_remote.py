@@ -124,7 +124,7 @@ def test_one_client_runs_many_executions_over_one_connection(
         world: World, service: Service) -> None:
     """The client exec --pilot uses reads each stream to its end, so its connection serves
     the next execution too (a stream left half-read took its connection with it)."""
-    from marque.client import PilotClient
+    from marque.clients.pilot import PilotClient
     from marque.token import make_proof
 
     marque = world.issue([DEBIT], executions=3)
@@ -151,7 +151,7 @@ def test_a_client_with_a_proxy_in_its_environment_goes_through_it(
     """Executions skip httpx's Client.send for its transport, but not the environment's
     proxy: with HTTP_PROXY set they travel through it (here a forwarding proxy in front
     of the service), and apply once each over its one connection."""
-    from marque.client import PilotClient
+    from marque.clients.pilot import PilotClient
     from marque.token import make_proof
 
     marque = world.issue([DEBIT], executions=2)

@@ -20,7 +20,7 @@ import pytest
 from e2e_support import Service, World
 from harbour_support import READS_ALLOWED, WRITES_DENIED, routing_toml
 
-from marque.client import PilotClient
+from marque.clients.pilot import PilotClient
 from marque.errors import (
     AccountDenied,
     AccountNoMatch,

@@ -3,7 +3,7 @@ statement and Effect Set requests alike (DESIGN §11.2).
 
 Two real Harbourmaster homes (SQLite stores, issuer keys: one on the bootstrap
 profile, which delegates writes, one allowing everything), opened in process
-with their real :class:`~marque.client.PilotClient`, in front of three Pilots
+with their real :class:`~marque.clients.pilot.PilotClient`, in front of three Pilots
 registered by URL:
 
 * ``p1`` — a real ``marque pilot serve`` (one per module) trusting both

@@ -286,7 +286,7 @@ def test_a_preview_over_http_counts_rows_and_changes_nothing(
         world: World, service: Service) -> None:
     """POST /v1/previews: exact rows of an UPDATE, rolled back; a replayed token is refused."""
     from marque.change import Change, Statement
-    from marque.service_tokens import issue_preview_token
+    from marque.token.service_tokens import issue_preview_token
 
     issuer = json.loads(world.issuer_key.read_text())
     token = issue_preview_token(
@@ -307,7 +307,7 @@ def test_a_preview_over_http_counts_rows_and_changes_nothing(
 
 def test_evidence_of_a_marque_needs_a_query_token(world: World, service: Service) -> None:
     """GET /v1/marques/{id}: 401 without a token; with one, the claim and the applied stamp."""
-    from marque.service_tokens import issue_query_token
+    from marque.token.service_tokens import issue_query_token
 
     marque = world.issue([DEBIT])
     marque_id = world.marque_id(marque)

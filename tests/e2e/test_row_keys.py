@@ -13,8 +13,8 @@ from e2e_support import EXIT, Result, World
 
 from marque.pilot import open_pilot
 from marque.pilot.preview import run_preview
-from marque.service_tokens import issue_preview_token
 from marque.token import Change, Statement
+from marque.token.service_tokens import issue_preview_token
 
 
 def error_of(res: Result) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from marque.errors import (
 from marque.pilot.config import PilotConfig
 from marque.pilot.evidence import marque_evidence
 from marque.pilot.preview import run_preview
-from marque.service_tokens import issue_preview_token, issue_query_token
 from marque.token import (
     Budget,
     Change,
@@ -29,6 +28,7 @@ from marque.token import (
     issue_marque,
     new_key,
 )
+from marque.token.service_tokens import issue_preview_token, issue_query_token
 
 from .conftest import Env, marque_id_of
 

@@ -9,9 +9,9 @@ from typing import Any
 from marque.cid import cid
 from marque.pilot.preview import run_preview
 from marque.preview_caveats import CAVEAT_CODES, caveat_codes, shape, statement_caveats
-from marque.service_tokens import issue_preview_token
 from marque.target.caveat_catalog import SqliteCatalog
 from marque.token import Change, Statement
+from marque.token.service_tokens import issue_preview_token
 
 from .conftest import Env
 

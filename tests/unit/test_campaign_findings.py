@@ -13,7 +13,6 @@ from soak.scenarios._forge import _signed_raw, parts
 
 from marque.change import Budget, Change, Statement
 from marque.errors import MarqueInvalid
-from marque.service_tokens import issue_query_token, verify_query_token
 from marque.token import (
     TrustedKeys,
     issue_marque,
@@ -22,6 +21,7 @@ from marque.token import (
     unverified_claims,
     verify_marque,
 )
+from marque.token.service_tokens import issue_query_token, verify_query_token
 
 
 @pytest.fixture(scope="module")

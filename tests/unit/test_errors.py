@@ -27,6 +27,8 @@ OWN_CODES = {
     "postgres_support_missing": 2,
     "owner_gone": 5, "pilot_lost": 5,
     "logbook_broken": 8,
+    # a fault in a service itself, logged (docs/errors.md)
+    "internal": 1,
     # Effect Sets (docs/effects.md)
     "effect_declaration_invalid": 2, "effect_input_invalid": 2, "effect_duplicate_identity": 2,
     "effect_max_items_exceeded": 2, "effect_preview_invalid": 2, "effect_receipt_invalid": 2,
@@ -60,7 +62,7 @@ HTTP = {"unauthenticated": 401, "forbidden": 403, "not_found": 404, "conflict": 
         "payload_too_large": 413, "undo_unavailable": 403, "undo_conflict": 422,
         "oidc_login_refused": 401, "oidc_subject_unknown": 403,
         "token_login_disabled": 403, "oidc_provider_unavailable": 503,
-        "oidc_config_invalid": 400}
+        "oidc_config_invalid": 400, "internal": 500}
 
 
 @pytest.mark.parametrize(("code", "exit_status"), sorted({**DESIGN_CODES, **OWN_CODES}.items()))

@@ -7,6 +7,7 @@ import httpx
 import pytest
 from e2e.harbour_support import free_port
 
+from marque.clients.harbour import HarbourClient, error_from_problem
 from marque.errors import (
     AccountDenied,
     Conflict,
@@ -15,7 +16,6 @@ from marque.errors import (
     RequestIdInvalid,
     SelfApproval,
 )
-from marque.harbour.client import HarbourClient, error_from_problem
 
 URL = "http://127.0.0.1:9/v1/requests"
 
@@ -37,14 +37,14 @@ def test_a_problem_becomes_its_typed_error_with_message_and_extra_members() -> N
     error = error_from_problem(answer(403, problem("self_approval", 403, "you asked for it")))
     assert type(error) is SelfApproval
     assert error.message == "you asked for it" and error.exit_status == 3
-    assert error.detail == {"status": 403}
+    assert error.detail == {}  # the problem's own members are not detail
 
     denied = error_from_problem(answer(403, problem("account_denied", 403, "denied by entry 2",
                                                     id="rq_1")))
     assert type(denied) is AccountDenied and denied.detail["id"] == "rq_1"
 
     reused = error_from_problem(answer(422, problem("conflict", 422, "another intent")))
-    assert type(reused) is Conflict and reused.detail["status"] == 422
+    assert type(reused) is Conflict and reused.message == "another intent"
 
 
 def test_an_unknown_code_is_still_an_error_that_keeps_its_code() -> None:
@@ -82,7 +82,7 @@ def test_a_request_id_is_checked_before_a_post() -> None:
     ("..", "%2E%2E"), (".", "%2E"), ("ü", "%C3%BC"),
 ])
 def test_a_request_id_stays_one_path_segment(request_id: str, segment: str) -> None:
-    from marque.harbour.client import _segment
+    from marque.clients.harbour import _segment
 
     assert _segment(request_id) == segment
     url = httpx.Request("GET", f"http://h/v1/requests/{_segment(request_id)}").url

@@ -24,7 +24,6 @@ from marque.harbour.issuance import (
     issue_request_marque,
     read_request_marque,
 )
-from marque.service_tokens import verify_preview_token, verify_query_token
 from marque.token import (
     TrustedKeys,
     issue_marque,
@@ -33,6 +32,7 @@ from marque.token import (
     thumbprint,
     verify_marque,
 )
+from marque.token.service_tokens import verify_preview_token, verify_query_token
 
 NOW = 1796100000
 SCOPE = "sha256:" + "1" * 64

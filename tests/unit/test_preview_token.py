@@ -20,19 +20,19 @@ from marque.errors import (
     WrongIncarnation,
     WrongPilot,
 )
-from marque.service_tokens import (
-    PREVIEW_TYP,
-    issue_preview_token,
-    issue_query_token,
-    verify_preview_token,
-    verify_query_token,
-)
 from marque.token import (
     Change,
     Statement,
     TrustedKeys,
     new_key,
     public_jwk,
+)
+from marque.token.service_tokens import (
+    PREVIEW_TYP,
+    issue_preview_token,
+    issue_query_token,
+    verify_preview_token,
+    verify_query_token,
 )
 
 NOW = 1_800_000_000.0

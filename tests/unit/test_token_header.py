@@ -11,7 +11,6 @@ from joserfc.jwk import OKPKey
 
 from marque.errors import MarqueInvalid, PopInvalid
 from marque.logbook.heads import HeadUnknownKey, HeadWrongType, sign_head, verify_head
-from marque.service_tokens import issue_preview_token, verify_preview_token
 from marque.token import (
     Budget,
     Change,
@@ -25,6 +24,7 @@ from marque.token import (
     verify_proof,
 )
 from marque.token.header import pin_header, trusted_signer
+from marque.token.service_tokens import issue_preview_token, verify_preview_token
 
 NOW = 1_800_000_000
 CHANGE = Change((Statement("UPDATE t SET x = 1"),))

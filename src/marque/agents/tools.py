@@ -31,8 +31,8 @@ from marque.agents.schemas import (
     WAIT_SECONDS_DEFAULT,
     check_arguments,
 )
+from marque.clients.harbour import HarbourClient
 from marque.errors import Conflict, InvalidInput, MarqueError, Unauthenticated
-from marque.harbour.client import HarbourClient
 from marque.harbour.identity import new_request_id
 
 __all__ = ["AgentConfig", "AgentTools", "UNDECIDED", "POLL_BACKOFF"]
@@ -220,7 +220,7 @@ class AgentTools:
         return request
 
     def _execute(self, request: dict[str, Any], attempt: int) -> dict[str, Any]:
-        from marque.client import PilotClient
+        from marque.clients.pilot import PilotClient
         from marque.token import make_proof
 
         rq = request["id"]

@@ -2,7 +2,7 @@
 
 Every control-plane command (``marque request``, ``requests``, ``approve``,
 ``undo``, ``exec --request``, ``logbook … --harbour``) talks to a Harbourmaster
-through :class:`marque.harbour.client.HarbourClient`; this module makes that
+through :class:`marque.clients.harbour.HarbourClient`; this module makes that
 client from ``--harbour`` and ``--token`` (or ``MARQUE_HARBOUR``,
 ``MARQUE_TOKEN``, or the token ``marque login`` stored) and checks a request id
 before anything is sent.
@@ -17,7 +17,7 @@ from marque.cli.common import fail
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
 __all__ = ["ask_harbour", "checked_id", "connect"]
 
@@ -30,7 +30,7 @@ def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
     The token is ``--token``, else ``MARQUE_TOKEN`` (click reads both into ``token``),
     else the one ``marque login`` stored for that URL.
     """
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
     if not harbour_url:
         raise InvalidInput("no Harbourmaster: give --harbour URL or set MARQUE_HARBOUR")

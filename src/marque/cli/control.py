@@ -4,7 +4,7 @@
 requests and (for an admin) expires one; ``marque approve`` and ``marque
 reject`` resolve a request's Checkpoint. All of them talk to a Harbourmaster
 service (``--harbour URL``, ``--token T``, or ``MARQUE_HARBOUR`` and
-``MARQUE_TOKEN``) through :class:`marque.harbour.client.HarbourClient`.
+``MARQUE_TOKEN``) through :class:`marque.clients.harbour.HarbourClient`.
 
 The one subtle part is ``marque request``'s retry. A POST whose answer was
 lost may still have created the request, so the command never sends a second,
@@ -45,7 +45,7 @@ from marque.errors import HarbourUnavailable, InvalidInput, MarqueError
 from marque.harbour.lifecycle import RequestState
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
 F = Callable[..., Any]
 

@@ -290,7 +290,7 @@ def _exec_remote(url: str, token: str, holder: dict[str, Any], nonce: str, as_js
                  pilot_info: dict[str, Any],
                  on_event: Callable[[dict[str, Any]], None]) -> Outcome:
     """Execute through a Pilot service; ``pilot_info`` is filled from its health."""
-    from marque.client import PilotClient
+    from marque.clients.pilot import PilotClient
     from marque.token import make_proof
 
     client = PilotClient(url)

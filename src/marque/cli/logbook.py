@@ -39,7 +39,7 @@ from marque.errors import HarbourUnavailable, InvalidInput, LogbookBroken
 from marque.logbook.remote import pages, saved_head_over_http, verify_over_http
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
 any_home_option = click.option(
     "--home", type=click.Path(path_type=Path), default=None,

@@ -219,7 +219,7 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
     sign in at the identity provider instead; the Harbourmaster's token it
     answers lasts its recheck interval (an hour at most).
     """
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
     key = normalise_url(harbour_url)
     expires_at = None

@@ -26,7 +26,7 @@ from marque.demo.stack import Service, ServiceFailed, free_loopback_port
 from marque.demo.story import Story, show_balances, show_preview
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
 __all__ = ["run_demo"]
 
@@ -119,7 +119,7 @@ def _start(homes: _Homes, story: Story) -> tuple[Service, Service]:
 
 def _walk(homes: _Homes, harbour_url: str, story: Story) -> dict[str, Any]:
     """The change's walk through both services; returns the final request object."""
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
     alice = HarbourClient(harbour_url, homes.tokens["alice"])
     bob = HarbourClient(harbour_url, homes.tokens["bob"])
@@ -194,7 +194,7 @@ def _approve(rq: str, alice: HarbourClient, bob: HarbourClient, story: Story) ->
 
 def _execute(homes: _Homes, alice: HarbourClient, rq: str, story: Story) -> None:
     """Steps 5 to 7: the marque run through the Pilot, replayed, then refused as spent."""
-    from marque.client import PilotClient
+    from marque.clients.pilot import PilotClient
     from marque.errors import MarqueError
     from marque.token import make_proof
 

@@ -14,11 +14,8 @@ call runs in a worker thread; the event loop only parses and writes.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Info
@@ -38,14 +35,19 @@ from marque.harbour.lifecycle import RequestState
 from marque.harbour.notifications.figures import NotificationMetrics
 from marque.harbour.principals import Principal, Role
 from marque.harbour.views import REQUESTS_PAGE, REQUESTS_PAGE_MAX
-from marque.httpcommon import BodyLimit, RequestIdMiddleware, api_http_errors, json_body, problem
+from marque.httpcommon import (
+    BodyLimit,
+    RequestIdMiddleware,
+    WorkerThreads,
+    api_http_errors,
+    json_body,
+    problem,
+)
 
 if TYPE_CHECKING:
     from marque.harbour.service import Harbourmaster
 
 __all__ = ["HarbourService"]
-
-log = logging.getLogger(__name__)
 
 #: Core calls run here, never on the event loop. A submit may wait on a Pilot's preview.
 WORKER_THREADS = 32
@@ -181,7 +183,7 @@ class HarbourService:
     def __init__(self, harbourmaster: Harbourmaster, *,
                  console_session_seconds: float = SESSION_SECONDS) -> None:
         self.harbourmaster = harbourmaster
-        self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="marque-harbour")
+        self._threads = WorkerThreads(WORKER_THREADS, "marque-harbour")
         self.registry = CollectorRegistry()
         self.reports_ingested = Counter(
             "marque_harbour_reports_ingested", "Execution reports newly stored by this process",
@@ -226,7 +228,7 @@ class HarbourService:
 
     def close(self) -> None:
         """Let calls in progress finish, then release the threads."""
-        self._pool.shutdown(wait=True)
+        self._threads.close()
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -238,16 +240,8 @@ class HarbourService:
         return response
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
-        def run() -> Any:
-            try:
-                return func(*args)
-            except MarqueError:
-                raise
-            except Exception as exc:  # a fault of ours: said as a problem, logged in full
-                log.exception("unexpected error in %s", getattr(func, "__name__", func))
-                raise MarqueError(f"internal error: {type(exc).__name__}") from exc
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+        # A fault of ours is logged there and answered `internal`, without its text.
+        return await self._threads.call(func, *args)
 
     async def _principal(self, request: Request) -> Principal:
         token = _bearer(request)

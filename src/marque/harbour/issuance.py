@@ -41,9 +41,6 @@ from marque.cid import MAX_SAFE_INT, is_cid
 from marque.effects.request import EffectPreviewRequest
 from marque.errors import Forbidden, InvalidInput, MarqueInvalid, RevalidationFailed
 from marque.harbour.checkpoint import Checkpoint, Tally, TallyState
-from marque.service_tokens import MAX_SHORT_TOKEN_SECONDS
-from marque.service_tokens import issue_preview_token as _issue_preview_token
-from marque.service_tokens import issue_query_token as _issue_query_token
 from marque.token import (
     Marque,
     TrustedKeys,
@@ -53,6 +50,9 @@ from marque.token import (
     thumbprint,
     unverified_claims,
 )
+from marque.token.service_tokens import MAX_SHORT_TOKEN_SECONDS
+from marque.token.service_tokens import issue_preview_token as _issue_preview_token
+from marque.token.service_tokens import issue_query_token as _issue_query_token
 
 __all__ = [
     "Issuer",

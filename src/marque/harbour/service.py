@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from marque.change import AnyChange, Budget
-from marque.client import PilotClient
+from marque.clients.pilot import PilotClient
 from marque.errors import (
     AccountConfigInvalid,
     AccountDenied,

@@ -13,7 +13,7 @@ from typing import Any
 
 from marque.errors import MarqueError, MarqueInvalid
 from marque.pilot.core import Pilot
-from marque.service_tokens import verify_query_token
+from marque.token.service_tokens import verify_query_token
 
 
 def marque_evidence(pilot: Pilot, query_token: str, marque_id: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from marque.errors import Conflict, HarbourUnavailable, MarqueError
 from marque.pilot.config import HarbourLink, PilotConfig, PilotHome
 
 if TYPE_CHECKING:
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
     from marque.ledger import OutboxEntry
     from marque.pilot.core import Pilot
 
@@ -314,7 +314,7 @@ def open_linked_pilot(home: str | os.PathLike[str], *, log: Log = _stderr,
 def client_for(link: HarbourLink | None = None, *, url: str | None = None) -> HarbourClient:
     """A client for one call (problems come back typed; transport failures and answers
     that are not the API's as ``HarbourUnavailable``)."""
-    from marque.harbour.client import HarbourClient
+    from marque.clients.harbour import HarbourClient
 
     if link is not None:
         return HarbourClient(link.url, link.token, timeout=CALL_TIMEOUT_SECONDS)

@@ -16,7 +16,6 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -36,7 +35,10 @@ from marque.errors import InvalidInput, MarqueError, Unauthenticated
 from marque.httpcommon import (
     BodyLimit,
     RequestIdMiddleware,
+    WorkerThreads,
     api_http_errors,
+    core_call,
+    internal_error,
     json_body,
     problem,
     request_id_of,
@@ -93,7 +95,7 @@ class PilotService:
         self.pilot = pilot
         self._reachable = reachable
         self._previews = dict(previews or {})
-        self._pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="marque-http")
+        self._threads = WorkerThreads(WORKER_THREADS, "marque-http")
         self.registry = CollectorRegistry()
         self.executions = Counter(
             "marque_executions", "Executions answered, by outcome status and target",
@@ -137,7 +139,7 @@ class PilotService:
 
     def close(self) -> None:
         """Wait for running executions to finish, then release the threads."""
-        self._pool.shutdown(wait=True)
+        self._threads.close()
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -146,7 +148,7 @@ class PilotService:
         return problem(exc)
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, func, *args)
+        return await self._threads.call(func, *args)
 
     async def _stream(
         self, work: Callable[[Callable[[dict[str, Any]], None]], Outcome],
@@ -159,11 +161,11 @@ class PilotService:
 
         def run() -> None:
             try:
-                outcome = work(lambda event: feed.put("event", event))
-            except MarqueError as exc:
+                outcome = core_call(work, lambda event: feed.put("event", event))
+            except MarqueError as exc:  # `internal` for a fault of ours, logged
                 feed.put("error", exc)
-            except BaseException as exc:  # a fault of ours: said, never hidden
-                feed.put("error", MarqueError(f"{type(exc).__name__}: {exc}"))
+            except BaseException as exc:  # not even an Exception: still said, never hung
+                feed.put("error", internal_error(exc, work))
             else:
                 feed.put("outcome", outcome)
                 if on_outcome is not None:
@@ -173,7 +175,7 @@ class PilotService:
                         pass
 
         # Not awaited: what the execution says comes through the feed.
-        self._pool.submit(run)
+        self._threads.start(run)
         first = await feed.take()
         if first[0][0] == "error":
             return problem(first[0][1], request_id)

@@ -39,7 +39,7 @@ def pinned_keys(harbour_url: str, jwks: Any) -> list[dict[str, Any]]:
 
     Anything else — no ``keys``, a private key, a key the Pilot cannot verify
     with, two keys claiming one kid — is ``HarbourUnavailable`` (what answered
-    does not speak the Harbourmaster's API, as :mod:`marque.harbour.client`
+    does not speak the Harbourmaster's API, as :mod:`marque.clients.harbour`
     says of any such answer): nothing from it is trusted.
     """
     from marque.token import TrustedKeys

@@ -34,9 +34,9 @@ from marque.pilot.config import PREVIEW_MODES
 from marque.pilot.continuity import refuse_if_replaced
 from marque.pilot.core import Pilot
 from marque.preview_caveats import caveat_codes
-from marque.service_tokens import verify_preview_token
 from marque.target.row_images import diff_cid
 from marque.timefmt import iso_time
+from marque.token.service_tokens import verify_preview_token
 
 PREVIEW_VERSION = "marque-preview/0.1"
 

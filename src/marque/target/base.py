@@ -41,7 +41,9 @@ from marque.errors import (
     UndoConflict,
 )
 from marque.outcome import Status
+from marque.target.drivers import is_driver_error
 from marque.target.rows import RowTarget
+from marque.target.values import jsonable
 
 Emit = Callable[..., None]
 
@@ -330,60 +332,15 @@ class SqlTarget(RowTarget, Target):
     def execute(self, attempt: TargetAttempt, emit: Emit) -> Committed:
         assert attempt.change is not None, "execute needs the approved change"
         change = attempt.change
-        try:
-            conn = self._begin(attempt)
-        except MarqueError:
-            raise
-        except Exception as exc:  # nothing was sent: provably not applied
-            raise self._translate_begin(exc) from exc
+        conn = self._open(attempt)
         committing = False
         txid: int | None = None
         try:
             crash_point("after_begin")
-            inserted, first = self._stamp_then(conn, attempt, emit)
-            if not inserted:
-                raise StampConflict(f"{attempt.marque_id}/{attempt.nonce} already has a stamp")
-            txid = inserted[0][1] if len(inserted[0]) > 1 else None
-            # A read-only change entered read-only mode together with its stamp: say so.
-            emit("fence_checked", stamp="inserted",
-                 **({"txid": txid} if txid is not None else {}),
-                 **({"access": change.access} if change.access is not None else {}))
+            txid, first = self._fence(conn, attempt, emit)
             crash_point("after_stamp")
             self._check_guards(conn, change, "before", emit)
-            total = 0
-            result: dict[str, Any] | None = None
-            for index, statement in enumerate(change.statements):
-                if index == 0 and first is not None:
-                    cur = first  # it ran right behind the stamp, in the same message
-                else:
-                    emit("statement_started", index=index, sql=statement.sql)
-                    cur = self._execute_statement(conn, statement.sql, tuple(statement.params))
-                if cur.description is not None:
-                    rows = self._fetch_bounded(cur, attempt.max_rows - total, attempt.max_rows)
-                    count = len(rows)
-                    result = {"columns": [d[0] for d in cur.description],
-                              "rows": [[_jsonable(v) for v in r] for r in rows]}
-                else:
-                    count = max(cur.rowcount, 0)
-                total += count
-                if not self._in_transaction(conn):
-                    # Validation refuses transaction control, so this is a hole in it:
-                    # what committed is for reconciliation to find out, not us to guess.
-                    committing = True
-                    raise RuntimeError(f"statement {index} ended the Pilot's transaction")
-                emit("statement_finished", index=index, rows=count)
-                if statement.expect_rows is not None and count != statement.expect_rows:
-                    raise UndoConflict(
-                        f"statement {index} touched {count} row(s) where its approval "
-                        f"expects exactly {statement.expect_rows}: a row it is fenced on no "
-                        "longer holds what it was fenced on; everything was rolled back, "
-                        "nothing applied", detail={"statement": index})
-                crash_point("after_statement")
-                if total > attempt.max_rows:
-                    raise MaxRowsExceeded(
-                        f"statements affected {total} rows; the marque allows at most "
-                        f"{attempt.max_rows}"
-                    )
+            total, result = self._run_statements(conn, attempt, first, txid, emit)
             self._check_guards(conn, change, "after", emit)
             emit("asserted", rows_affected=total, max_rows=attempt.max_rows)
             crash_point("before_commit")
@@ -397,15 +354,81 @@ class SqlTarget(RowTarget, Target):
             raise
         except Exception as exc:
             self._abandon(conn)
-            if committing:
+            if committing:  # whatever it was, COMMIT may have been sent: unknown, never failed
                 raise CommitUnknown(f"COMMIT's outcome is unknown: {exc}",
                                     detail={"txid": txid}) from exc
+            if not is_driver_error(exc):
+                raise  # a fault of ours, not the database's answer: the Pilot says unknown
             raise self._translate(exc) from exc
         else:
             self._abandon(conn)
         emit("committed", rows_affected=total)
         crash_point("after_commit")
         return Committed(total, result, txid)
+
+    def _open(self, attempt: TargetAttempt) -> Any:
+        """The attempt's connection with its transaction begun (``_begin``); a driver error
+        there is the engine's to name (``_translate_begin``): nothing was sent yet."""
+        try:
+            return self._begin(attempt)
+        except MarqueError:
+            raise
+        except Exception as exc:
+            if not is_driver_error(exc):
+                raise
+            raise self._translate_begin(exc) from exc
+
+    def _fence(self, conn: Any, attempt: TargetAttempt, emit: Emit) -> tuple[int | None, Any]:
+        """Step 3's fence pre-check: the stamp inserted (``StampConflict`` if the nonce has
+        one), ``fence_checked`` said; the target's txid, and the first statement's cursor
+        if it travelled with the stamp."""
+        change = attempt.change
+        assert change is not None
+        inserted, first = self._stamp_then(conn, attempt, emit)
+        if not inserted:
+            raise StampConflict(f"{attempt.marque_id}/{attempt.nonce} already has a stamp")
+        txid = inserted[0][1] if len(inserted[0]) > 1 else None
+        # A read-only change entered read-only mode together with its stamp: say so.
+        emit("fence_checked", stamp="inserted",
+             **({"txid": txid} if txid is not None else {}),
+             **({"access": change.access} if change.access is not None else {}))
+        return txid, first
+
+    def _run_statements(self, conn: Any, attempt: TargetAttempt, first: Any,
+                        txid: int | None, emit: Emit) -> tuple[int, dict[str, Any] | None]:
+        """Step 4: the statements exactly as approved, each asserted as it finishes; the
+        rows they affected in all, and the last read's result."""
+        assert attempt.change is not None
+        total = 0
+        result: dict[str, Any] | None = None
+        for index, statement in enumerate(attempt.change.statements):
+            if index == 0 and first is not None:
+                cur = first  # it ran right behind the stamp, in the same message
+            else:
+                emit("statement_started", index=index, sql=statement.sql)
+                cur = self._execute_statement(conn, statement.sql, tuple(statement.params))
+            if cur.description is not None:
+                rows = self._fetch_bounded(cur, attempt.max_rows - total, attempt.max_rows)
+                count = len(rows)
+                result = {"columns": [d[0] for d in cur.description],
+                          "rows": [[jsonable(v) for v in r] for r in rows]}
+            else:
+                count = max(cur.rowcount, 0)
+            total += count
+            if not self._in_transaction(conn):
+                # Validation refuses transaction control, so this is a hole in it: what
+                # committed is for reconciliation to find out, not us to guess.
+                raise CommitUnknown(f"COMMIT's outcome is unknown: statement {index} ended "
+                                    "the Pilot's transaction", detail={"txid": txid})
+            emit("statement_finished", index=index, rows=count)
+            _check_expected_rows(index, statement.expect_rows, count)
+            crash_point("after_statement")
+            if total > attempt.max_rows:
+                raise MaxRowsExceeded(
+                    f"statements affected {total} rows; the marque allows at most "
+                    f"{attempt.max_rows}"
+                )
+        return total, result
 
     def _fetch_bounded(self, cur: Any, remaining: int, max_rows: int) -> list[Any]:
         # Fetch one row past the allowance to *detect* an excess; never truncate.
@@ -440,8 +463,21 @@ class SqlTarget(RowTarget, Target):
     def reconcile(self, attempt: TargetAttempt) -> Evidence:
         try:
             return self._reconcile_txn(attempt, self._stamp_row(attempt, STAMP_TOMBSTONE))
-        except Exception as exc:  # the target could not be asked: nothing is known
+        except Exception as exc:
+            if not (isinstance(exc, MarqueError) or is_driver_error(exc)):
+                raise  # a fault of ours: said as such; the attempt stays as it was
+            # The target could not be asked: nothing is known.
             return Evidence(Status.INDETERMINATE, reason=f"target unavailable: {exc}")
+
+
+def _check_expected_rows(index: int, expect: int | None, count: int) -> None:
+    """A fenced statement (``expect_rows``, as an undo's are) must touch exactly that many
+    rows: else :class:`UndoConflict`, and the whole transaction rolls back."""
+    if expect is not None and count != expect:
+        raise UndoConflict(
+            f"statement {index} touched {count} row(s) where its approval expects exactly "
+            f"{expect}: a row it is fenced on no longer holds what it was fenced on; "
+            "everything was rolled back, nothing applied", detail={"statement": index})
 
 
 def not_previewed(sql: str, caveats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -452,12 +488,3 @@ def not_previewed(sql: str, caveats: list[dict[str, Any]]) -> dict[str, Any]:
             "row_images": {"status": "unavailable",
                            "reason": "the statement was not run in the preview (its caveats "
                                      "say why), so none of its rows were imaged"}}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
-

@@ -73,9 +73,9 @@ from marque.target.base import (
     LiveStamps,
     SqlTarget,
     TargetAttempt,
-    _jsonable,
     not_previewed,
 )
+from marque.target.values import jsonable as _jsonable
 
 _ISOLATION = {
     "read_committed": "READ COMMITTED",

@@ -42,7 +42,9 @@ from marque.effects import cids, fence
 from marque.effects._frozen import freeze
 from marque.errors import CommitUnknown, MarqueError, NotApplied, StatementError, UndoConflict
 from marque.outcome import Status
+from marque.target.drivers import is_driver_error
 from marque.target.identity import refuses_tombstone
+from marque.target.values import jsonable
 
 #: The stamp-table version that added the row stamps (target/stamps.py).
 ROW_STAMPS_SINCE = 3
@@ -120,6 +122,12 @@ class ColumnsMissing(StatementError):
     statement was sent, :meth:`RowTarget._check_columns`). Code ``statement_error``, as the
     database's own refusal would be; its own class so that apply admission can tell it from
     a read that failed for another reason."""
+
+
+def _target_said(exc: Exception) -> bool:
+    """Whether ``exc`` is the target's answer (a Marque error an engine raised, or its
+    driver's), not a fault of ours."""
+    return isinstance(exc, MarqueError) or is_driver_error(exc)
 
 
 def quote(identifier: str) -> str:
@@ -212,8 +220,6 @@ class RowTarget(abc.ABC):
 
     def _read_one(self, conn: Any, table: str, identity: dict[str, Any], *,
                   lock: bool = False) -> dict[str, Any]:
-        from marque.target.base import _jsonable
-
         where, params = self._where(identity)
         cur = self._row_exec(conn, self._p(f"SELECT * FROM {quote(table)} WHERE {where}"
                                            + (self.row_lock_clause if lock else "")), params)
@@ -225,7 +231,7 @@ class RowTarget(abc.ABC):
                                      "Effect Set's key must be the table's primary key")
         columns = [d[0] for d in cur.description]
         return {"state": "present",
-                "value": {c: _jsonable(v) for c, v in zip(columns, rows[0], strict=True)}}
+                "value": {c: jsonable(v) for c, v in zip(columns, rows[0], strict=True)}}
 
     def _check_columns(self, conn: Any, table: str, columns: set[str]) -> None:
         """Refuse, before any statement names them, a table that does not exist and
@@ -253,9 +259,9 @@ class RowTarget(abc.ABC):
         try:
             self._check_columns(conn, table, {c for i in identities for c in i} | set(columns))
             return [self._read_one(conn, table, identity) for identity in identities]
-        except MarqueError:
-            raise
         except Exception as exc:
+            if isinstance(exc, MarqueError) or not is_driver_error(exc):
+                raise
             raise self._translate(exc) from exc
         finally:
             self._abandon(conn)
@@ -288,13 +294,7 @@ class RowTarget(abc.ABC):
         try:
             self._check_columns(conn, write.table,
                                 {*write.key, *write.identity, *write.values})
-            try:
-                self._row_exec(conn, self._stamp_sql(upsert=False),
-                               self._row_stamp(write, "applied"))
-            except Exception as exc:
-                if self._is_unique_violation(exc):
-                    raise RowStampConflict(write.row_idempotency_key) from exc
-                raise
+            self._insert_row_stamp(conn, write)
             if write.guard.get("kind") == "row_content":
                 current = self._read_one(conn, write.table, write.identity, lock=True)
                 if cids.row_content_guard(current) != dict(write.guard):
@@ -303,33 +303,7 @@ class RowTarget(abc.ABC):
                         "version is not the approved guard); rolled back, nothing resent")
             if write.fence is not None:
                 self._check_fence(conn, write)
-            action = None
-            table = quote(write.table)
-            if write.kind == "create":
-                columns = sorted(write.values)
-                cur = self._row_exec(conn, self._p(
-                    f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES "
-                    f"({', '.join('?' for _ in columns)})"),
-                    tuple(write.values[c] for c in columns))
-                count = cur.rowcount
-            elif write.kind == "update":
-                columns = sorted(write.values)
-                where, params = self._where(write.identity)
-                cur = self._row_exec(conn, self._p(
-                    f"UPDATE {table} SET {', '.join(f'{quote(c)} = ?' for c in columns)} "
-                    f"WHERE {where}"), tuple(write.values[c] for c in columns) + params)
-                count = cur.rowcount
-            elif write.kind == "delete":
-                where, params = self._where(write.identity)
-                cur = self._row_exec(conn, self._p(f"DELETE FROM {table} WHERE {where}"),
-                                     params)
-                count = cur.rowcount
-            elif write.kind == "upsert":
-                action = self._upsert_row(conn, write.table, write.key,
-                                          {**write.identity, **write.values}, write.values)
-                count = 1
-            else:
-                raise RowConditionFailed(f"a SQL target cannot apply a {write.kind} row")
+            count, action = self._mutate(conn, write)
             if count != 1:
                 raise RowConditionFailed(f"the {write.kind} of {write.table} row "
                                          f"{write.identity} affected {count} rows, not 1")
@@ -342,8 +316,10 @@ class RowTarget(abc.ABC):
         except (RowStampConflict, MarqueError):
             raise
         except Exception as exc:
-            if committing:
+            if committing:  # whatever it was, COMMIT may have been sent: unknown, never failed
                 raise CommitUnknown(f"COMMIT's outcome is unknown: {exc}") from exc
+            if not is_driver_error(exc):
+                raise  # a fault of ours, not the database's answer: the Pilot says unknown
             raise self._translate(exc) from exc
         finally:
             self._abandon(conn)
@@ -361,6 +337,44 @@ class RowTarget(abc.ABC):
                 "since the original execution wrote it); rolled back, this row only",
                 detail={"table": write.table, "key": dict(write.identity)})
 
+    def _insert_row_stamp(self, conn: Any, write: RowWrite) -> None:
+        """The row's stamp, first in its transaction: :class:`RowStampConflict` if the row
+        key already has one (dispatched before, or tombstoned)."""
+        try:
+            self._row_exec(conn, self._stamp_sql(upsert=False),
+                           self._row_stamp(write, "applied"))
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise RowStampConflict(write.row_idempotency_key) from exc
+            raise
+
+    def _mutate(self, conn: Any, write: RowWrite) -> tuple[int, str | None]:
+        """The row's one mutation: the rows it affected, and the upsert's action (the
+        database's own answer, ``created`` or ``updated``; None for the other kinds)."""
+        table = quote(write.table)
+        if write.kind == "create":
+            columns = sorted(write.values)
+            cur = self._row_exec(conn, self._p(
+                f"INSERT INTO {table} ({', '.join(quote(c) for c in columns)}) VALUES "
+                f"({', '.join('?' for _ in columns)})"),
+                tuple(write.values[c] for c in columns))
+            return cur.rowcount, None
+        if write.kind == "update":
+            columns = sorted(write.values)
+            where, params = self._where(write.identity)
+            cur = self._row_exec(conn, self._p(
+                f"UPDATE {table} SET {', '.join(f'{quote(c)} = ?' for c in columns)} "
+                f"WHERE {where}"), tuple(write.values[c] for c in columns) + params)
+            return cur.rowcount, None
+        if write.kind == "delete":
+            where, params = self._where(write.identity)
+            cur = self._row_exec(conn, self._p(f"DELETE FROM {table} WHERE {where}"), params)
+            return cur.rowcount, None
+        if write.kind == "upsert":
+            return 1, self._upsert_row(conn, write.table, write.key,
+                                       {**write.identity, **write.values}, write.values)
+        raise RowConditionFailed(f"a SQL target cannot apply a {write.kind} row")
+
     def reconcile_row(self, write: RowWrite) -> RowEvidence:
         """Observe, never resend: a tombstone stamp for the row key in its own transaction.
 
@@ -371,6 +385,8 @@ class RowTarget(abc.ABC):
         try:
             conn = self._row_open(write.statement_timeout_ms)
         except Exception as exc:
+            if not _target_said(exc):
+                raise  # a fault of ours: said as such; the row stays as it was
             return RowEvidence(Status.INDETERMINATE, reason=f"target unavailable: {exc}")
         try:
             foreign = self._refuses_tombstone(conn, write.target_id)
@@ -384,6 +400,8 @@ class RowTarget(abc.ABC):
                 (write.effect_apply_key, write.row_idempotency_key)).fetchone()
             self._row_commit(conn)
         except Exception as exc:
+            if not _target_said(exc):
+                raise
             return RowEvidence(Status.INDETERMINATE, reason=f"tombstone not written: {exc}")
         finally:
             self._abandon(conn)
@@ -425,6 +443,8 @@ class RowTarget(abc.ABC):
         try:
             return self._row_stamps_on(conn, where, params)
         except Exception as exc:
+            if isinstance(exc, MarqueError) or not is_driver_error(exc):
+                raise
             raise self._translate(exc) from exc
         finally:
             self._abandon(conn)

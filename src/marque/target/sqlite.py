@@ -44,9 +44,9 @@ from marque.target.base import (
     LiveStamps,
     SqlTarget,
     TargetAttempt,
-    _jsonable,
     not_previewed,
 )
+from marque.target.values import jsonable as _jsonable
 
 # Progress handler granularity, in SQLite VM instructions.
 _PROGRESS_STEPS = 10_000

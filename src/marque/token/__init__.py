@@ -33,9 +33,11 @@ One concept a module:
     header.py   what a header must say: alg and typ pinned, the signer found by kid
     marques.py  issuing, reading and checking marques
     proofs.py   proofs of possession and the jti replay window
+    service_tokens.py  preview and query tokens: a trusted issuer's short-lived asks
 
-The names below are the package's API; the other Marque tokens (preview and
-query tokens, signed logbook heads) build on the modules themselves.
+The names below are the package's API; the other Marque tokens (preview and query
+tokens in :mod:`marque.token.service_tokens`, signed logbook heads) build on the
+modules themselves.
 """
 
 from __future__ import annotations

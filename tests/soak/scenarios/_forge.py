@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from marque.cid import cid
 from marque.logbook.heads import sign_head
-from marque.service_tokens import PREVIEW_TYP, QUERY_TYP
 from marque.token import MARQUE_TYP, POP_TYP
+from marque.token.service_tokens import PREVIEW_TYP, QUERY_TYP
 
 TYP = {"marque": MARQUE_TYP, "preview": PREVIEW_TYP, "query": QUERY_TYP}
 B64_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"

@@ -22,8 +22,8 @@ from e2e.harbour_support import PilotServe
 from marque.change import Budget, Change, Statement
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
-from marque.service_tokens import issue_preview_token, issue_query_token
 from marque.token import issue_marque, make_proof, new_key, public_jwk
+from marque.token.service_tokens import issue_preview_token, issue_query_token
 
 MARQUE = Path(sys.executable).parent / "marque"
 PILOT_ID = "p1"

@@ -1,8 +1,8 @@
 """Matrix row 13: forged marques, preview tokens and query tokens, and a byte-mutation fuzz.
 
 Every case hands one forged token to the real verifier of its kind
-(:func:`marque.token.verify_marque`, :func:`marque.service_tokens.verify_preview_token`,
-:func:`~marque.service_tokens.verify_query_token`; proofs too, in the fuzz,
+(:func:`marque.token.verify_marque`, :func:`marque.token.service_tokens.verify_preview_token`,
+:func:`~marque.token.service_tokens.verify_query_token`; proofs too, in the fuzz,
 through :func:`marque.token.verify_proof`). The invariant: the verifier
 refuses with a typed :class:`~marque.errors.Refusal` — the expected code for a
 named vector — and never accepts, never raises anything untyped. The label
@@ -34,7 +34,6 @@ from typing import Any
 import httpx
 
 from marque.errors import MarqueError, Refusal
-from marque.service_tokens import verify_preview_token, verify_query_token
 from marque.token import (
     TrustedKeys,
     make_proof,
@@ -43,6 +42,7 @@ from marque.token import (
     verify_marque,
     verify_proof,
 )
+from marque.token.service_tokens import verify_preview_token, verify_query_token
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._forge import Vector, mutate, vectors
 from soak.scenarios._world import TARGET, TokenWorld

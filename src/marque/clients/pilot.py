@@ -1,10 +1,16 @@
-"""The one HTTP client of Marque's services (httpx): what ``exec --pilot URL`` uses.
+"""The Pilot service's HTTP client (httpx): what ``exec --pilot URL`` and a Harbourmaster use.
 
 An execution posted to a Pilot service runs there to its end whatever happens
 to the connection, so a client that loses the stream never posts a second
 execution: it *follows* the same nonce (``GET …?follow=true``) until it has the
 outcome, and only when the Pilot says it never claimed that nonce (the post
 never arrived) does it post again — under the same nonce, which is safe.
+
+A problem document becomes its typed error by the rule of
+:mod:`marque.clients.problems`. An answer that is not one (not the Pilot speaking
+its API): to a read (health, preview, evidence) it is ``pilot_unavailable`` — nothing
+ran; to an execution it is the base :class:`~marque.errors.MarqueError` naming the
+HTTP status, which claims nothing about whether the execution ran (exit 1).
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ from urllib.request import getproxies
 
 import httpx
 
-from marque.errors import PROBLEM_MEMBERS, MarqueError, PilotLost, PilotUnavailable, lookup
+from marque.clients.problems import error_of, problem_error
+from marque.errors import MarqueError, PilotLost, PilotUnavailable
 from marque.outcome import Outcome
+
+__all__ = ["PilotClient"]
 
 EventSink = Callable[[dict[str, Any]], None]
 #: How long a client keeps trying to get back to an execution after losing it.
@@ -27,28 +36,15 @@ RECONNECT_SECONDS = 30.0
 _BACKOFF = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
-def error_from_problem(response: httpx.Response) -> MarqueError:
-    """The Marque error an RFC 9457 problem document stands for: its class by ``code``,
-    its message the problem's ``detail``, and its detail the problem's other members
-    (a Pilot's refusal keeps ``rule``, ``statement``… across the wire)."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = body.get("detail") or response.text[:500]
-    return _error_class(body.get("code"))(
-        str(message), sqlstate=body.get("sqlstate"),
-        detail={k: v for k, v in body.items() if k not in PROBLEM_MEMBERS} or None)
-
-
-def _error_class(code: object) -> type[MarqueError]:
-    """The class registered for ``code``; the base class for a code this client lacks."""
-    try:
-        return lookup(code) if isinstance(code, str) else MarqueError
-    except KeyError:
-        return MarqueError
+def _execution_error(response: httpx.Response) -> MarqueError:
+    """An execution's error answer: its problem's typed error; for an answer that is not a
+    problem document, an error that says what came back and claims nothing."""
+    error = problem_error(response)
+    if error is not None:
+        return error
+    return MarqueError(f"{response.request.url} answered HTTP {response.status_code} without "
+                       f"a problem document: {response.text[:500]!r}",
+                       detail={"status": response.status_code})
 
 
 class _Lost(Exception):
@@ -93,9 +89,8 @@ class PilotClient:
         except httpx.TransportError as exc:
             raise PilotUnavailable(f"the Pilot at {self.url} cannot be reached ({exc}); "
                                    "nothing was sent: retrying the same nonce is safe") from exc
-        if response.status_code >= 400 and response.headers.get(
-                "content-type", "").startswith("application/problem+json"):
-            raise error_from_problem(response)
+        if response.status_code >= 400 and (error := problem_error(response)) is not None:
+            raise error
         try:
             body = response.json()
         except ValueError:
@@ -111,8 +106,8 @@ class PilotClient:
         except httpx.TransportError as exc:
             raise PilotUnavailable(f"the Pilot at {self.url} cannot be reached ({exc})") from exc
         if response.status_code >= 400:
-            if response.headers.get("content-type", "").startswith("application/problem+json"):
-                raise error_from_problem(response)
+            if (error := problem_error(response)) is not None:
+                raise error
             raise PilotUnavailable(f"the Pilot at {self.url} answered {response.status_code} "
                                    "without a problem document")
         try:
@@ -175,7 +170,7 @@ class PilotClient:
             try:
                 if response.status_code != 200:
                     response.read()
-                    raise error_from_problem(response)
+                    raise _execution_error(response)
                 if hello is not None:
                     sink(hello)
                 return self._read(response, sink)
@@ -197,13 +192,13 @@ class PilotClient:
                                    params={"follow": "true"}) as response:
                 if response.status_code == 404:
                     response.read()
-                    error = error_from_problem(response)
+                    error = _execution_error(response)
                     if error.code == "not_found":
                         return None
                     raise error
                 if response.status_code != 200:
                     response.read()
-                    raise error_from_problem(response)
+                    raise _execution_error(response)
                 sink(hello)
                 return self._read(response, sink)
         except httpx.TransportError as exc:
@@ -275,7 +270,7 @@ class PilotClient:
             return Outcome.from_dict(event["outcome"])
         if event.get("event") == "error":
             error = event.get("error") or {}
-            raise _error_class(error.get("code"))(
-                str(error.get("message", "")), sqlstate=error.get("sqlstate"))
+            raise error_of(error.get("code"), str(error.get("message", "")),
+                           error.get("sqlstate"))
         sink(event)
         return None

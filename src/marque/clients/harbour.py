@@ -4,10 +4,11 @@ One method per endpoint of the Harbourmaster's API (DESIGN §10–§11, the
 service contract in docs/harbour.md). Two rules make callers simple:
 
 * A problem document comes back as the typed :class:`~marque.errors.MarqueError`
-  its ``code`` names (``marque.errors.lookup``), with the server's ``detail``
-  as its message and every extra member (``id`` of a request stored as failed,
-  the HTTP ``status``) in its ``detail`` dict — so ``self_approval`` is a
-  :class:`~marque.errors.SelfApproval` here exactly as in the core.
+  its ``code`` names, by the rule of :mod:`marque.clients.problems` (the one
+  both clients follow): the server's ``detail`` as its message, its extension
+  members (``id`` of a request stored as failed…) in its ``detail`` dict — so
+  ``self_approval`` is a :class:`~marque.errors.SelfApproval` here exactly as in
+  the core.
 * Anything that keeps an answer from arriving — refused connection, timeout,
   a connection dropped mid-answer, an answer that is not the API's — is
   :class:`~marque.errors.HarbourUnavailable`. Its ``detail["sent"]`` says
@@ -30,45 +31,26 @@ from urllib.parse import quote
 
 import httpx
 
-from marque.errors import PROBLEM_MEMBERS, HarbourUnavailable, InvalidInput, MarqueError, lookup
+from marque.clients.problems import problem_error
+from marque.errors import HarbourUnavailable, InvalidInput, MarqueError
 from marque.harbour.identity import check_request_id, format_idempotency_key
 
 __all__ = ["HarbourClient", "check_token", "error_from_problem"]
 
-#: Problem members that become the error's message and class, not its detail: all but the
-#: HTTP ``status``, which this client keeps in the error's detail (see the module docstring).
-_STANDARD = PROBLEM_MEMBERS - {"status"}
-
 
 def error_from_problem(response: httpx.Response) -> MarqueError:
-    """The typed Marque error an RFC 9457 problem document stands for.
-
-    The message is the problem's ``detail``; the error's ``detail`` dict holds
-    the problem's other members (``status``, ``id``, …). A body that is not a
-    problem document becomes :class:`HarbourUnavailable` (whatever answered is
-    not a Harbourmaster speaking its API, e.g. a proxy's error page).
+    """The typed Marque error an error answer of the Harbourmaster stands for
+    (:func:`marque.clients.problems.problem_error`); an answer that is not a problem
+    document is :class:`HarbourUnavailable` — whatever answered is not a Harbourmaster
+    speaking its API (e.g. a proxy's error page), and it may have got the request.
     """
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    code = body.get("code") if isinstance(body, dict) else None
-    if not isinstance(body, dict) or not isinstance(code, str):
-        return HarbourUnavailable(
-            f"{response.request.url} answered HTTP {response.status_code} without a problem "
-            f"document: {response.text[:200]!r}",
-            detail={"status": response.status_code, "sent": True})
-    try:
-        cls = lookup(code)
-    except KeyError:
-        cls = MarqueError  # a newer server's code: still an error, with its words
-    message = body.get("detail")
-    extra = {k: v for k, v in body.items() if k not in _STANDARD}
-    if cls is MarqueError:
-        extra["code"] = code
-    sqlstate = body.get("sqlstate")
-    return cls(str(message) if message is not None else str(body.get("title", code)),
-               sqlstate=sqlstate if isinstance(sqlstate, str) else None, detail=extra)
+    error = problem_error(response)
+    if error is not None:
+        return error
+    return HarbourUnavailable(
+        f"{response.request.url} answered HTTP {response.status_code} without a problem "
+        f"document: {response.text[:200]!r}",
+        detail={"status": response.status_code, "sent": True})
 
 
 def check_token(token: str) -> str:
