@@ -322,8 +322,8 @@ def test_the_loser_of_a_completion_race_answers_the_winners_marque(harbour: Harb
     resolution = seal_resolution(sealed, decision="approve", approver="carol", at=time.time())
     harbour.hm.store.add_resolution(sealed.cid, resolution_cid=resolution.cid,
                                     approver="carol", decision="approve", body=resolution.body)
-    first = harbour.hm._settle(stale, "carol")
-    second = harbour.hm._settle(stale, "bob")
+    first = harbour.hm.settle(stale, "carol")
+    second = harbour.hm.settle(stale, "bob")
     assert first.state.value == second.state.value == "prepared"
     assert first.marque_id == second.marque_id and first.marque == second.marque
     issued = [e for e in harbour.kinds("marque.issued") if e["subject"] == request["id"]]
