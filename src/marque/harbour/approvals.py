@@ -12,6 +12,8 @@ one marque through and the other answers it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from marque.errors import (
@@ -47,11 +49,11 @@ from marque.harbour.moves import end, issue
 from marque.harbour.principals import Principal, Role
 from marque.harbour.request_change import marque_change
 from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget
-from marque.harbour.store.base import PilotRecord, Request
+from marque.harbour.store.base import AdoptedConfig, PilotRecord, Request
 from marque.harbour.undo import named_conflict
 from marque.harbour.views import request_object
 
-__all__ = ["Approvals"]
+__all__ = ["Approvals", "DecisionFacts"]
 
 S = RequestState
 
@@ -244,11 +246,69 @@ class Approvals:
             pilot: PilotRecord | None = store.get_pilot(request.pilot_id)
         except NotFound:
             pilot = None
-        return {"adopted_config_cid": None if adopted is None else adopted.config_cid,
-                "pilot_id": request.pilot_id,
-                "pilot_incarnation": None if pilot is None else pilot.incarnation,
-                "target": request.target, "now": self.ctx.now(),
-                "pilot_targets": None if pilot is None else pilot.targets}
+        return _check_inputs(request, adopted, pilot, self.ctx.now())
+
+    # -- what waits for an approver --------------------------------------------------------
+
+    def decision_facts(self, ids: Sequence[str]) -> dict[str, DecisionFacts]:
+        """For each stored request of ``ids`` (an id no request has is left out), what
+        deciding on it depends on besides its request object — its routing's
+        self-approval, the requester's keys and what of its Checkpoint no longer holds
+        (:meth:`no_longer_holds`) — read for all of them at once: a fixed number of store
+        queries whatever their number (the console's queue lists every one waiting)."""
+        store = self.ctx.store
+        stored = store.get_requests(ids)
+        parts = store.request_parts(list(stored.values()))
+        adopted = store.current_routing_config()
+        pilots = {p.pilot_id: p for p in store.list_pilots()}
+        keys = _current_keys(store.list_principals())
+        now = self.ctx.now()
+        facts: dict[str, DecisionFacts] = {}
+        for request in stored.values():
+            holds = ["not_awaiting"]
+            sealed = parts.checkpoints.get(request.checkpoint_cid or "")
+            if request.state is S.AWAITING_APPROVAL and sealed is not None:
+                checkpoint = Checkpoint.from_body(sealed.body, sealed.checkpoint_cid)
+                holds = revalidate(checkpoint, **_check_inputs(
+                    request, adopted, pilots.get(request.pilot_id), now))
+            facts[request.id] = DecisionFacts(
+                self_approval=_self_approval(request),
+                requester_keys=frozenset({request.requester_jkt,
+                                          keys.get(request.principal)}) - {None},
+                no_longer_holds=holds)
+        return facts
+
+
+@dataclass(frozen=True)
+class DecisionFacts:
+    """What deciding on one request depends on besides its request object."""
+
+    #: Whether its routing lets its requester approve it.
+    self_approval: bool
+    #: The key thumbprints it was asked with and its requester holds now.
+    requester_keys: frozenset[str | None]
+    #: What of its Checkpoint no longer holds ([]: an approval could issue its marque).
+    no_longer_holds: list[str]
+
+
+def _check_inputs(request: Request, adopted: AdoptedConfig | None,
+                  pilot: PilotRecord | None, now: float) -> dict[str, Any]:
+    return {"adopted_config_cid": None if adopted is None else adopted.config_cid,
+            "pilot_id": request.pilot_id,
+            "pilot_incarnation": None if pilot is None else pilot.incarnation,
+            "target": request.target, "now": now,
+            "pilot_targets": None if pilot is None else pilot.targets}
+
+
+def _current_keys(principals: list[Principal]) -> dict[str, str | None]:
+    """Each name's key thumbprint as ``get_principal`` answers it: its unrevoked
+    principal's, else its latest revoked one's (``list_principals`` lists by age)."""
+    found: dict[str, Principal] = {}
+    for principal in principals:
+        held = found.get(principal.name)
+        if held is None or held.revoked or not principal.revoked:
+            found[principal.name] = principal
+    return {name: p.key_thumbprint for name, p in found.items()}
 
 
 def _self_approval(request: Request) -> bool:

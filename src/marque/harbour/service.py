@@ -33,13 +33,13 @@ leaves the request where it was, for a retry to resume.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from marque.client import PilotClient
 from marque.errors import Forbidden
 from marque.harbour.access import READERS, authenticate, require
-from marque.harbour.approvals import Approvals
+from marque.harbour.approvals import Approvals, DecisionFacts
 from marque.harbour.context import HarbourContext
 from marque.harbour.expiry import SKEW_SECONDS, Expiry
 from marque.harbour.home import HarbourHome, open_home_store
@@ -185,6 +185,12 @@ class Harbourmaster:
         """What of an ``awaiting_approval`` request's Checkpoint no longer holds now
         ([] when an approval could still issue its marque)."""
         return self.approvals.no_longer_holds(id)
+
+    def decision_facts(self, ids: Sequence[str]) -> dict[str, DecisionFacts]:
+        """What deciding on each of these requests depends on besides its object (its
+        self-approval, its requester's keys, what of its Checkpoint no longer holds), read
+        for all at once: the console's queue of what waits for an approver."""
+        return self.approvals.decision_facts(ids)
 
     def settle(self, request: Request, actor: str) -> Request:
         """Act on the tally of an ``awaiting_approval`` request (else return it as it is)."""
