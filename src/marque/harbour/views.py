@@ -94,19 +94,7 @@ def request_object(store: HarbourStore, request: Request,
     if parts is None:
         parts = store.request_parts([request])
         store = cast(HarbourStore, _PageReads(store, parts))
-    checkpoint = None
-    resolutions: list[dict[str, Any]] = []
-    if request.checkpoint_cid is not None:
-        sealed = parts.checkpoints.get(request.checkpoint_cid)
-        if sealed is None:  # a request names only a stored Checkpoint: this says so
-            sealed = store.get_checkpoint(request.checkpoint_cid)
-        checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
-                      "expires_at": sealed.expires_at}
-        resolutions = [
-            {"resolution_cid": r.resolution_cid, "approver": r.approver,
-             "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
-            for r in parts.resolutions.get(request.checkpoint_cid, [])
-        ]
+    checkpoint, resolutions = _checkpoint_view(store, request, parts)
     executions: list[dict[str, Any]] = []
     receipt = None
     if request.marque_id is not None:
@@ -148,6 +136,25 @@ def request_object(store: HarbourStore, request: Request,
         "created_at": request.created_at,
         "updated_at": request.updated_at,
     }
+
+
+def _checkpoint_view(store: HarbourStore, request: Request, parts: RequestParts
+                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The request object's ``checkpoint`` and ``resolutions`` (None and [] before one is
+    sealed)."""
+    if request.checkpoint_cid is None:
+        return None, []
+    sealed = parts.checkpoints.get(request.checkpoint_cid)
+    if sealed is None:  # a request names only a stored Checkpoint: this says so
+        sealed = store.get_checkpoint(request.checkpoint_cid)
+    checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
+                  "expires_at": sealed.expires_at}
+    resolutions = [
+        {"resolution_cid": r.resolution_cid, "approver": r.approver,
+         "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
+        for r in parts.resolutions.get(request.checkpoint_cid, [])
+    ]
+    return checkpoint, resolutions
 
 
 def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:

@@ -609,11 +609,15 @@ class RequestRecords(StoreHooks):
     def marque_pilots(self, marque_ids: list[str]) -> dict[str, str]:
         wanted = sorted(set(marque_ids))
         found: dict[str, str] = {}
+        if not wanted:
+            return found
         with self.reading() as tx:
-            for marque_id in wanted:
-                row = tx.one("SELECT pilot_id FROM requests WHERE marque_id = ?", (marque_id,))
-                if row is not None:
-                    found[marque_id] = row[0]
+            for chunk in _chunks(wanted):
+                marks = ", ".join("?" for _ in chunk)
+                for marque_id, pilot_id in tx.execute(
+                        f"SELECT marque_id, pilot_id FROM requests WHERE marque_id IN ({marks})",
+                        chunk):
+                    found[marque_id] = pilot_id
         return found
 
     def reports(self, marque_id: str) -> list[Report]:
