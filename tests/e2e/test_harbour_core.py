@@ -241,6 +241,25 @@ def test_a_routing_config_changed_while_waiting_fails_revalidation(harbour: Harb
     assert ended["marque"] is None and ended["marque_id"] is None
 
 
+def test_decision_facts_of_several_requests_are_what_each_reads_alone(harbour: Harbour) -> None:
+    """decision_facts reads, for several requests awaiting approval at once, their
+    self-approval, their requester's keys and what of their Checkpoint no longer holds —
+    what no_longer_holds says of each alone, before and after the config changes."""
+    made = [harbour.hm.submit(harbour.alice, harbour.body(WRITE, f"req-f{i}"), None)[0]
+            for i in range(3)]
+    ids = [r["id"] for r in made]
+    facts = harbour.hm.decision_facts([*ids, "rq_missing"])
+    assert set(facts) == set(ids)
+    for id in ids:
+        assert facts[id].no_longer_holds == harbour.hm.no_longer_holds(id) == []
+        assert facts[id].self_approval is False
+        assert harbour.alice.key_thumbprint in facts[id].requester_keys
+    harbour.adopt(BOOTSTRAP_PROFILE_TOML.replace("self_approval = false", "self_approval = true"))
+    later = harbour.hm.decision_facts(ids)
+    for id in ids:
+        assert later[id].no_longer_holds == harbour.hm.no_longer_holds(id) != []
+
+
 def test_an_incarnation_change_sends_a_prepared_request_to_reconciliation_stamps_settle_it(
         harbour: Harbour) -> None:
     request, _ = harbour.hm.submit(harbour.alice, harbour.body(WRITE, "req-i"), None)
@@ -322,8 +341,8 @@ def test_the_loser_of_a_completion_race_answers_the_winners_marque(harbour: Harb
     resolution = seal_resolution(sealed, decision="approve", approver="carol", at=time.time())
     harbour.hm.store.add_resolution(sealed.cid, resolution_cid=resolution.cid,
                                     approver="carol", decision="approve", body=resolution.body)
-    first = harbour.hm._settle(stale, "carol")
-    second = harbour.hm._settle(stale, "bob")
+    first = harbour.hm.settle(stale, "carol")
+    second = harbour.hm.settle(stale, "bob")
     assert first.state.value == second.state.value == "prepared"
     assert first.marque_id == second.marque_id and first.marque == second.marque
     issued = [e for e in harbour.kinds("marque.issued") if e["subject"] == request["id"]]

@@ -34,7 +34,7 @@ from harbour_support import (
 
 from marque.clients.harbour import HarbourClient
 from marque.harbour.http import API_BODY_BYTES, FORM_BODY_BYTES, REPORTS_BODY_BYTES
-from marque.harbour.service import REASON_CHARS
+from marque.harbour.intake import REASON_CHARS
 from marque.harbour.views import REQUESTS_PAGE, REQUESTS_PAGE_MAX
 from marque.pilot.http import BODY_BYTES
 

@@ -14,12 +14,10 @@ call runs in a worker thread; the event loop only parses and writes.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Info
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,7 +29,7 @@ from starlette.routing import Route
 from marque.errors import Forbidden, InvalidInput, MarqueError, Unauthenticated
 from marque.harbour.console import Console
 from marque.harbour.console.sessions import SESSION_SECONDS
-from marque.harbour.lifecycle import RequestState
+from marque.harbour.figures import StoreFigures
 from marque.harbour.notifications.figures import NotificationMetrics
 from marque.harbour.principals import Principal, Role
 from marque.harbour.views import REQUESTS_PAGE, REQUESTS_PAGE_MAX
@@ -66,7 +64,6 @@ FORM_BODY_BYTES = 64 * 1024
 QUERY_INT_MAX = 2**63 - 1
 #: Who may scrape ``/metrics`` (DESIGN §11.7): the roles that may read everything.
 _METRICS_ROLES = (Role.AUDITOR, Role.ADMIN)
-_FINDING_PREFIX = "finding."
 
 
 def _bearer(request: Request) -> str | None:
@@ -125,58 +122,6 @@ def _int_param(request: Request, name: str, default: int, minimum: int) -> int:
     return number
 
 
-class _StoreFigures:
-    """Metrics read from the store at scrape time: requests by state, findings by kind.
-
-    Findings are counted from the logbook, so every process of a scaled-out
-    Harbourmaster reports the same monotonic totals. The logbook only grows,
-    so each scrape reads just the findings after the last one seen.
-    """
-
-    def __init__(self, harbourmaster: Harbourmaster) -> None:
-        self._harbourmaster = harbourmaster
-        self._lock = threading.Lock()  # one scrape at a time advances the cursor
-        self._findings_after = 0
-        self._findings: dict[str, int] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        store = self._harbourmaster.store
-        try:
-            counts = {state.value: 0 for state in RequestState}
-            for stored in store.list_requests():
-                counts[stored.state.value] = counts.get(stored.state.value, 0) + 1
-            findings = self._count_findings()
-        except MarqueError:
-            return  # the store is away: no figures rather than wrong ones
-        requests = GaugeMetricFamily("marque_harbour_requests", "Requests held, by state",
-                                     labels=["state"])
-        for state, count in sorted(counts.items()):
-            requests.add_metric([state], count)
-        yield requests
-        waiting = GaugeMetricFamily("marque_harbour_approvals_waiting",
-                                    "Requests whose Checkpoint awaits approval")
-        waiting.add_metric([], counts.get(RequestState.AWAITING_APPROVAL.value, 0))
-        yield waiting
-        total = CounterMetricFamily("marque_harbour_findings", "Findings logged, by kind",
-                                    labels=["kind"])
-        for kind, count in sorted(findings.items()):
-            total.add_metric([kind], count)
-        yield total
-
-    def _count_findings(self) -> dict[str, int]:
-        store = self._harbourmaster.store
-        with self._lock:
-            while True:
-                page = store.logbook_entries(after=self._findings_after, limit=LOGBOOK_PAGE_MAX,
-                                             kind_prefix=_FINDING_PREFIX)
-                for entry in page:
-                    kind = entry.kind[len(_FINDING_PREFIX):]
-                    self._findings[kind] = self._findings.get(kind, 0) + 1
-                    self._findings_after = entry.seq
-                if len(page) < LOGBOOK_PAGE_MAX:
-                    return dict(self._findings)
-
-
 class HarbourService:
     """The ASGI app of one Harbourmaster process, plus the threads and metrics it owns."""
 
@@ -190,7 +135,7 @@ class HarbourService:
             registry=self.registry)
         info = Info("marque_harbour", "This Harbourmaster's identity", registry=self.registry)
         info.info({"harbour_id": harbourmaster.store.harbour_id})
-        self.registry.register(_StoreFigures(harbourmaster))
+        self.registry.register(StoreFigures(harbourmaster.store))
         # Webhook deliveries (docs/notifications.md): the delivery thread counts its attempts.
         self.notifications = NotificationMetrics(self.registry, harbourmaster.store)
         # The web console (DESIGN §12): its pages at `/`, over the same core, in the same threads.

@@ -31,6 +31,16 @@ _REPORT_KEYS = frozenset({"marque_id", "nonce", "attempt", "status", "rows_affec
                           "pilot", "cause", "effect_set", "signature"})
 #: Reports accepted in one delivery.
 MAX_REPORTS = 1000
+#: The longest reason an approval, a rejection or an expiry may carry (as a request's own).
+REASON_CHARS = 4096
+
+
+def bounded_reason(reason: str | None) -> str | None:
+    """``reason``, if it is no longer than :data:`REASON_CHARS`; else ``input_invalid``."""
+    if reason is not None and len(reason) > REASON_CHARS:
+        raise InvalidInput(f"a reason is at most {REASON_CHARS} characters; this one has "
+                           f"{len(reason)}", detail={"limit": REASON_CHARS})
+    return reason
 
 
 @dataclass(frozen=True)

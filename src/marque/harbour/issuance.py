@@ -216,6 +216,23 @@ def issue_request_marque(
         raise InvalidInput("logical_request_scope must be a CID")
     if not isinstance(change, Change | EffectSetChange):
         raise InvalidInput("change must be a Change or an EffectSetChange")
+    claim = _approval_claim(approval, checkpoint, logical_request_scope=logical_request_scope,
+                            change=change, pilot_id=pilot_id, incarnation=incarnation,
+                            target=target)
+    return issue_marque(
+        issuer_key, pilot_id=pilot_id, incarnation=incarnation, target=target,
+        holder_jwk=holder, change=change, budget=budget, ttl_seconds=ttl, subject=requester,
+        issuer=issuer, now=now, marque_id=marque_id, request_scope=logical_request_scope,
+        approval=claim)
+
+
+def _approval_claim(
+    approval: Mapping[str, Any], checkpoint: Checkpoint | None, *,
+    logical_request_scope: str, change: AnyChange, pilot_id: str, incarnation: str,
+    target: str,
+) -> dict[str, Any]:
+    """The ``approval`` claim to sign, read from ``approval`` and held to ``checkpoint``:
+    an approved request's against what it sealed, an allowed one's with none."""
     claim = _read_approval(approval)
     if "checkpoint_cid" in claim:
         if checkpoint is None:
@@ -227,22 +244,7 @@ def issue_request_marque(
     elif checkpoint is not None:
         raise InvalidInput("an allowed request has no Checkpoint; its approval is the config "
                            "CID alone")
-    return issue_marque(
-        issuer_key,
-        pilot_id=pilot_id,
-        incarnation=incarnation,
-        target=target,
-        holder_jwk=holder,
-        change=change,
-        budget=budget,
-        ttl_seconds=ttl,
-        subject=requester,
-        issuer=issuer,
-        now=now,
-        marque_id=marque_id,
-        request_scope=logical_request_scope,
-        approval=claim,
-    )
+    return claim
 
 
 @dataclass(frozen=True)

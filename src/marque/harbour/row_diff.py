@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from marque.cid import is_cid
 from marque.errors import PreviewOverBudget
+from marque.harbour.pilot_calls import PREVIEW_SAMPLE_ROWS, ask_preview, preview_token
 from marque.harbour.request_change import stored_change
 from marque.harbour.statement_requests import StatementRequest
 from marque.harbour.undo import refuse_fences
 from marque.target.row_images import before_state
 
 if TYPE_CHECKING:
-    from marque.harbour.service import Harbourmaster
+    from marque.harbour.context import HarbourContext
     from marque.harbour.store.base import PilotRecord, Request
 
 __all__ = ["DIFF_CHANGED", "sealed_diff_cid", "over_budget", "refuse_over_budget",
@@ -67,8 +68,8 @@ def refuse_over_budget(request: Request) -> None:
                     "max_rows": (request.preview or {}).get("max_rows")})
 
 
-def diff_changes(hm: Harbourmaster, request: Request, pilot: PilotRecord,
-                 sample_rows: int) -> str | None:
+def diff_changes(ctx: HarbourContext, request: Request, pilot: PilotRecord,
+                 sample_rows: int = PREVIEW_SAMPLE_ROWS) -> str | None:
     """Preview ``request`` again and say how its rows differ from the approved preview's
     (None when its before-images are the same). Only a rolled-back preview with row
     images is compared. A Pilot that cannot be reached raises (nothing is issued,
@@ -79,15 +80,11 @@ def diff_changes(hm: Harbourmaster, request: Request, pilot: PilotRecord,
     if sealed_diff_cid(approved) is None or approved.get("mode") != "rollback":
         return None
     change = stored_change(request.change)
-    token = hm.preview_token(request, change, pilot, sample_rows)
-    client = hm.pilot_client_factory(pilot.url)
+    token = preview_token(ctx, request, change, pilot, sample_rows)
     try:
-        try:
-            fresh, _ = change.previewed(client.preview(token), pilot, request.target)
-        except change.preview_refusals as exc:
-            return f"the change no longer previews ({exc.message})"
-    finally:
-        client.close()
+        fresh, _ = change.previewed(ask_preview(ctx, pilot, token), pilot, request.target)
+    except change.preview_refusals as exc:
+        return f"the change no longer previews ({exc.message})"
     if isinstance(change, StatementRequest):
         refuse_fences(change.change, fresh)  # an undo's row changed: UndoConflict, by key
     return _difference(approved, fresh)

@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
@@ -51,32 +51,50 @@ def read_cursor(cursor: str) -> tuple[float, str]:
     return float(found[0]), found[1]
 
 
+class _PageReads:
+    """The store, with what a page of request objects reads about the requests its
+    compensations roll back already read: their rows (``RequestParts.originals``) and
+    the Pilots (one list). An undo's view derives the undo from both; read per request,
+    that would be two queries for each undo on the page. Anything else is the store's."""
+
+    def __init__(self, store: HarbourStore, parts: RequestParts) -> None:
+        self._store = store
+        self._originals = parts.originals
+        self._pilots: dict[str, PilotRecord] | None = None
+
+    def get_request(self, id: str) -> Request:
+        found = self._originals.get(id)
+        return found if found is not None else self._store.get_request(id)
+
+    def get_pilot(self, pilot_id: str) -> PilotRecord:
+        if self._pilots is None:  # a handful of Pilots: one list, read once a page
+            self._pilots = {p.pilot_id: p for p in self._store.list_pilots()}
+        found = self._pilots.get(pilot_id)
+        return found if found is not None else self._store.get_pilot(pilot_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
 def request_objects(store: HarbourStore, requests: Sequence[Request]) -> list[dict[str, Any]]:
-    """The request objects of ``requests``, in order, their parts read together (a
-    bounded number of queries for the whole list)."""
+    """The request objects of ``requests``, in order, their parts read together: a fixed
+    number of queries for the whole list, whatever its length (the parts, and the Pilots
+    once when an undo is among them)."""
     parts = store.request_parts(requests)
-    return [request_object(store, request, parts) for request in requests]
+    # Duck-typed: the reads undo_view makes, answered from the page (see _PageReads).
+    reads = cast(HarbourStore, _PageReads(store, parts))
+    return [request_object(reads, request, parts) for request in requests]
 
 
 def request_object(store: HarbourStore, request: Request,
                    parts: RequestParts | None = None) -> dict[str, Any]:
     """The request object of the service contract for ``request`` (its Checkpoint,
-    Resolutions and reports from ``parts`` when given, else read from ``store``)."""
+    Resolutions, reports and original from ``parts`` when given, else read from
+    ``store``)."""
     if parts is None:
         parts = store.request_parts([request])
-    checkpoint = None
-    resolutions: list[dict[str, Any]] = []
-    if request.checkpoint_cid is not None:
-        sealed = parts.checkpoints.get(request.checkpoint_cid)
-        if sealed is None:  # a request names only a stored Checkpoint: this says so
-            sealed = store.get_checkpoint(request.checkpoint_cid)
-        checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
-                      "expires_at": sealed.expires_at}
-        resolutions = [
-            {"resolution_cid": r.resolution_cid, "approver": r.approver,
-             "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
-            for r in parts.resolutions.get(request.checkpoint_cid, [])
-        ]
+        store = cast(HarbourStore, _PageReads(store, parts))
+    checkpoint, resolutions = _checkpoint_view(store, request, parts)
     executions: list[dict[str, Any]] = []
     receipt = None
     if request.marque_id is not None:
@@ -118,6 +136,25 @@ def request_object(store: HarbourStore, request: Request,
         "created_at": request.created_at,
         "updated_at": request.updated_at,
     }
+
+
+def _checkpoint_view(store: HarbourStore, request: Request, parts: RequestParts
+                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The request object's ``checkpoint`` and ``resolutions`` (None and [] before one is
+    sealed)."""
+    if request.checkpoint_cid is None:
+        return None, []
+    sealed = parts.checkpoints.get(request.checkpoint_cid)
+    if sealed is None:  # a request names only a stored Checkpoint: this says so
+        sealed = store.get_checkpoint(request.checkpoint_cid)
+    checkpoint = {"cid": sealed.checkpoint_cid, "body": sealed.body,
+                  "expires_at": sealed.expires_at}
+    resolutions = [
+        {"resolution_cid": r.resolution_cid, "approver": r.approver,
+         "decision": r.decision, "reason": r.body.get("reason"), "at": r.at}
+        for r in parts.resolutions.get(request.checkpoint_cid, [])
+    ]
+    return checkpoint, resolutions
 
 
 def effect_receipt(reports: Iterable[dict[str, Any]]) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from marque.errors import NotFound
+from marque.harbour.approvals import DecisionFacts
 from marque.harbour.console import logbook as console_logbook
 from marque.harbour.console import pilots as console_pilots
 from marque.harbour.console.highlight import highlight_sql
@@ -128,45 +129,29 @@ def _approvals(request: dict[str, Any]) -> tuple[int, int]:
     return approved, needed
 
 
-def _self_approval_allowed(hm: Harbourmaster, request_id: str) -> bool:
-    try:
-        routing = hm.store.get_request(request_id).routing or {}
-    except NotFound:
-        return False
-    return bool(routing.get("self_approval"))
-
-
-def can_decide(hm: Harbourmaster, principal: Principal, request: dict[str, Any]
-               ) -> tuple[bool, str]:
-    """Whether to offer this viewer approve/reject, and if not, why (the core decides anyway)."""
+def can_decide(hm: Harbourmaster, principal: Principal, request: dict[str, Any],
+               facts: DecisionFacts | None = None) -> tuple[bool, str]:
+    """Whether to offer this viewer approve/reject, and if not, why (the core decides anyway).
+    ``facts``: what the core read for it beside its object (``Harbourmaster.decision_facts``),
+    read here when not given."""
     if request["state"] != RequestState.AWAITING_APPROVAL.value:
         return False, ""
     if not principal.has(Role.APPROVER):
         return False, "Only an approver can approve or reject this request."
     if any(r["approver"] == principal.name for r in request.get("resolutions") or []):
         return False, "You have already decided on this request."
-    if request["principal"] == principal.name and not _self_approval_allowed(hm, request["id"]):
+    if facts is None:
+        facts = hm.decision_facts([request["id"]]).get(request["id"]) \
+            or DecisionFacts(self_approval=False, requester_keys=frozenset(),
+                             no_longer_holds=["not_awaiting"])
+    if request["principal"] == principal.name and not facts.self_approval:
         return False, ("You asked for this change, so someone else must approve it "
                        "(self_approval).")
-    if _holds_requesters_key(hm, principal, request) \
-            and not _self_approval_allowed(hm, request["id"]):
+    if principal.key_thumbprint is not None \
+            and principal.key_thumbprint in facts.requester_keys and not facts.self_approval:
         return False, ("You hold the key this change was asked with, so someone else must "
                        "approve it (self_approval).")
     return True, ""
-
-
-def _holds_requesters_key(hm: Harbourmaster, principal: Principal,
-                          request: dict[str, Any]) -> bool:
-    """Whether the viewer's key is the requester's, now or when they asked (docs/harbour.md,
-    "One key is one principal")."""
-    if principal.key_thumbprint is None:
-        return False
-    try:
-        asked_with = hm.store.get_request(request["id"]).requester_jkt
-        current = hm.store.get_principal(request["principal"]).key_thumbprint
-    except NotFound:
-        return False
-    return principal.key_thumbprint in {asked_with, current}
 
 
 def _row(request: dict[str, Any]) -> dict[str, Any]:
@@ -195,8 +180,12 @@ def queue_view(hm: Harbourmaster, principal: Principal, state: str | None,
     page = hm.requests_page(principal, state, limit=QUEUE_PAGE, cursor=cursor)
     # Only what an approval could still turn into a marque: a Checkpoint that expired, or
     # whose config, Pilot or target changed, waits for nobody (an approval would fail it).
-    waiting = [_row(r) for r in hm.list_requests(principal, RequestState.AWAITING_APPROVAL.value)
-               if can_decide(hm, principal, r)[0] and not hm.no_longer_holds(r["id"])]
+    awaiting = hm.list_requests(principal, RequestState.AWAITING_APPROVAL.value)
+    facts = hm.decision_facts([r["id"] for r in awaiting]) \
+        if principal.has(Role.APPROVER) else {}
+    waiting = [_row(r) for r in awaiting
+               if r["id"] in facts and can_decide(hm, principal, r, facts[r["id"]])[0]
+               and not facts[r["id"]].no_longer_holds]
     ready = [_row(r) for r in hm.list_requests(principal, RequestState.PREPARED.value)
              if r["principal"] == principal.name]
     needs_human = [_row(r) for name in ("reconciliation", "rollback_failed")

@@ -166,12 +166,14 @@ class Report:
 
 @dataclass(frozen=True)
 class RequestParts:
-    """Several requests' Checkpoints (by CID), Resolutions (by Checkpoint CID) and reports
-    (by marque id); what is not there has none."""
+    """Several requests' Checkpoints (by CID), Resolutions (by Checkpoint CID), reports
+    (by marque id) and the requests their compensations roll back (by id); what is not
+    there has none."""
 
     checkpoints: dict[str, Checkpoint]
     resolutions: dict[str, list[Resolution]]
     reports: dict[str, list[Report]]
+    originals: dict[str, Request] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -394,6 +396,11 @@ class HarbourStore(NotificationStore, abc.ABC):
         in that order (a page of a keyset walk: requests added meanwhile never shift it)."""
 
     @abc.abstractmethod
+    def get_requests(self, ids: Sequence[str]) -> dict[str, Request]:
+        """The stored requests of ``ids`` by id (an id no request has is left out), in a
+        fixed number of queries whatever their number."""
+
+    @abc.abstractmethod
     def count_requests(self, principal: str | None = None) -> dict[str, int]:
         """How many requests each state holds (states with none left out), optionally of
         one principal: one query, whatever the number of requests."""
@@ -513,10 +520,11 @@ class HarbourStore(NotificationStore, abc.ABC):
     @abc.abstractmethod
     def request_parts(self, requests: Sequence[Request]) -> RequestParts:
         """What the request objects of ``requests`` show besides their rows — their
-        Checkpoints, Resolutions and reports — read together, in a fixed number of
-        queries whatever the number of requests (a listing page is one read, not three
-        per request). The same lists, in the same order, as :meth:`get_checkpoint`,
-        :meth:`resolutions` and :meth:`reports` give."""
+        Checkpoints, Resolutions and reports, and the originals of those that roll one
+        back — read together, in a fixed number of queries whatever the number of
+        requests (a listing page is one read, not three per request). The same lists, in
+        the same order, as :meth:`get_checkpoint`, :meth:`resolutions`, :meth:`reports`
+        and :meth:`get_request` give."""
 
     # -- logbook -----------------------------------------------------------------
 

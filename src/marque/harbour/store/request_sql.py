@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from marque.errors import Conflict, Forbidden, InvalidInput, NotFound
+from marque.errors import Conflict, Forbidden, InvalidInput, NotFound, RequestExpired
 from marque.harbour.executions import (
     STALE_PREVIEW,
     STALE_PREVIEW_NEXT_STEP,
@@ -215,6 +215,25 @@ class RequestRecords(StoreHooks):
             rows = tx.execute(f"SELECT {_COLUMNS} FROM requests{clause} "
                               f"ORDER BY created_at DESC, id DESC{bound}", params)
         return [_request(row) for row in rows]
+
+    def get_requests(self, ids: Sequence[str]) -> dict[str, Request]:
+        wanted = sorted({str(i) for i in ids})
+        found: dict[str, Request] = {}
+        if not wanted:
+            return found
+        with self.reading() as tx:
+            self._requests_in_tx(tx, wanted, found)
+        return found
+
+    @staticmethod
+    def _requests_in_tx(tx: Tx, ids: list[str], found: dict[str, Request]) -> None:
+        """Add the requests of ``ids`` to ``found``, an ``IN (…)`` list a chunk at a time."""
+        for chunk in _chunks(ids):
+            marks = ", ".join("?" for _ in chunk)
+            for row in tx.execute(f"SELECT {_COLUMNS} FROM requests WHERE id IN ({marks})",
+                                  chunk):
+                request = _request(row)
+                found[request.id] = request
 
     def count_requests(self, principal: str | None = None) -> dict[str, int]:
         clause, params = ("", ()) if principal is None else (" WHERE principal = ?",
@@ -473,7 +492,7 @@ class RequestRecords(StoreHooks):
             journal: Journal = []
             moved = self._move_tx(tx, current, expected_version, S.EXPIRED, journal, actor=actor,
                                   now=at, reason=reason, kind="request.expired",
-                                  updates={"failure": {"code": "request_expired",
+                                  updates={"failure": {"code": RequestExpired.code,
                                                        "message": reason}}, body={
                                      "marque_id": current.marque_id, "marque_exp": marque_exp,
                                      "skew_seconds": skew_seconds,
@@ -591,11 +610,15 @@ class RequestRecords(StoreHooks):
     def marque_pilots(self, marque_ids: list[str]) -> dict[str, str]:
         wanted = sorted(set(marque_ids))
         found: dict[str, str] = {}
+        if not wanted:
+            return found
         with self.reading() as tx:
-            for marque_id in wanted:
-                row = tx.one("SELECT pilot_id FROM requests WHERE marque_id = ?", (marque_id,))
-                if row is not None:
-                    found[marque_id] = row[0]
+            for chunk in _chunks(wanted):
+                marks = ", ".join("?" for _ in chunk)
+                for marque_id, pilot_id in tx.execute(
+                        f"SELECT marque_id, pilot_id FROM requests WHERE marque_id IN ({marks})",
+                        chunk):
+                    found[marque_id] = pilot_id
         return found
 
     def reports(self, marque_id: str) -> list[Report]:
@@ -608,12 +631,15 @@ class RequestRecords(StoreHooks):
     def request_parts(self, requests: Sequence[Request]) -> RequestParts:
         cids = sorted({r.checkpoint_cid for r in requests if r.checkpoint_cid is not None})
         marques = sorted({r.marque_id for r in requests if r.marque_id is not None})
+        rolled_back = sorted({r.rolls_back for r in requests if r.rolls_back is not None})
         checkpoints: dict[str, Checkpoint] = {}
         resolutions: dict[str, list[Resolution]] = {}
         reports: dict[str, list[Report]] = {}
-        if not cids and not marques:
-            return RequestParts(checkpoints, resolutions, reports)
+        originals: dict[str, Request] = {}
+        if not cids and not marques and not rolled_back:
+            return RequestParts(checkpoints, resolutions, reports, originals)
         with self.reading() as tx:
+            self._requests_in_tx(tx, rolled_back, originals)
             for chunk in _chunks(cids):
                 marks = ", ".join("?" for _ in chunk)
                 for row in tx.execute("SELECT checkpoint_cid, request, body, expires_at, "
@@ -633,7 +659,7 @@ class RequestRecords(StoreHooks):
                                     "ORDER BY received_at, nonce, attempt", chunk):
                     reports.setdefault(r[0], []).append(
                         Report(r[0], r[1], int(r[2]), r[3], loads(r[4]), r[5], r[6]))
-        return RequestParts(checkpoints, resolutions, reports)
+        return RequestParts(checkpoints, resolutions, reports, originals)
 
     # -- a Pilot's ledger changed incarnation -------------------------------------------------
 
