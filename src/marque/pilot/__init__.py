@@ -1,7 +1,9 @@
 """The Pilot: the executor that sits next to the target database.
 
 :func:`open_pilot` is the one place that wires a Pilot from its home: ledger,
-targets, trusted issuer keys, run registry and logbook.
+targets, trusted issuer keys, process registry and logbook go into its
+:class:`~marque.pilot.context.PilotContext`, and :class:`~marque.pilot.core.Pilot`
+(the facade) builds its parts over that context.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import os
 from marque.harbour.logbook import Logbook
 from marque.pilot.background import start_background
 from marque.pilot.config import PilotConfig, PilotHome, Settings
-from marque.pilot.core import Pilot, PilotOptions, check_nonce
+from marque.pilot.context import PilotContext, PilotOptions
+from marque.pilot.core import Pilot
+from marque.pilot.execution import check_nonce
 from marque.pilot.home import open_bound_ledger
 from marque.pilot.processes import ProcessRegistry
 from marque.target import open_target
@@ -20,6 +24,7 @@ from marque.token import TrustedKeys
 __all__ = [
     "Pilot",
     "PilotConfig",
+    "PilotContext",
     "PilotHome",
     "PilotOptions",
     "Settings",
@@ -57,14 +62,14 @@ def open_pilot(
                               row_keys=config.row_keys.get(name))
             for name, dsn in config.targets.items()
         }
-        pilot = Pilot(
+        pilot = Pilot(PilotContext(
             ledger,
             targets,
             TrustedKeys(config.issuers),
             options=PilotOptions(**settings.to_dict()),
             processes=ProcessRegistry(pilot_home.processes_dir),
             logbook=Logbook(str(pilot_home.logbook_path), actor=config.pilot_id),
-        )
+        ))
     except BaseException:
         ledger.close()
         raise
