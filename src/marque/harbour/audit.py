@@ -52,7 +52,7 @@ def head_of(home: str | os.PathLike[str]) -> dict[str, Any]:
     """The logbook's head ``{seq, hash, at}``; a Harbourmaster's also ``signed`` (a JWS)."""
     if _kind_of_home(home) == "pilot":
         from marque.harbour.logbook import Logbook
-        from marque.pilot.config import PilotHome
+        from marque.pilot.home import PilotHome
 
         logbook = Logbook(str(PilotHome(home).logbook_path))
         try:
@@ -94,7 +94,7 @@ def verify_home(home: str | os.PathLike[str],
     """Verify a home's logbook; ``{entries, head}`` if it holds, else :class:`LogbookBroken`."""
     if _kind_of_home(home) == "pilot":
         from marque.harbour.logbook import Logbook
-        from marque.pilot.config import PilotHome
+        from marque.pilot.home import PilotHome
 
         logbook = Logbook(str(PilotHome(home).logbook_path))
         try:

@@ -12,11 +12,12 @@ import os
 
 from marque.harbour.logbook import Logbook
 from marque.pilot.background import start_background
-from marque.pilot.config import PilotConfig, PilotHome, Settings
+from marque.pilot.config import PilotConfig, Settings
 from marque.pilot.context import PilotContext, PilotOptions
 from marque.pilot.core import Pilot
 from marque.pilot.execution import check_nonce
-from marque.pilot.home import open_bound_ledger
+from marque.pilot.home import PilotHome
+from marque.pilot.home_binding import open_bound_ledger
 from marque.pilot.processes import ProcessRegistry
 from marque.target import open_target
 from marque.token import TrustedKeys
@@ -39,7 +40,7 @@ def open_pilot(
     """A Pilot wired from its home directory; by default runs start-up recovery.
 
     ``pilot.json`` is checked in full first, and the ledger must belong to this
-    home (:mod:`marque.pilot.home`): a bad configuration or a copied home is
+    home (:mod:`marque.pilot.home_binding`): a bad configuration or a copied home is
     refused before anything can be claimed.
 
     A home joined to a Harbourmaster (``pilot join``) reports there too, whatever

@@ -26,12 +26,12 @@ from marque.madedirs import MadeDirectories
 from marque.pilot.config import (
     DEFAULT_LEDGER_DSN,
     PilotConfig,
-    PilotHome,
     check_name,
     check_row_key,
     sqlite_file,
 )
-from marque.pilot.home import (
+from marque.pilot.home import PilotHome
+from marque.pilot.home_binding import (
     holds,
     move_home,
     new_home_id,

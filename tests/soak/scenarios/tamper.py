@@ -48,7 +48,7 @@ from marque.harbour.chain import verify_against_head, verify_entries
 from marque.harbour.home import HarbourHome, open_home_store
 from marque.harbour.logbook import Logbook
 from marque.harbour.setup import init_harbour
-from marque.pilot.config import PilotHome
+from marque.pilot.home import PilotHome
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._world import MARQUE, TokenWorld
 
