@@ -17,6 +17,7 @@ The public methods here only delegate; nothing below this module imports it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -126,8 +127,8 @@ class Pilot:
         return self.reporting.sinks
 
     @property
-    def report_wanted(self) -> Any:
-        """Set when the outbox has something new (a ``threading.Event``)."""
+    def report_wanted(self) -> threading.Event:
+        """Set when the outbox has something new (for a background reporter)."""
         return self.reporting.wanted
 
     @property
