@@ -39,7 +39,7 @@ from harness import percentile  # noqa: E402
 from scenarios import UPDATE, MarqueBed  # noqa: E402
 
 import marque  # noqa: E402
-import marque.pilot.core as core  # noqa: E402
+import marque.pilot.execution as core  # noqa: E402
 
 BATCH = 250  # proofs are made per batch: they must be used within the Pilot's window
 

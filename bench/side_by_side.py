@@ -128,6 +128,8 @@ def say(round_no: int, row: dict[str, float]) -> None:
 def phases() -> None:
     """Thread CPU per phase of a fresh execution (wrappers count the outermost call)."""
     import marque.pilot.core as core
+    import marque.pilot.execution as execution
+    import marque.pilot.reporting as reporting
 
     spent: collections.Counter[str] = collections.Counter()
     depth = threading.local()
@@ -154,12 +156,12 @@ def phases() -> None:
         bed = MarqueBed(workdir, "p", cluster.dsn("bench"),
                         ledger_dsn=cluster.dsn("ledger") if pg else None)
         pilot = bed.pilot
-        wrap(core, "verify_proof", "proof")
+        wrap(execution, "verify_proof", "proof")
         wrap(pilot.ledger, "replay", "replay_check")
         wrap(pilot.ledger, "claim", "claim")
         wrap(pilot.targets["bench"], "execute", "target")
         wrap(core.Pilot, "execute", "execute")
-        wrap(core.Pilot, "report", "reporter")
+        wrap(reporting.Reporting, "report", "reporter")
         token = bed.issue(3)
         bed.execute_once(token, "warm")
         rows = []

@@ -750,7 +750,7 @@ def test_followers_of_a_refused_nonce_see_the_refusal(env: Env) -> None:
         return real_clock()
 
     env.pilot.clock = gated_clock
-    env.pilot._inflight = _JoinWatch(joined)
+    env.pilot.execution._inflight = _JoinWatch(joined)
     errors: dict[str, BaseException | None] = {}
     proofs = {name: env.proof(token, "n-x") for name in ("leader", "f0", "f1", "f2")}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marque.errors import InvalidInput
-from marque.pilot.core import MAX_NONCE_BYTES, check_nonce
+from marque.pilot.execution import MAX_NONCE_BYTES, check_nonce
 
 
 @pytest.mark.parametrize("nonce", ["n-1", "élan", "a b", "\xa0", "x" * MAX_NONCE_BYTES,

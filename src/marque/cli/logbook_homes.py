@@ -17,7 +17,8 @@ from marque.errors import InvalidInput, NotFound
 from marque.harbour.home import HarbourHome, open_home_store
 from marque.logbook.audit import embedded_head, verify_embedded, verify_store
 from marque.logbook.chain import check_head
-from marque.pilot.config import CONFIG_FILE, PilotHome
+from marque.pilot.config import CONFIG_FILE
+from marque.pilot.home import PilotHome
 
 
 def _kind_of_home(home: str | os.PathLike[str]) -> str:

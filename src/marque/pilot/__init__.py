@@ -1,7 +1,9 @@
 """The Pilot: the executor that sits next to the target database.
 
 :func:`open_pilot` is the one place that wires a Pilot from its home: ledger,
-targets, trusted issuer keys, run registry and logbook.
+targets, trusted issuer keys, process registry and logbook go into its
+:class:`~marque.pilot.context.PilotContext`, and :class:`~marque.pilot.core.Pilot`
+(the facade) builds its parts over that context.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ import os
 
 from marque.logbook.embedded import Logbook
 from marque.pilot.background import start_background
-from marque.pilot.config import PilotConfig, PilotHome, Settings
-from marque.pilot.core import Pilot, PilotOptions, check_nonce
-from marque.pilot.home import open_bound_ledger
+from marque.pilot.config import PilotConfig, Settings
+from marque.pilot.context import PilotContext, PilotOptions
+from marque.pilot.core import Pilot
+from marque.pilot.execution import check_nonce
+from marque.pilot.home import PilotHome
+from marque.pilot.home_binding import open_bound_ledger
 from marque.pilot.processes import ProcessRegistry
 from marque.target import open_target
 from marque.token import TrustedKeys
@@ -20,6 +25,7 @@ from marque.token import TrustedKeys
 __all__ = [
     "Pilot",
     "PilotConfig",
+    "PilotContext",
     "PilotHome",
     "PilotOptions",
     "Settings",
@@ -34,7 +40,7 @@ def open_pilot(
     """A Pilot wired from its home directory; by default runs start-up recovery.
 
     ``pilot.json`` is checked in full first, and the ledger must belong to this
-    home (:mod:`marque.pilot.home`): a bad configuration or a copied home is
+    home (:mod:`marque.pilot.home_binding`): a bad configuration or a copied home is
     refused before anything can be claimed.
 
     A home joined to a Harbourmaster (``pilot join``) reports there too, whatever
@@ -57,14 +63,14 @@ def open_pilot(
                               row_keys=config.row_keys.get(name))
             for name, dsn in config.targets.items()
         }
-        pilot = Pilot(
+        pilot = Pilot(PilotContext(
             ledger,
             targets,
             TrustedKeys(config.issuers),
             options=PilotOptions(**settings.to_dict()),
             processes=ProcessRegistry(pilot_home.processes_dir),
             logbook=Logbook(str(pilot_home.logbook_path), actor=config.pilot_id),
-        )
+        ))
     except BaseException:
         ledger.close()
         raise

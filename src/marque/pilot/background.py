@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 from marque.pilot.core import Pilot
-from marque.pilot.settle_behind import SettleBehind
 
 
 def start_background(pilot: Pilot) -> None:
@@ -31,8 +30,7 @@ def start_background(pilot: Pilot) -> None:
     if pilot.options.settle_write_behind:
         # Attached last, so stopped first: what it still holds is recorded before the
         # reporter's last round.
-        pilot.settler = SettleBehind(pilot)
-        pilot.attach(pilot.settler)
+        pilot.settle_writes_behind()
 
 
 class Reconciler:

@@ -1,4 +1,4 @@
-"""A Pilot's home directory: its configuration, ledger and local logbook.
+"""A Pilot's configuration, ``pilot.json`` (its home directory is :mod:`marque.pilot.home`).
 
 ``pilot.json`` holds what an operator sets (pilot id, ledger DSN, targets,
 trusted issuer keys, settings). Target credentials live here, on the Pilot's
@@ -10,18 +10,15 @@ the key path, what is allowed and what was found.
 
 Paths in ``pilot.json`` are relative to the home: the default ledger is
 ``sqlite:///ledger.sqlite3``, the file next to ``pilot.json``, so a home can
-be moved (DESIGN §5 and :mod:`marque.pilot.home` say how a move is
+be moved (DESIGN §5 and :mod:`marque.pilot.home_binding` say how a move is
 acknowledged). Older homes that name their ledger by absolute path still load.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,11 +27,10 @@ from urllib.parse import urlsplit
 from marque.dsn import (
     check_shape,
     is_sqlite,
-    resolve_sqlite,
     sqlite_dsn,
     sqlite_path,
 )
-from marque.errors import ConfigInvalid, InvalidInput, LedgerMissing, MarqueError, RowKeyInvalid
+from marque.errors import ConfigInvalid, InvalidInput, MarqueError, RowKeyInvalid
 
 CONFIG_FILE = "pilot.json"
 LEDGER_FILE = "ledger.sqlite3"
@@ -473,166 +469,6 @@ def _check_issuers(issuers: Any) -> None:
             raise ConfigInvalid(f"{where}: {exc.message}") from exc
 
 
-# -- the home ------------------------------------------------------------------------
-
-
-class PilotHome:
-    """The directory a Pilot lives in."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
-
-    @property
-    def processes_dir(self) -> Path:
-        return self.path / "processes"
-
-    @property
-    def logbook_path(self) -> Path:
-        return self.path / LOGBOOK_FILE
-
-    @property
-    def default_ledger_path(self) -> Path:
-        return self.path / LEDGER_FILE
-
-    def where(self) -> str:
-        """The home's absolute path (symlinks resolved): how its ledger knows it."""
-        return str(self.path.resolve())
-
-    def resolve(self, dsn: str) -> str:
-        """A DSN from ``pilot.json`` made usable: a relative SQLite path is the home's."""
-        return resolve_sqlite(dsn, self.path.resolve())
-
-    def ledger_dsn(self, config: PilotConfig) -> str:
-        """The ledger's DSN, resolved against the home."""
-        return self.resolve(config.ledger)
-
-    def default_ledger_dsn(self) -> str:
-        """The embedded default, resolved: a SQLite ledger inside the home."""
-        return self.resolve(DEFAULT_LEDGER_DSN)
-
-    def exists(self) -> bool:
-        return self.config_path.exists()
-
-    def load(self) -> PilotConfig:
-        """Read and check ``pilot.json`` (``ConfigInvalid`` names what is wrong)."""
-        try:
-            text = self.config_path.read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
-            raise self._not_a_home() from exc
-        except NotADirectoryError as exc:
-            raise InvalidInput(f"{self.path} is a file, not a Pilot home directory") from exc
-        except IsADirectoryError as exc:
-            raise ConfigInvalid(f"{self.config_path} is a directory, not a file") from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigInvalid(f"{self.config_path} is not UTF-8 text") from exc
-        except OSError as exc:
-            raise ConfigInvalid(
-                f"cannot read {self.config_path}: {_os_reason(exc)}",
-                detail={"errno": _errno_name(exc)},
-            ) from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigInvalid(
-                f"{self.config_path} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                f"{exc.msg}); fix or restore the file"
-            ) from exc
-        try:
-            return PilotConfig.from_dict(data)
-        except ConfigInvalid as exc:
-            raise ConfigInvalid(f"{self.config_path}: {exc.message}") from exc
-
-    def _not_a_home(self) -> MarqueError:
-        """Why there is no ``pilot.json``, and what to do about it."""
-        if self.path.exists() and not self.path.is_dir():
-            return InvalidInput(f"{self.path} is a file, not a Pilot home directory")
-        if self.default_ledger_path.exists():
-            # The configuration was lost, the ledger (and its budgets) was not.
-            return ConfigInvalid(
-                f"{self.path} holds a ledger ({LEDGER_FILE}) but no {CONFIG_FILE}: the "
-                "configuration was lost or deleted, the ledger was not. Recreate it with "
-                f"`marque pilot init --home {self.path} --pilot-id ID` using this Pilot's id: "
-                "init re-adopts the existing ledger (same incarnation, nothing spent is lost); "
-                "then add its targets and trusted issuers again"
-            )
-        return LedgerMissing(
-            f"{self.path} is not a Pilot home (no {CONFIG_FILE}); create one with "
-            f"`marque pilot init --home {self.path} --pilot-id ID` (with --ledger DSN for a "
-            "PostgreSQL ledger; init re-adopts a PostgreSQL ledger this Pilot already has)"
-        )
-
-    def save(self, config: PilotConfig) -> None:
-        """Write ``pilot.json`` atomically (write, fsync, rename); refuses an invalid one.
-
-        The file is readable by its owner only (0600): it holds target credentials and,
-        once the Pilot joined a Harbourmaster, its bearer token there.
-        """
-        data = config.to_dict()
-        PilotConfig.from_dict(data)  # never write what load would refuse
-        self.make_dir()
-        try:
-            fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pilot.", suffix=".json")
-        except OSError as exc:
-            raise _cannot_write(self.path, exc) from exc
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                # mkstemp makes it 0600 already; said explicitly as the secrets depend on it.
-                os.fchmod(handle.fileno(), 0o600)
-                json.dump(data, handle, indent=2, sort_keys=True)
-                handle.write("\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.config_path)
-        except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
-            raise _cannot_write(self.config_path, exc) from exc
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    def make_dir(self) -> bool:
-        """Create the home directory if needed; True if this call created it."""
-        if self.path.is_dir():
-            return False
-        if self.path.exists() or _file_above(self.path):
-            raise InvalidInput(f"{self.path} is a file (or lies under one), not a directory: "
-                               "--home must name a directory")
-        try:
-            self.path.mkdir(parents=True)
-        except FileExistsError:
-            return False  # made concurrently by someone else: not ours to remove
-        except OSError as exc:
-            raise _cannot_write(self.path, exc) from exc
-        return True
-
-
-def _file_above(path: Path) -> bool:
-    """Whether some existing ancestor of ``path`` is a file rather than a directory."""
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return not parent.is_dir()
-    return False
-
-
-def _errno_name(exc: OSError) -> str | None:
-    return errno.errorcode.get(exc.errno) if exc.errno is not None else None
-
-
-def _os_reason(exc: OSError) -> str:
-    return (exc.strerror or type(exc).__name__).lower()
-
-
-def _cannot_write(path: Path, exc: OSError) -> InvalidInput:
-    return InvalidInput(
-        f"cannot create or write {path}: {_os_reason(exc)}; choose a --home the Pilot can write",
-        detail={"errno": _errno_name(exc)},
-    )
-
-
 def sqlite_file(dsn: str) -> Path | None:
     """The file of a resolved SQLite DSN, or None for another engine."""
     return Path(sqlite_path(dsn)) if is_sqlite(dsn) else None
@@ -647,7 +483,6 @@ __all__ = [
     "LOGBOOK_FILE",
     "NAME_RULE",
     "PilotConfig",
-    "PilotHome",
     "ROW_KEY_NAME_RULE",
     "Settings",
     "check_http_url",

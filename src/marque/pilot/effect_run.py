@@ -50,11 +50,12 @@ from marque.effects.run import (
 )
 from marque.errors import Conflict, ResumeRevalidationFailed
 from marque.outcome import Status
+from marque.pilot.context import PilotContext
+from marque.pilot.effect_authorization import authorization
 from marque.timefmt import iso_time
 
 if TYPE_CHECKING:
     from marque.effects.preview import EffectPreview
-    from marque.pilot.core import Pilot
     from marque.token import Marque
 
 __all__ = ["bound_cids", "environment_holds", "start", "resume", "end_attempt", "projection",
@@ -71,7 +72,7 @@ CONTINUATION_VERSION = "marque-effect-continuation/0.1"
 _RETRIES = 8
 
 
-def bound_cids(pilot: Pilot, marque: Marque, preview: EffectPreview) -> dict[str, str]:
+def bound_cids(ctx: PilotContext, marque: Marque, preview: EffectPreview) -> dict[str, str]:
     """The CIDs a Run binds when it is admitted, compared again on every resume:
 
     * ``authorization_context_cid``: the marque, its signer and the approval it carries;
@@ -80,14 +81,12 @@ def bound_cids(pilot: Pilot, marque: Marque, preview: EffectPreview) -> dict[str
     * ``admitted_configuration_cid``: the preview, the connector capability evidence and
       the members' failure policies, and the marque's row ceiling.
     """
-    from marque.pilot.effects import authorization
-
     return {
         "authorization_context_cid": cid({
             "version": AUTHORIZATION_VERSION, "marque_id": marque.marque_id,
             "issuer": marque.issuer, "kid": marque.kid,
             "authorization": authorization(marque)}),
-        "environment_binding_cid": _environment_cid(pilot, marque.target),
+        "environment_binding_cid": _environment_cid(ctx, marque.target),
         "admitted_configuration_cid": cid({
             "version": CONFIGURATION_VERSION,
             "effect_preview_cid": preview.effect_preview_cid,
@@ -97,21 +96,21 @@ def bound_cids(pilot: Pilot, marque: Marque, preview: EffectPreview) -> dict[str
     }
 
 
-def _environment_cid(pilot: Pilot, target: str) -> str:
-    return cid({"version": ENVIRONMENT_VERSION, "pilot_id": pilot.pilot_id,
-                "incarnation": pilot.incarnation, "target": target,
-                "location": pilot.targets[target].location()})
+def _environment_cid(ctx: PilotContext, target: str) -> str:
+    return cid({"version": ENVIRONMENT_VERSION, "pilot_id": ctx.pilot_id,
+                "incarnation": ctx.incarnation, "target": target,
+                "location": ctx.targets[target].location()})
 
 
-def environment_holds(pilot: Pilot, marque_id: str, nonce: str, target: str) -> bool:
+def environment_holds(ctx: PilotContext, marque_id: str, nonce: str, target: str) -> bool:
     """Whether ``target`` still points where the execution's Run bound it (True for an
     execution without a Run). Recovery asks before it writes a tombstone: one written in
     another database would "prove" a row never applied that did apply where it was sent."""
-    stored = pilot.ledger.effect_run_state(marque_id, nonce)
-    if stored is None or target not in pilot.targets:
+    stored = ctx.ledger.effect_run_state(marque_id, nonce)
+    if stored is None or target not in ctx.targets:
         return True
     return bool(stored["bound"].get("environment_binding_cid")
-                == _environment_cid(pilot, target))
+                == _environment_cid(ctx, target))
 
 
 # -- the stored record ------------------------------------------------------------------
@@ -135,33 +134,33 @@ def _from_json(body: dict[str, Any]) -> RunRecord:
                      terminal_error=freeze(body.get("terminal_error")))
 
 
-def record_of(pilot: Pilot, marque_id: str, nonce: str) -> RunRecord | None:
+def record_of(ctx: PilotContext, marque_id: str, nonce: str) -> RunRecord | None:
     """The execution's current Run record, or None (no Run: refused before admission)."""
-    stored = pilot.ledger.effect_run_state(marque_id, nonce)
+    stored = ctx.ledger.effect_run_state(marque_id, nonce)
     return None if stored is None else _from_json(stored["record"])
 
 
-def projection(pilot: Pilot, marque_id: str, nonce: str) -> dict[str, Any] | None:
+def projection(ctx: PilotContext, marque_id: str, nonce: str) -> dict[str, Any] | None:
     """The execution's ``actql-run-state/0.1`` projection, or None if it has no Run."""
-    record = record_of(pilot, marque_id, nonce)
+    record = record_of(ctx, marque_id, nonce)
     return None if record is None else project(record)
 
 
-def _move(pilot: Pilot, marque_id: str, nonce: str,
+def _move(ctx: PilotContext, marque_id: str, nonce: str,
           moves: Sequence[tuple[RunState, Cause, dict[str, Any]]]) -> RunRecord:
     """Apply ``moves`` (each ``(to, cause, advance keywords)``) one compare-and-set at a time,
     from the stored record. A lost compare-and-set re-reads: a move another process already
     made (the stored state is already that move's) is not made twice."""
-    stored = record_of(pilot, marque_id, nonce)
+    stored = record_of(ctx, marque_id, nonce)
     assert stored is not None
     for to, cause, extra in moves:
         for _ in range(_RETRIES):
-            after = stored.advance(to, cause, at=iso_time(pilot.clock()), **extra)
-            if pilot.ledger.effect_run_advance(marque_id, nonce, _to_json(stored),
-                                               _to_json(after), pilot.clock()):
+            after = stored.advance(to, cause, at=iso_time(ctx.clock()), **extra)
+            if ctx.ledger.effect_run_advance(marque_id, nonce, _to_json(stored),
+                                               _to_json(after), ctx.clock()):
                 stored = after
                 break
-            again = record_of(pilot, marque_id, nonce)
+            again = record_of(ctx, marque_id, nonce)
             assert again is not None
             if again.state is to:
                 stored = again
@@ -178,26 +177,26 @@ def _move(pilot: Pilot, marque_id: str, nonce: str,
 # -- the life of a Run ----------------------------------------------------------------------
 
 
-def start(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview) -> RunRecord:
+def start(ctx: PilotContext, marque: Marque, nonce: str, preview: EffectPreview) -> RunRecord:
     """Store a new Run (``preparing``, with its bound CIDs) and admit it (``running``).
     A Run already stored (another process started it) is returned as it stands."""
-    first = new_run(preview.run_identity_cid, at=iso_time(pilot.clock()))
-    stored = pilot.ledger.effect_run_start(marque.marque_id, nonce, _to_json(first),
-                                           bound_cids(pilot, marque, preview), pilot.clock())
+    first = new_run(preview.run_identity_cid, at=iso_time(ctx.clock()))
+    stored = ctx.ledger.effect_run_start(marque.marque_id, nonce, _to_json(first),
+                                           bound_cids(ctx, marque, preview), ctx.clock())
     if _from_json(stored["record"]).state is not R.PREPARING:
         return _from_json(stored["record"])
-    return _move(pilot, marque.marque_id, nonce, [(R.RUNNING, C.ADMITTED, {})])
+    return _move(ctx, marque.marque_id, nonce, [(R.RUNNING, C.ADMITTED, {})])
 
 
-def resume(pilot: Pilot, marque: Marque, nonce: str,
+def resume(ctx: PilotContext, marque: Marque, nonce: str,
            preview: EffectPreview) -> ResumeRevalidationFailed | None:
     """A later attempt of the nonce, before it dispatches anything: the Run's continuation
     resumes (``waiting_checkpoint → resuming``) and its bound CIDs are revalidated against
     the current ones. Returns the error that refuses the continuation (nothing may be
     dispatched), or None to go on. A Run that already ended refuses any continuation."""
-    stored = pilot.ledger.effect_run_state(marque.marque_id, nonce)
+    stored = ctx.ledger.effect_run_state(marque.marque_id, nonce)
     if stored is None:  # reserved by a Pilot before Runs were kept: this attempt admits it
-        start(pilot, marque, nonce, preview)
+        start(ctx, marque, nonce, preview)
         return None
     record = _from_json(stored["record"])
     if record.state in TERMINAL or record.state is R.NEEDS_RECONCILIATION:
@@ -209,19 +208,19 @@ def resume(pilot: Pilot, marque: Marque, nonce: str,
         return None  # nothing left to dispatch: the planner finds no row
     if record.state in (R.RUNNING, R.PREPARING):
         # A crash came between the last attempt's end and its Run move: pause it now.
-        record = _move(pilot, marque.marque_id, nonce, [
+        record = _move(ctx, marque.marque_id, nonce, [
             *([(R.RUNNING, C.ADMITTED, {})] if record.state is R.PREPARING else []),
             (R.WAITING_CHECKPOINT, C.CHECKPOINT_PERSISTED,
              {"checkpoint_cid": _continuation_cid(preview, None)})])
     if record.state is R.WAITING_CHECKPOINT:
-        record = _move(pilot, marque.marque_id, nonce,
+        record = _move(ctx, marque.marque_id, nonce,
                        [(R.RESUMING, C.RESOLUTION_APPROVED, {})])
-    decision = revalidate_resume(record, stored["bound"], bound_cids(pilot, marque, preview),
-                                 at=iso_time(pilot.clock()))
+    decision = revalidate_resume(record, stored["bound"], bound_cids(ctx, marque, preview),
+                                 at=iso_time(ctx.clock()))
     if decision.dispatch:
         return None
     exited = decision.record
-    _move(pilot, marque.marque_id, nonce, [(exited.state, C.RESUME_REVALIDATION_FAILED,
+    _move(ctx, marque.marque_id, nonce, [(exited.state, C.RESUME_REVALIDATION_FAILED,
                                             {"terminal_error": thaw(exited.terminal_error)})])
     return decision.error()
 
@@ -241,7 +240,7 @@ def _unknown_effects(preview: EffectPreview, states: Sequence[str]) -> list[str]
     return unknown
 
 
-def end_attempt(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+def end_attempt(ctx: PilotContext, marque_id: str, nonce: str, preview: EffectPreview,
                 states: Sequence[str], status: Status, records: Sequence[Sequence[DispatchRecord]],
                 set_receipt_cid: str, *, attempts_left: bool = True) -> RunRecord | None:
     """Move the Run to where the attempt left it: every row's latest state (``states``,
@@ -253,7 +252,7 @@ def end_attempt(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview
     false: with no attempt left nothing can continue it, so it ends by its rows'
     states (``failed`` while rows are unattempted) rather than waiting for ever.
     """
-    current = record_of(pilot, marque_id, nonce)
+    current = record_of(ctx, marque_id, nonce)
     if current is None or current.state in TERMINAL:
         return current
     plan = plan_set([(member.failure_policy, rows)
@@ -269,7 +268,7 @@ def end_attempt(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview
             moves.append((R.RUNNING, C.EXECUTION_OBSERVED, {"unknown_effects": []}))
         moves.append((R.WAITING_CHECKPOINT, C.CHECKPOINT_PERSISTED,
                       {"checkpoint_cid": checkpoint, "unknown_effects": []}))
-        return _move(pilot, marque_id, nonce, moves)
+        return _move(ctx, marque_id, nonce, moves)
     from marque.effects.receipts import run_outcome
 
     to = RunState(run_outcome(states))
@@ -279,4 +278,4 @@ def end_attempt(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview
         return current
     cause = (C.EFFECT_RECONCILED if current.state is R.NEEDS_RECONCILIATION
              else C.CONTINUATION_ENDED)
-    return _move(pilot, marque_id, nonce, [(to, cause, {"unknown_effects": unknown})])
+    return _move(ctx, marque_id, nonce, [(to, cause, {"unknown_effects": unknown})])

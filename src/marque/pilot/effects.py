@@ -35,7 +35,6 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from marque.change import EffectSetChange
-from marque.cid import cid
 from marque.crash import crash_point
 from marque.effects._frozen import freeze, thaw
 from marque.effects.cids import row_version_cid
@@ -86,6 +85,8 @@ from marque.errors import (
 )
 from marque.outcome import Status
 from marque.pilot import effect_run
+from marque.pilot.context import PilotContext
+from marque.pilot.effect_authorization import authorization
 from marque.pilot.stream import Observation
 from marque.target import TargetAttempt
 from marque.target.rows import (
@@ -100,23 +101,20 @@ from marque.timefmt import iso_time
 if TYPE_CHECKING:
     from marque.ledger import AttemptRecord
     from marque.ledger.effects import DispatchRow
-    from marque.pilot.core import Pilot
     from marque.pilot.stream import AttemptStream
     from marque.token import Marque
 
 __all__ = ["preview_effects", "admit", "apply_claimed", "reconcile_effects",
-           "authorization", "local_authorization", "execution_receipts"]
+           "execution_receipts"]
 
 D = DispatchState
-#: Marque's authorization evidence for a marque issued without a Harbourmaster.
-LOCAL_AUTHORIZATION_VERSION = "marque-local-authorization/0.1"
 
 
-def _row_target(pilot: Pilot, target: str) -> RowTarget:
-    if target not in pilot.targets:
+def _row_target(ctx: PilotContext, target: str) -> RowTarget:
+    if target not in ctx.targets:
         raise UnknownTarget(f"this Pilot serves no target named {target} "
                             "(see `marque pilot target list`)")
-    found = pilot.targets[target]
+    found = ctx.targets[target]
     if not isinstance(found, RowTarget):
         raise EffectUnsupported(f"target {target} ({type(found).__name__}) cannot hold row "
                                 "stamps: Effect Sets need a SQLite or PostgreSQL target")
@@ -142,7 +140,7 @@ def _identity(member: BoundMember | MemberPreview, key_or_item: Any) -> dict[str
 # -- preview ----------------------------------------------------------------------------
 
 
-def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
+def preview_effects(ctx: PilotContext, request: EffectPreviewRequest, target: str, *,
                     issuer: str | None = None, jti: str | None = None) -> EffectPreview:
     """Read the rows ``request`` changes from ``target``, build and store its preview.
 
@@ -150,8 +148,8 @@ def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
     under its ``effect_preview_cid`` (the first one of a CID stays, with the
     keys its authoring context derived) and logged (``effects.previewed``).
     """
-    rows = _row_target(pilot, target)
-    now = pilot.clock()
+    rows = _row_target(ctx, target)
+    now = ctx.clock()
     bound = request.bound()
     reads: dict[str, dict[str, Any]] = {}
     for member in bound.members:
@@ -175,29 +173,29 @@ def preview_effects(pilot: Pilot, request: EffectPreviewRequest, target: str, *,
         if items:
             reads[member.declaration.effect_id] = {
                 str(item.read_key): state for item, state in zip(items, states, strict=True)}
-    built = build_preview(bound, reads, pilot_id=pilot.pilot_id, target=target,
+    built = build_preview(bound, reads, pilot_id=ctx.pilot_id, target=target,
                           logical_request_scope=request.logical_request_scope,
                           run_identity_cid=request.run_identity_cid, strength=request.strength,
                           previewed_at=iso_time(now))
-    stored = pilot.ledger.store_effect_preview(built.effect_preview_cid, target,
+    stored = ctx.ledger.store_effect_preview(built.effect_preview_cid, target,
                                                built.to_json(), now)
     preview = verify_preview(stored)
-    if pilot.logbook is not None:
-        pilot.logbook.append(
+    if ctx.logbook is not None:
+        ctx.logbook.append(
             "effects.previewed", f"effects/preview/{preview.effect_preview_cid}/{jti or now}",
             {"effect_preview_cid": preview.effect_preview_cid, "target": target,
              "issuer": issuer, "jti": jti, "members": [
                  {"effect_id": m.effect_id, "kind": m.kind.value, "table": m.table,
                   "item_count": m.item_count} for m in preview.members],
-             "pilot": {"id": pilot.pilot_id, "incarnation": pilot.incarnation}})
+             "pilot": {"id": ctx.pilot_id, "incarnation": ctx.incarnation}})
     return preview
 
 
 # -- admission ----------------------------------------------------------------------------
 
 
-def _stored_preview(pilot: Pilot, effect_preview_cid: str) -> EffectPreview:
-    stored = pilot.ledger.effect_preview(effect_preview_cid)
+def _stored_preview(ctx: PilotContext, effect_preview_cid: str) -> EffectPreview:
+    stored = ctx.ledger.effect_preview(effect_preview_cid)
     if stored is None:
         raise EffectPreviewInvalid(
             f"this Pilot holds no Effect preview {effect_preview_cid}: a marque for an Effect "
@@ -206,57 +204,24 @@ def _stored_preview(pilot: Pilot, effect_preview_cid: str) -> EffectPreview:
     return verify_preview(stored)
 
 
-def admit(pilot: Pilot, marque: Marque) -> EffectPreview:
+def admit(ctx: PilotContext, marque: Marque) -> EffectPreview:
     """Before the claim: the marque's preview is held here, is for this Pilot and target,
     and the target can realise every member's policy. Refusals claim nothing."""
     change = marque.change
     assert isinstance(change, EffectSetChange)
-    preview = _stored_preview(pilot, change.effect_preview_cid)
-    if preview.pilot_id != pilot.pilot_id or preview.target != marque.target:
+    preview = _stored_preview(ctx, change.effect_preview_cid)
+    if preview.pilot_id != ctx.pilot_id or preview.target != marque.target:
         raise EffectPreviewInvalid(
             f"preview {preview.effect_preview_cid} is for Pilot {preview.pilot_id} target "
-            f"{preview.target}, not this marque's {pilot.pilot_id} / {marque.target}",
+            f"{preview.target}, not this marque's {ctx.pilot_id} / {marque.target}",
             detail={"rule": "binding"})
-    _row_target(pilot, marque.target)
+    _row_target(ctx, marque.target)
     for member in preview.members:
         if member.kind is Kind.COMMAND:
             raise EffectUnsupported(f"{member.effect_id}: a SQL target runs no commands",
                                     detail={"effect_id": member.effect_id})
         check_capability(member.failure_policy, SQL_ROW_CAPABILITY)
     return preview
-
-
-def authorization(marque: Marque) -> dict[str, Any]:
-    """The set receipt's authorization evidence for ``marque``: a Harbourmaster's marque
-    carries its ``approval`` claim — ``{checkpoint_cid, resolutions}`` becomes ``{kind:
-    "approval", checkpoint_cid, resolution_cids}``, ``{config_cid}`` an account ``allow``;
-    a marque issued locally has none (:func:`local_authorization`). The claim is read from
-    the token whose signature :func:`marque.token.read_marque` already verified."""
-    from marque.cid import is_cid
-    from marque.token import unverified_claims
-
-    approval = (unverified_claims(marque.token) or {}).get("approval")
-    if isinstance(approval, dict) and set(approval) == {"checkpoint_cid", "resolutions"}:
-        resolutions = approval["resolutions"]
-        if (isinstance(approval["checkpoint_cid"], str) and is_cid(approval["checkpoint_cid"])
-                and isinstance(resolutions, list) and resolutions
-                and all(isinstance(r, str) and is_cid(r) for r in resolutions)):
-            return {"kind": "approval", "checkpoint_cid": approval["checkpoint_cid"],
-                    "resolution_cids": list(resolutions)}
-    if (isinstance(approval, dict) and set(approval) == {"config_cid"}
-            and isinstance(approval["config_cid"], str) and is_cid(approval["config_cid"])):
-        return {"kind": "allow", "config_cid": approval["config_cid"],
-                "approval_required": False, "risk_claim_required": False}
-    return local_authorization(marque)
-
-
-def local_authorization(marque: Marque) -> dict[str, Any]:
-    """The set receipt's authorization for a marque issued without a Harbourmaster: an
-    ``allow`` whose ``config_cid`` names the trusted issuer key that signed it."""
-    return {"kind": "allow",
-            "config_cid": cid({"version": LOCAL_AUTHORIZATION_VERSION, "issuer": marque.issuer,
-                               "kid": marque.kid}),
-            "approval_required": False, "risk_claim_required": False}
 
 
 # -- apply ---------------------------------------------------------------------------------
@@ -269,7 +234,7 @@ def _by_member(preview: EffectPreview, rows: list[DispatchRow]) -> list[list[Dis
     return grouped
 
 
-def _write(pilot: Pilot, marque_id: str, nonce: str, member: MemberPreview, row: RowPreview,
+def _write(ctx: PilotContext, marque_id: str, nonce: str, member: MemberPreview, row: RowPreview,
            record: DispatchRecord, expires_at: float | None, target_id: str | None) -> RowWrite:
     values = dict(thaw(row.intended_changes["values"]))
     identity = _identity(member, row)
@@ -277,12 +242,12 @@ def _write(pilot: Pilot, marque_id: str, nonce: str, member: MemberPreview, row:
         values = {k: v for k, v in values.items() if k not in identity}
     return RowWrite(
         marque_id=marque_id, nonce=nonce, dispatch_attempt=max(record.attempt, 1),
-        pilot_id=pilot.pilot_id, incarnation=pilot.incarnation,
+        pilot_id=ctx.pilot_id, incarnation=ctx.incarnation,
         effect_apply_key=record.effect_apply_key, row_idempotency_key=record.row_idempotency_key,
         kind=member.kind.value, table=member.table, key=member.key, identity=identity,
         values=values, guard=dict(thaw(row.target_version)),
         fence=None if member.fence is None else dict(thaw(member.fence)),
-        statement_timeout_ms=pilot.options.statement_timeout_ms, expires_at=expires_at,
+        statement_timeout_ms=ctx.options.statement_timeout_ms, expires_at=expires_at,
         target_id=target_id)
 
 
@@ -342,7 +307,7 @@ _ROW_EVENT = {"applied": "row_applied", "accepted": "row_accepted", "failed": "r
               "unknown": "row_unknown"}
 
 
-def _settle_row(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+def _settle_row(ctx: PilotContext, marque_id: str, nonce: str, preview: EffectPreview,
                 member: MemberPreview, row: RowPreview, dispatching: DispatchRecord,
                 outcome: dict[str, Any], fence: str | None) -> DispatchRecord | None:
     """Move a row out of ``dispatching`` (or ``unknown``) to its outcome's state, with its
@@ -354,36 +319,36 @@ def _settle_row(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview
         receipt = thaw(row_outcome_receipt(preview, member, row,
                                            dispatch_entry_cid=after.dispatch_entry_cid,
                                            attempt=after.attempt, outcome=outcome))
-    moved = pilot.ledger.effect_move(marque_id, nonce, dispatching, after, now=pilot.clock(),
+    moved = ctx.ledger.effect_move(marque_id, nonce, dispatching, after, now=ctx.clock(),
                                      outcome=outcome, outcome_receipt=receipt)
     return after if moved else None
 
 
-def _target_attempt(marque: Marque, pilot: Pilot, nonce: str, number: int) -> TargetAttempt:
-    return TargetAttempt(marque.marque_id, nonce, number, pilot.pilot_id, pilot.incarnation,
-                         None, marque.budget.max_rows, pilot.options.statement_timeout_ms,
+def _target_attempt(marque: Marque, ctx: PilotContext, nonce: str, number: int) -> TargetAttempt:
+    return TargetAttempt(marque.marque_id, nonce, number, ctx.pilot_id, ctx.incarnation,
+                         None, marque.budget.max_rows, ctx.options.statement_timeout_ms,
                          expires_at=float(marque.expires_at), target=marque.target,
-                         target_id=pilot.target_ids.get(marque.target))
+                         target_id=ctx.target_ids.get(marque.target))
 
 
-def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecord,
+def apply_claimed(ctx: PilotContext, marque: Marque, nonce: str, record: AttemptRecord,
                   stream: AttemptStream) -> Observation:
     """Apply the marque's Effect Set in a claimed attempt; what it did, as one observation."""
-    target_attempt = _target_attempt(marque, pilot, nonce, record.attempt)
+    target_attempt = _target_attempt(marque, ctx, nonce, record.attempt)
 
     def aborted(exc: MarqueError) -> Observation:
         stream.emit("rolled_back", error=exc.to_dict())
         return Observation(target_attempt, Status.ABORTED_NOT_APPLIED, error=exc.to_dict())
 
     try:
-        preview = admit(pilot, marque)
-        target = _row_target(pilot, marque.target)
+        preview = admit(ctx, marque)
+        target = _row_target(ctx, marque.target)
         items = sum(member.item_count for member in preview.members)
         if items > marque.budget.max_rows:
             return aborted(MaxRowsExceeded(
                 f"the Effect Set changes {items} rows; the marque allows at most "
                 f"{marque.budget.max_rows}; nothing was dispatched"))
-        rows = pilot.ledger.effect_rows(marque.marque_id, nonce)
+        rows = ctx.ledger.effect_rows(marque.marque_id, nonce)
         if not rows:
             # Apply admission: every guard, read now; any difference dispatches nothing.
             check_fresh(preview, _current_versions(target, preview))
@@ -391,32 +356,32 @@ def apply_claimed(pilot: Pilot, marque: Marque, nonce: str, record: AttemptRecor
                                          row.row_idempotency_key))
                         for mi, member in enumerate(preview.members)
                         for ri, row in enumerate(member.changes)]
-            pilot.ledger.effect_begin(marque.marque_id, nonce, preview.effect_preview_cid,
-                                      authorization(marque), reserved, pilot.clock())
-            rows = pilot.ledger.effect_rows(marque.marque_id, nonce)
-            effect_run.start(pilot, marque, nonce, preview)
+            ctx.ledger.effect_begin(marque.marque_id, nonce, preview.effect_preview_cid,
+                                      authorization(marque), reserved, ctx.clock())
+            rows = ctx.ledger.effect_rows(marque.marque_id, nonce)
+            effect_run.start(ctx, marque, nonce, preview)
         else:
             # A later attempt of the nonce resumes the Run's continuation: revalidated first.
-            refused = effect_run.resume(pilot, marque, nonce, preview)
+            refused = effect_run.resume(ctx, marque, nonce, preview)
             if refused is not None:
                 return aborted(refused)
     except (NotApplied, TargetUnavailable) as exc:
         return aborted(exc)
     stream.emit("effect_admitted", effect_preview_cid=preview.effect_preview_cid,
                 rows=len(rows), members=len(preview.members))
-    unavailable = _dispatch(pilot, marque, nonce, preview, target, stream)
-    return _seal(pilot, marque.marque_id, nonce, record.attempt, preview, target_attempt,
+    unavailable = _dispatch(ctx, marque, nonce, preview, target, stream)
+    return _seal(ctx, marque.marque_id, nonce, record.attempt, preview, target_attempt,
                  stream, unavailable,
                  attempts_left=record.attempt < marque.budget.attempts_per_nonce)
 
 
-def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
+def _dispatch(ctx: PilotContext, marque: Marque, nonce: str, preview: EffectPreview,
               target: RowTarget, stream: AttemptStream) -> TargetUnavailable | None:
     """Dispatch rows one at a time as :func:`plan_set` says; the target's refusal (nothing
     sent) if it stopped dispatch early."""
-    fence = f"{pilot.processes.process_id}/{uuid.uuid4().hex}"
+    fence = f"{ctx.processes.process_id}/{uuid.uuid4().hex}"
     while True:
-        grouped = _by_member(preview, pilot.ledger.effect_rows(marque.marque_id, nonce))
+        grouped = _by_member(preview, ctx.ledger.effect_rows(marque.marque_id, nonce))
         plan = plan_set([(member.failure_policy, [r.record for r in rows])
                          for member, rows in zip(preview.members, grouped, strict=True)])
         if plan.next is None:
@@ -425,14 +390,14 @@ def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
         member, row = preview.members[mi], preview.members[mi].changes[ri]
         stored = grouped[mi][ri].record
         dispatching = advance(stored, D.DISPATCHING, fence=fence)
-        if not pilot.ledger.effect_move(marque.marque_id, nonce, stored, dispatching,
-                                        now=pilot.clock()):
+        if not ctx.ledger.effect_move(marque.marque_id, nonce, stored, dispatching,
+                                        now=ctx.clock()):
             return None  # another owner took this execution over: it is theirs now
         base = {"effect_id": member.effect_id, "index": ri,
                 "row_preview_cid": row.row_preview_cid}
         stream.emit("row_dispatching", **base, dispatch_attempt=dispatching.attempt)
-        write = _write(pilot, marque.marque_id, nonce, member, row, dispatching,
-                       float(marque.expires_at), pilot.target_ids.get(marque.target))
+        write = _write(ctx, marque.marque_id, nonce, member, row, dispatching,
+                       float(marque.expires_at), ctx.target_ids.get(marque.target))
         try:
             answer = target.apply_row(write)
             crash_point("after_commit")
@@ -442,8 +407,8 @@ def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
             outcome = _evidence_outcome(member, row, target.reconcile_row(write), "conflict")
         except TargetUnavailable as exc:  # refused before anything of the row was sent
             back = advance(dispatching, D.PREPARED, fence=fence)
-            pilot.ledger.effect_move(marque.marque_id, nonce, dispatching, back,
-                                     now=pilot.clock())
+            ctx.ledger.effect_move(marque.marque_id, nonce, dispatching, back,
+                                     now=ctx.clock())
             stream.emit("row_not_sent", **base, error=exc.to_dict())
             return exc
         except NotApplied as exc:
@@ -456,7 +421,7 @@ def _dispatch(pilot: Pilot, marque: Marque, nonce: str, preview: EffectPreview,
                        "reason": f"the Pilot failed while the row's transaction was open "
                                  f"({' '.join(str(exc).split()) or type(exc).__name__})",
                        "idempotency_key": row.row_idempotency_key}
-        settled = _settle_row(pilot, marque.marque_id, nonce, preview, member, row, dispatching,
+        settled = _settle_row(ctx, marque.marque_id, nonce, preview, member, row, dispatching,
                               outcome, fence)
         if settled is None:
             return None
@@ -476,21 +441,21 @@ def _member_receipts(preview: EffectPreview,
                                            strict=True)]
 
 
-def _store_receipts(pilot: Pilot, marque_id: str, nonce: str, attempt: int,
+def _store_receipts(ctx: PilotContext, marque_id: str, nonce: str, attempt: int,
                     members: list[MemberReceipt], sealed: SetReceipt) -> None:
-    now = pilot.clock()
+    now = ctx.clock()
     for receipt in members:
-        pilot.ledger.effect_put_receipt(marque_id, nonce, "member",
+        ctx.ledger.effect_put_receipt(marque_id, nonce, "member",
                                         f"{attempt}/{receipt.effect_id}", receipt.to_json(), now)
-    pilot.ledger.effect_put_receipt(marque_id, nonce, "set", str(attempt), sealed.to_json(), now)
-    if pilot.logbook is not None:
+    ctx.ledger.effect_put_receipt(marque_id, nonce, "set", str(attempt), sealed.to_json(), now)
+    if ctx.logbook is not None:
         entries = [("effects.member_receipt", f"effects/receipt/{r.receipt_cid}",
                     {"marque_id": marque_id, "nonce": nonce, "attempt": attempt,
                      "receipt": r.to_json()}) for r in members]
         entries.append(("effects.set_receipt", f"effects/receipt/{sealed.receipt_cid}",
                         {"marque_id": marque_id, "nonce": nonce, "attempt": attempt,
                          "receipt": sealed.to_json()}))
-        pilot.logbook.append_all(entries)
+        ctx.logbook.append_all(entries)
 
 
 def _summary(preview: EffectPreview, sealed: SetReceipt, states: list[str],
@@ -534,19 +499,19 @@ def _status_of(states: list[str], rows: list[DispatchRow],
                                         "message": "no row of the Effect Set was applied"}
 
 
-def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: EffectPreview,
+def _seal(ctx: PilotContext, marque_id: str, nonce: str, attempt: int, preview: EffectPreview,
           target_attempt: TargetAttempt, stream: AttemptStream,
           unavailable: TargetUnavailable | None, *, attempts_left: bool) -> Observation:
-    rows = pilot.ledger.effect_rows(marque_id, nonce)
+    rows = ctx.ledger.effect_rows(marque_id, nonce)
     members = _member_receipts(preview, rows)
-    run = pilot.ledger.effect_run(marque_id, nonce)
+    run = ctx.ledger.effect_run(marque_id, nonce)
     assert run is not None
     sealed = set_receipt(preview, members, run["authorization"])
-    _store_receipts(pilot, marque_id, nonce, attempt, members, sealed)
+    _store_receipts(ctx, marque_id, nonce, attempt, members, sealed)
     states = [state for receipt in members for state in receipt.states]
     stream.emit("receipts_sealed", set_receipt_cid=sealed.receipt_cid, status=sealed.status)
     status, error = _status_of(states, rows, unavailable)
-    ended = effect_run.end_attempt(pilot, marque_id, nonce, preview, states, status,
+    ended = effect_run.end_attempt(ctx, marque_id, nonce, preview, states, status,
                                    _records(preview, rows), sealed.receipt_cid,
                                    attempts_left=attempts_left)
     summary = _summary(preview, sealed, states, rows, ended)
@@ -558,10 +523,10 @@ def _seal(pilot: Pilot, marque_id: str, nonce: str, attempt: int, preview: Effec
 # -- reconciliation ------------------------------------------------------------------------
 
 
-def _latest_set(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+def _latest_set(ctx: PilotContext, marque_id: str, nonce: str, preview: EffectPreview,
                 attempt: int) -> tuple[SetReceipt, list[MemberReceipt]] | None:
     """The set and member receipts an attempt sealed, as stored (immutable), or None."""
-    held = pilot.ledger.effect_receipts(marque_id, nonce)
+    held = ctx.ledger.effect_receipts(marque_id, nonce)
     sets = [r["body"] for r in held if r["kind"] == "set" and r["subject"] == str(attempt)]
     if not sets:
         return None
@@ -574,97 +539,141 @@ def _latest_set(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview
     return SetReceipt(freeze(sets[-1]), run_outcome(states)), members
 
 
-def reconcile_effects(pilot: Pilot, record: AttemptRecord, cause: str) -> AttemptRecord:
+def reconcile_effects(ctx: PilotContext, record: AttemptRecord, cause: str) -> AttemptRecord:
     """Settle an Effect Set attempt by its row stamps (observe, never resend); the attempt as
     it stands afterwards. The caller has established that its owner cannot finish it."""
-    run = pilot.ledger.effect_run(record.marque_id, record.nonce)
-    budget = pilot.ledger.budget(record.marque_id)
+    run = ctx.ledger.effect_run(record.marque_id, record.nonce)
+    budget = ctx.ledger.budget(record.marque_id)
     assert run is not None
-    preview = _stored_preview(pilot, run["effect_preview_cid"])
-    target = (_row_target(pilot, budget["target"]) if budget and budget["target"]
-              in pilot.targets else None)
+    preview = _stored_preview(ctx, run["effect_preview_cid"])
+    target = _reconcilable_target(ctx, record, budget)
+    now = ctx.clock()
+    _dispatching_to_unknown(ctx, record, preview, cause)
+    sealed, members = _sealed_receipts(ctx, record, preview, run["authorization"])
     mid, nonce = record.marque_id, record.nonce
-    if target is not None and budget is not None and not effect_run.environment_holds(
-            pilot, mid, nonce, budget["target"]):
-        # The target's name points at another database than the rows were sent to: a
-        # tombstone there proves nothing about them, so none is written (choice 45).
-        target = None
-    now = pilot.clock()
-    # A row its owner left dispatching may have been sent: it is unknown now (a takeover,
-    # presenting the recorded fence; the compare-and-set refuses it if the owner moved it).
-    for row in pilot.ledger.effect_rows(mid, nonce):
-        if row.record.state is D.DISPATCHING:
-            member = preview.members[row.member_index]
-            change = member.changes[row.row_index]
-            _settle_row(pilot, mid, nonce, preview, member, change, row.record,
-                        {"state": "unknown", "reason": cause,
-                         "idempotency_key": change.row_idempotency_key}, row.record.fence)
-    found = _latest_set(pilot, mid, nonce, preview, record.attempt)
-    if found is None:  # the owner died before sealing: seal from what the ledger holds
-        members = _member_receipts(preview, pilot.ledger.effect_rows(mid, nonce))
-        sealed = set_receipt(preview, members, run["authorization"])
-        _store_receipts(pilot, mid, nonce, record.attempt, members, sealed)
-    else:
-        sealed, members = found
-    chains = _chains(pilot, mid, nonce, preview, sealed, members)
-    rows = {r.record.row_preview_cid: r for r in pilot.ledger.effect_rows(mid, nonce)}
-    target_id = pilot.target_id_for(budget["target"], mid, nonce) if budget else None
+    chains = _chains(ctx, mid, nonce, preview, sealed, members)
+    rows = {r.record.row_preview_cid: r for r in ctx.ledger.effect_rows(mid, nonce)}
+    target_id = ctx.target_id_for(budget["target"], mid, nonce) if budget else None
     for row_cid, chain in chains.items():
         if chain.closed or target is None:
             continue
-        row = rows[row_cid]
-        member = preview.members[row.member_index]
-        change = member.changes[row.row_index]
-        write = _write(pilot, mid, nonce, member, change, row.record,
+        write = _write(ctx, mid, nonce, preview.members[rows[row_cid].member_index],
+                       _change_of(preview, rows[row_cid]), rows[row_cid].record,
                        budget["expires_at"] if budget else None, target_id)
-        evidence = target.reconcile_row(write)
-        crash_point("after_reconcile_evidence")
-        outcome = _evidence_outcome(member, change, evidence, cause)
-        outcome_receipt = None
-        if outcome["state"] != "unknown":
-            assert row.record.dispatch_entry_cid is not None
-            outcome_receipt = thaw(row_outcome_receipt(
-                preview, member, change, dispatch_entry_cid=row.record.dispatch_entry_cid,
-                attempt=row.record.attempt, outcome=outcome))
-        receipt = chain.next_receipt(outcome, outcome_receipt_cid=(
-            outcome_receipt["receipt_cid"] if outcome_receipt else None))
-        chains[row_cid], _ = chain.accept(receipt)
-        pilot.ledger.effect_put_receipt(mid, nonce, "reconciliation",
-                                        f"{row_cid}/{receipt['attempt_sequence']}", receipt, now)
-        if outcome["state"] != "unknown" and row.record.state is D.UNKNOWN:
-            after = advance(row.record, D(outcome["state"]))
-            pilot.ledger.effect_move(mid, nonce, row.record, after, now=now, outcome=outcome,
-                                     outcome_receipt=outcome_receipt)
-        if pilot.logbook is not None:
-            pilot.logbook.append(
-                "effects.reconciliation",
-                f"effects/receipt/{receipt['reconciliation_receipt_cid']}",
-                {"marque_id": mid, "nonce": nonce, "attempt": record.attempt, "cause": cause,
-                 "evidence": {"status": evidence.status.value, "reason": evidence.reason,
-                              "stamp": evidence.stamp}, "receipt": receipt})
-    states = effective_states(members, chains)
-    all_rows = pilot.ledger.effect_rows(mid, nonce)
+        chains[row_cid] = _reconcile_row(ctx, record, preview, chain, rows[row_cid],
+                                         target.reconcile_row(write), cause, now)
+    return _settle_by_rows(ctx, record, preview, sealed, effective_states(members, chains),
+                           attempts_left=budget is None
+                           or record.attempt < budget["attempts_per_nonce"])
+
+
+def _change_of(preview: EffectPreview, row: DispatchRow) -> RowPreview:
+    return preview.members[row.member_index].changes[row.row_index]
+
+
+def _reconcilable_target(ctx: PilotContext, record: AttemptRecord,
+                         budget: dict[str, Any] | None) -> RowTarget | None:
+    """The target a tombstone may be written in for this attempt's rows, or None: not
+    served here, or its name points at another database than the rows were sent to."""
+    if budget is None or budget["target"] not in ctx.targets:
+        return None
+    target = _row_target(ctx, budget["target"])
+    if not effect_run.environment_holds(ctx, record.marque_id, record.nonce, budget["target"]):
+        # A tombstone there proves nothing about the rows, so none is written (choice 45).
+        return None
+    return target
+
+
+def _dispatching_to_unknown(ctx: PilotContext, record: AttemptRecord, preview: EffectPreview,
+                            cause: str) -> None:
+    """A row its owner left dispatching may have been sent: it is unknown now (a takeover,
+    presenting the recorded fence; the compare-and-set refuses it if the owner moved it)."""
+    for row in ctx.ledger.effect_rows(record.marque_id, record.nonce):
+        if row.record.state is D.DISPATCHING:
+            member = preview.members[row.member_index]
+            change = member.changes[row.row_index]
+            _settle_row(ctx, record.marque_id, record.nonce, preview, member, change,
+                        row.record, {"state": "unknown", "reason": cause,
+                                     "idempotency_key": change.row_idempotency_key},
+                        row.record.fence)
+
+
+def _sealed_receipts(ctx: PilotContext, record: AttemptRecord, preview: EffectPreview,
+                     authorization: dict[str, Any]) -> tuple[SetReceipt, list[MemberReceipt]]:
+    """The receipts the attempt sealed; sealed now from what the ledger holds if its owner
+    died before sealing them."""
+    mid, nonce = record.marque_id, record.nonce
+    found = _latest_set(ctx, mid, nonce, preview, record.attempt)
+    if found is not None:
+        return found
+    members = _member_receipts(preview, ctx.ledger.effect_rows(mid, nonce))
+    sealed = set_receipt(preview, members, authorization)
+    _store_receipts(ctx, mid, nonce, record.attempt, members, sealed)
+    return sealed, members
+
+
+def _reconcile_row(ctx: PilotContext, record: AttemptRecord, preview: EffectPreview,
+                   chain: ReconciliationChain, row: DispatchRow, evidence: RowEvidence,
+                   cause: str, now: float) -> ReconciliationChain:
+    """One unknown row settled by its row stamp's evidence: the next receipt of its chain
+    stored (and logged), the row moved when the evidence is conclusive; the chain after."""
+    crash_point("after_reconcile_evidence")
+    mid, nonce = record.marque_id, record.nonce
+    member = preview.members[row.member_index]
+    change = _change_of(preview, row)
+    outcome = _evidence_outcome(member, change, evidence, cause)
+    outcome_receipt = None
+    if outcome["state"] != "unknown":
+        assert row.record.dispatch_entry_cid is not None
+        outcome_receipt = thaw(row_outcome_receipt(
+            preview, member, change, dispatch_entry_cid=row.record.dispatch_entry_cid,
+            attempt=row.record.attempt, outcome=outcome))
+    receipt = chain.next_receipt(outcome, outcome_receipt_cid=(
+        outcome_receipt["receipt_cid"] if outcome_receipt else None))
+    accepted, _ = chain.accept(receipt)
+    ctx.ledger.effect_put_receipt(mid, nonce, "reconciliation",
+                                  f"{row.record.row_preview_cid}/{receipt['attempt_sequence']}",
+                                  receipt, now)
+    if outcome["state"] != "unknown" and row.record.state is D.UNKNOWN:
+        after = advance(row.record, D(outcome["state"]))
+        ctx.ledger.effect_move(mid, nonce, row.record, after, now=now, outcome=outcome,
+                               outcome_receipt=outcome_receipt)
+    if ctx.logbook is not None:
+        ctx.logbook.append(
+            "effects.reconciliation",
+            f"effects/receipt/{receipt['reconciliation_receipt_cid']}",
+            {"marque_id": mid, "nonce": nonce, "attempt": record.attempt, "cause": cause,
+             "evidence": {"status": evidence.status.value, "reason": evidence.reason,
+                          "stamp": evidence.stamp}, "receipt": receipt})
+    return accepted
+
+
+def _settle_by_rows(ctx: PilotContext, record: AttemptRecord, preview: EffectPreview,
+                    sealed: SetReceipt, states: list[str], *,
+                    attempts_left: bool) -> AttemptRecord:
+    """The attempt (and its Run) moved to where its rows' states leave it."""
+    mid, nonce = record.marque_id, record.nonce
+    all_rows = ctx.ledger.effect_rows(mid, nonce)
     status, error = _status_of(states, all_rows, None)
-    ended = effect_run.end_attempt(pilot, mid, nonce, preview, states, status,
+    ended = effect_run.end_attempt(ctx, mid, nonce, preview, states, status,
                                    _records(preview, all_rows), sealed.receipt_cid,
-                                   attempts_left=budget is None
-                                   or record.attempt < budget["attempts_per_nonce"])
+                                   attempts_left=attempts_left)
     summary = _summary(preview, sealed, states, all_rows, ended)
     if status is Status.INDETERMINATE:
         # Still unknown (no tombstone could be written): the sealed unknown_outcome receipt
         # and the rows' states go with the attempt's report now, not only once it settles
         # (docs/effects.md, choice 43).
-        pilot.ledger.effect_attach_summary(mid, nonce, record.attempt, summary, pilot.clock())
+        ctx.ledger.effect_attach_summary(mid, nonce, record.attempt, summary, ctx.clock())
         return record
-    return pilot.ledger.observe(
-        mid, nonce, record.attempt, status, now=pilot.clock(), cause="reconciliation",
+    return ctx.ledger.observe(
+        mid, nonce, record.attempt, status, now=ctx.clock(), cause="reconciliation",
         rows_affected=summary["effect_set"]["rows_affected"], error=error, result=summary)
 
 
-def _chains(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
+def _chains(ctx: PilotContext, marque_id: str, nonce: str, preview: EffectPreview,
             sealed: SetReceipt, members: list[MemberReceipt]) -> dict[str, ReconciliationChain]:
     """Every unknown row's reconciliation chain, with the receipts the ledger holds."""
-    held = sorted((r["body"] for r in pilot.ledger.effect_receipts(marque_id, nonce)
+    held = sorted((r["body"] for r in ctx.ledger.effect_receipts(marque_id, nonce)
                    if r["kind"] == "reconciliation"), key=lambda b: b["attempt_sequence"])
     chains: dict[str, ReconciliationChain] = {}
     for member in members:
@@ -679,22 +688,22 @@ def _chains(pilot: Pilot, marque_id: str, nonce: str, preview: EffectPreview,
     return chains
 
 
-def execution_receipts(pilot: Pilot, marque_id: str, nonce: str) -> dict[str, Any]:
+def execution_receipts(ctx: PilotContext, marque_id: str, nonce: str) -> dict[str, Any]:
     """Everything the ledger holds of one Effect Set execution: its preview CID, every row's
     dispatch record and outcome, and every receipt (``marque effects receipt``)."""
-    run = pilot.ledger.effect_run(marque_id, nonce)
+    run = ctx.ledger.effect_run(marque_id, nonce)
     if run is None:
         from marque.errors import NotFound
 
         raise NotFound(f"this Pilot's ledger holds no Effect Set execution for nonce {nonce} "
                        f"of marque {marque_id}")
-    receipts = pilot.ledger.effect_receipts(marque_id, nonce)
+    receipts = ctx.ledger.effect_receipts(marque_id, nonce)
     sets = [r for r in receipts if r["kind"] == "set"]
     return {
         "marque_id": marque_id, "nonce": nonce,
         "effect_preview_cid": run["effect_preview_cid"],
         "authorization": run["authorization"],
-        "run": effect_run.projection(pilot, marque_id, nonce),
+        "run": effect_run.projection(ctx, marque_id, nonce),
         "set_receipt": sets[-1]["body"] if sets else None,
         # Receipts are sealed per attempt; a later attempt refused before dispatch (a failed
         # resume revalidation) seals none, so the latest receipt may be an earlier one's.
@@ -704,5 +713,5 @@ def execution_receipts(pilot: Pilot, marque_id: str, nonce: str) -> dict[str, An
                                     if r["kind"] == "reconciliation"],
         "rows": [{"member_index": r.member_index, "row_index": r.row_index,
                   **r.record.to_json(), "outcome": r.outcome}
-                 for r in pilot.ledger.effect_rows(marque_id, nonce)],
+                 for r in ctx.ledger.effect_rows(marque_id, nonce)],
     }

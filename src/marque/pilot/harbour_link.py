@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from marque.dsn import is_sqlite
 from marque.errors import Conflict, HarbourUnavailable, MarqueError
-from marque.pilot.config import HarbourLink, PilotConfig, PilotHome
+from marque.pilot.config import HarbourLink, PilotConfig
+from marque.pilot.home import PilotHome
 
 if TYPE_CHECKING:
     from marque.clients.harbour import HarbourClient

@@ -26,9 +26,10 @@ import os
 from typing import Any
 
 from marque.errors import Conflict, HarbourUnavailable, InvalidInput, MarqueError
-from marque.pilot.config import HarbourLink, PilotHome, check_http_url
+from marque.pilot.config import HarbourLink, check_http_url
 from marque.pilot.harbour_link import client_for, register, registration_body
-from marque.pilot.home import open_bound_ledger
+from marque.pilot.home import PilotHome
+from marque.pilot.home_binding import open_bound_ledger
 from marque.pilot.report_key import ensure_report_key
 
 __all__ = ["join", "pinned_keys"]

@@ -28,15 +28,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from marque.change import Change
 from marque.cid import cid
 from marque.effects.request import EffectPreviewRequest
 from marque.pilot.config import PREVIEW_MODES
-from marque.pilot.continuity import refuse_if_replaced
 from marque.pilot.core import Pilot
 from marque.preview_caveats import caveat_codes
 from marque.target.row_images import diff_cid
 from marque.timefmt import iso_time
-from marque.token.service_tokens import verify_preview_token
+from marque.token.service_tokens import PreviewToken, verify_preview_token
 
 PREVIEW_VERSION = "marque-preview/0.1"
 
@@ -66,17 +66,26 @@ def run_preview(
         skew_seconds=pilot.options.skew_seconds,
     )
     # An approver must never see rows of another database than the name stands for.
-    refuse_if_replaced(pilot, read.target)
+    pilot.continuity.refuse_if_replaced(read.target)
     if isinstance(read.change, EffectPreviewRequest):
         from marque.pilot.effects import preview_effects
 
-        return preview_effects(pilot, read.change, read.target, issuer=read.issuer,
+        return preview_effects(pilot.context, read.change, read.target, issuer=read.issuer,
                                jti=read.jti).to_json()
-    mode = preview_mode(pilot, read.target, modes)
-    timeout_ms = read.change.statement_timeout_ms or pilot.options.statement_timeout_ms
+    preview = _statement_preview(pilot, read, read.change,
+                                 preview_mode(pilot, read.target, modes), now)
+    _log_preview(pilot, read, preview)
+    return preview
+
+
+def _statement_preview(pilot: Pilot, read: PreviewToken, change: Change, mode: str,
+                       now: float) -> dict[str, Any]:
+    """The change's statements run on the target under ``mode``, rolled back: the preview
+    object, its ``preview_cid`` over everything in it."""
+    timeout_ms = change.statement_timeout_ms or pilot.options.statement_timeout_ms
     started = time.monotonic()
     statements = pilot.targets[read.target].preview(
-        read.change, mode=mode, sample_rows=read.sample_rows, statement_timeout_ms=timeout_ms)
+        change, mode=mode, sample_rows=read.sample_rows, statement_timeout_ms=timeout_ms)
     elapsed_ms = round((time.monotonic() - started) * 1000, 3)
     counted = [s["rows"] for s in statements if s["rows"] is not None]
     total_rows = sum(counted) if len(counted) == len(statements) else None
@@ -87,7 +96,7 @@ def run_preview(
         "mode": mode,
         "pilot": {"id": pilot.pilot_id, "incarnation": pilot.incarnation},
         "target": read.target,
-        "change_cid": read.change.change_cid,
+        "change_cid": change.change_cid,
         "statements": statements,
         # What a rolled-back preview cannot show (each statement names its own); inside
         # the object, so preview_cid — what approvers approve — covers them.
@@ -101,13 +110,18 @@ def run_preview(
         "at": iso_time(now),
     }
     preview["preview_cid"] = cid(preview, exclude="preview_cid")
-    if pilot.logbook is not None:
-        pilot.logbook.append(
-            "preview.run", f"preview/{read.jti}",
-            {"jti": read.jti, "issuer": read.issuer, "target": read.target, "mode": mode,
-             "change_cid": preview["change_cid"], "total_rows": total_rows,
-             "within_max_rows": within, "preview_cid": preview["preview_cid"],
-             "caveats": preview["caveats"],
-             "pilot": preview["pilot"]},
-        )
     return preview
+
+
+def _log_preview(pilot: Pilot, read: PreviewToken, preview: dict[str, Any]) -> None:
+    """The preview's ``preview.run`` entry in the Pilot's logbook, if it keeps one."""
+    if pilot.logbook is None:
+        return
+    pilot.logbook.append(
+        "preview.run", f"preview/{read.jti}",
+        {"jti": read.jti, "issuer": read.issuer, "target": read.target,
+         "mode": preview["mode"], "change_cid": preview["change_cid"],
+         "total_rows": preview["total_rows"], "within_max_rows": preview["within_max_rows"],
+         "preview_cid": preview["preview_cid"], "caveats": preview["caveats"],
+         "pilot": preview["pilot"]},
+    )

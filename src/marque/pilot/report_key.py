@@ -18,7 +18,7 @@ import tempfile
 from typing import Any
 
 from marque.errors import ConfigInvalid, InvalidInput
-from marque.pilot.config import PilotHome
+from marque.pilot.home import PilotHome
 
 __all__ = ["REPORT_KEY_FILE", "ensure_report_key", "load_report_key"]
 

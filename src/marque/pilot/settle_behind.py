@@ -20,8 +20,8 @@ What keeps every guarantee while an outcome is held here:
   the target's stamp: ``applied``, with its ``rows_affected``.
 * **A ledger that refuses the write** keeps the outcome held and tries again,
   backing off; closing the Pilot hands what is still held to the Pilot's
-  unrecorded observations, so the process leaves a trace and another one
-  reconciles them from their stamps at once.
+  unrecorded observations (:class:`~marque.pilot.recording.Recorder`), so the
+  process leaves a trace and another one reconciles them from their stamps at once.
 
 Only applied writes whose result is nothing but a row count go behind. Reads
 (and anything returning rows) settle before the answer, since their result
@@ -33,17 +33,17 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from marque.crash import crash_point
 from marque.errors import MarqueError
 from marque.ledger import AttemptRecord, Observed
 from marque.outcome import Status
+from marque.pilot.context import PilotContext
+from marque.pilot.recording import Recorder
+from marque.pilot.reporting import Reporting
 from marque.pilot.stream import Observation, recorded_event
 from marque.write_behind import WriteBehind
-
-if TYPE_CHECKING:
-    from marque.pilot.core import Pilot
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,11 @@ class SettleBehind:
     thread, :data:`GATHER_SECONDS` after it was held, many to one transaction.
     """
 
-    def __init__(self, pilot: Pilot) -> None:
-        self._pilot = pilot
+    def __init__(self, context: PilotContext, reporting: Reporting,
+                 recorder: Recorder) -> None:
+        self._ctx = context
+        self._reporting = reporting
+        self._recorder = recorder
         self._held: dict[tuple[str, str], _Held] = {}
         #: Taken by a claim whose transaction is writing them now.
         self._carrying: dict[tuple[str, str], _Held] = {}
@@ -107,7 +110,7 @@ class SettleBehind:
              claimed: AttemptRecord) -> None:
         """Keep ``observation`` for the settler: from now on the attempt is ``applied`` to
         whoever asks (:meth:`held`), until its settle lands in the ledger."""
-        held = _Held(observation, events, claimed, self._pilot.clock())
+        held = _Held(observation, events, claimed, self._ctx.clock())
         with self._lock:
             self._held[(claimed.marque_id, claimed.nonce)] = held
         self._writer.wake()
@@ -149,7 +152,7 @@ class SettleBehind:
                     self._held.setdefault(key, held)
         if committed:
             crash_point("after_outcome_recorded")  # as on the path that records first
-            wanted = self._pilot.report_wanted
+            wanted = self._reporting.wanted
             if not wanted.is_set():  # set already: the reporter has yet to look (and will)
                 wanted.set()
         else:
@@ -157,7 +160,7 @@ class SettleBehind:
 
     def _observed(self, held: _Held) -> Observed:
         target_attempt = held.observation.target_attempt
-        now = self._pilot.clock()
+        now = self._ctx.clock()
         recorded = recorded_event(target_attempt, Status.APPLIED, now)
         return Observed(target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
                         Status.APPLIED, now=now, cause="execution",
@@ -173,7 +176,7 @@ class SettleBehind:
                 return
             try:
                 crash_point("settle_behind")
-                self._pilot.ledger.observe_all(list(observed))
+                self._ctx.ledger.observe_all(list(observed))
             except BaseException:
                 self.carried(taken, committed=False)
                 raise
@@ -181,7 +184,7 @@ class SettleBehind:
 
     def stop(self) -> None:
         """Stop the thread and record what is still held; what the ledger still refuses
-        goes to the Pilot's unrecorded observations (see :meth:`Pilot.close`)."""
+        goes to the Pilot's unrecorded observations (:meth:`Recorder.keep`)."""
         self._writer.stop()
         try:
             self.flush()
@@ -191,4 +194,4 @@ class SettleBehind:
                 self._held.clear()
             log.warning("%d applied outcomes were not recorded at close; their stamps will "
                         "settle them", len(left), exc_info=True)
-            self._pilot.keep_unrecorded([(held.observation, held.events) for held in left])
+            self._recorder.keep([(held.observation, held.events) for held in left])

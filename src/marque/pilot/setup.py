@@ -26,12 +26,12 @@ from marque.madedirs import MadeDirectories
 from marque.pilot.config import (
     DEFAULT_LEDGER_DSN,
     PilotConfig,
-    PilotHome,
     check_name,
     check_row_key,
     sqlite_file,
 )
-from marque.pilot.home import (
+from marque.pilot.home import PilotHome
+from marque.pilot.home_binding import (
     holds,
     move_home,
     new_home_id,
@@ -80,15 +80,38 @@ def init_home(
         require_postgres_support(ledger_dsn)  # before anything is made
         ledger_dsn = resolve_sqlite(ledger_dsn, Path.cwd())
     pilot_home = PilotHome(home)
+    config = _existing_config(pilot_home, home, pilot_id, moving=ledger_dsn is None)
+    stored, dsn, ledger_file = _ledger_location(pilot_home, config, ledger_dsn)
+    made = _Made(pilot_home, ledger_file)
+    try:
+        made.home_dir()
+        result = _make_ledger(pilot_home, pilot_id, config, stored, dsn)
+    except BaseException:
+        made.undo()
+        raise
+    return result
+
+
+def _existing_config(pilot_home: PilotHome, home: str | os.PathLike[str], pilot_id: str, *,
+                     moving: bool) -> PilotConfig | None:
+    """The home's ``pilot.json`` if it has one, refused if it is another Pilot's (or, when
+    no ``--ledger`` is given, if its old ledger moved without being acknowledged)."""
     config = pilot_home.load() if pilot_home.exists() else None
     if config is not None and config.pilot_id != pilot_id:
         raise LedgerExists(
             f"{home} belongs to Pilot {config.pilot_id}; refusing to re-initialise it as "
             f"{pilot_id}"
         )
-    if config is not None and ledger_dsn is None:
+    if config is not None and moving:
         # Its old ledger is in the home under a new path: a move to acknowledge, not to init.
         refuse_unacknowledged_legacy_move(pilot_home, config)
+    return config
+
+
+def _ledger_location(pilot_home: PilotHome, config: PilotConfig | None,
+                     ledger_dsn: str | None) -> tuple[str, str, Path | None]:
+    """Where the ledger goes: its DSN as stored in ``pilot.json`` (relative to the home when
+    inside it), resolved, and its SQLite file (None for PostgreSQL)."""
     here = pilot_home.where()
     if ledger_dsn is not None:
         stored = relative_to(ledger_dsn, here)
@@ -102,24 +125,24 @@ def init_home(
             f"the ledger's directory {ledger_file.parent} does not exist; create it first, or "
             "leave out --ledger for a ledger inside the home"
         )
-    made = _Made(pilot_home, ledger_file)
+    return stored, dsn, ledger_file
+
+
+def _make_ledger(pilot_home: PilotHome, pilot_id: str, config: PilotConfig | None,
+                 stored: str, dsn: str) -> dict[str, Any]:
+    """Create (or adopt) the ledger, bind it to the home and save ``pilot.json``."""
+    ledger, adopted = _create_or_adopt(dsn, pilot_id, config, pilot_home)
     try:
-        made.home_dir()
-        ledger, adopted = _create_or_adopt(dsn, pilot_id, config, pilot_home)
-        try:
-            home_id = _bind(ledger, pilot_home, adopted)
-            result = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation,
-                      "adopted": adopted}
-        finally:
-            ledger.close()
-        config = config or PilotConfig(pilot_id=pilot_id)
-        config.ledger = stored
-        config.home_id = home_id
-        pilot_home.save(config)
-        ensure_report_key(pilot_home)
-    except BaseException:
-        made.undo()
-        raise
+        home_id = _bind(ledger, pilot_home, adopted)
+        result = {"pilot_id": ledger.pilot_id, "incarnation": ledger.incarnation,
+                  "adopted": adopted}
+    finally:
+        ledger.close()
+    config = config or PilotConfig(pilot_id=pilot_id)
+    config.ledger = stored
+    config.home_id = home_id
+    pilot_home.save(config)
+    ensure_report_key(pilot_home)
     return result
 
 

@@ -18,7 +18,6 @@ from marque.target import TargetAttempt
 
 if TYPE_CHECKING:
     from marque.errors import MarqueError
-    from marque.pilot.core import Pilot
 
 EventSink = Callable[[dict[str, Any]], None]
 
@@ -101,9 +100,9 @@ class Observation:
 class AttemptStream:
     """The events of one attempt: kept for the ledger, passed to every follower."""
 
-    def __init__(self, pilot: Pilot, marque_id: str, nonce: str, attempt: int,
+    def __init__(self, clock: Callable[[], float], marque_id: str, nonce: str, attempt: int,
                  inflight: Inflight, sink: EventSink | None) -> None:
-        self._clock = pilot.clock
+        self._clock = clock
         self._base = {"marque_id": marque_id, "nonce": nonce, "attempt": attempt}
         self._inflight = inflight
         self._sink = sink

@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 
 from marque.errors import LedgerNotDurable
-from marque.pilot.config import PilotHome
-from marque.pilot.home import check_durability
+from marque.pilot.home import PilotHome
+from marque.pilot.home_binding import check_durability
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._world import MARQUE, TokenWorld
 
@@ -147,17 +147,17 @@ def _sqlite_weakened(ctx: RunContext, result: ScenarioResult, override: str | No
 
 
 class _captured_warnings:  # noqa: N801 - used as a context manager
-    """Collect what ``marque.pilot.home`` logs while the block runs."""
+    """Collect what ``marque.pilot.home_binding`` logs while the block runs."""
 
     def __enter__(self) -> list[str]:
         self.lines: list[str] = []
         self.handler = logging.Handler()
         self.handler.emit = lambda record: self.lines.append(record.getMessage())  # type: ignore[method-assign]
-        logging.getLogger("marque.pilot.home").addHandler(self.handler)
+        logging.getLogger("marque.pilot.home_binding").addHandler(self.handler)
         return self.lines
 
     def __exit__(self, *exc: object) -> None:
-        logging.getLogger("marque.pilot.home").removeHandler(self.handler)
+        logging.getLogger("marque.pilot.home_binding").removeHandler(self.handler)
 
 
 def _pg_world(ctx: RunContext, name: str, admin_dsn: str, setting: str | None) -> TokenWorld:

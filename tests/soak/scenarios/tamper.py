@@ -48,7 +48,7 @@ from marque.harbour.home import HarbourHome, open_home_store
 from marque.harbour.setup import init_harbour
 from marque.logbook.chain import verify_against_head, verify_entries
 from marque.logbook.embedded import Logbook
-from marque.pilot.config import PilotHome
+from marque.pilot.home import PilotHome
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._world import MARQUE, TokenWorld
 
