@@ -38,20 +38,20 @@ from marque.errors import (
     PayloadTooLarge,
 )
 
-__all__ = ["PROBLEM", "BodyLimit", "RequestIdMiddleware", "WorkerThreads", "api_http_errors",
+__all__ = ["PROBLEM", "BodyLimit", "TraceIdMiddleware", "WorkerThreads", "api_http_errors",
            "core_call", "internal_error", "json_body", "no_surrogates", "problem",
-           "request_id_of"]
+           "trace_id_of"]
 
 log = logging.getLogger(__name__)
 
 PROBLEM = "application/problem+json"
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_TRACE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: A lone UTF-16 surrogate: JSON's ``\\uD800`` escapes can make one, and no UTF-8 text
 #: (a store's column, an answer's body) can hold it.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def problem(exc: MarqueError, request_id: str | None = None, *,
+def problem(exc: MarqueError, trace_id: str | None = None, *,
             extra: Mapping[str, Any] | None = None) -> JSONResponse:
     """The RFC 9457 problem document of a Marque error; its status comes from the class.
 
@@ -59,7 +59,7 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
     ``target``…: what a caller's client turns back into the error's detail, see
     :func:`marque.clients.problems.problem_error`); JSON values only. ``extra`` adds
     members (e.g. the ``id`` of a request stored as failed). Neither can override
-    the standard ones. ``request_id``, when given, goes on the response's
+    the standard ones. ``trace_id``, when given, goes on the response's
     ``X-Request-Id`` header (a route that skips the middleware sets it so; behind
     the middleware the header is its, the same id).
     """
@@ -76,8 +76,8 @@ def problem(exc: MarqueError, request_id: str | None = None, *,
         if key not in PROBLEM_MEMBERS:  # extras never replace the standard members
             body[key] = value
     response = JSONResponse(body, status_code=exc.http_status, media_type=PROBLEM)
-    if request_id is not None:
-        response.headers["x-request-id"] = request_id
+    if trace_id is not None:
+        response.headers["x-request-id"] = trace_id
     return response
 
 
@@ -128,23 +128,24 @@ class WorkerThreads:
         self._pool.shutdown(wait=True)
 
 
-def request_id_of(scope: Scope) -> str:
-    """The request's id: the caller's ``X-Request-Id`` if it is sane, else a new one;
+def trace_id_of(scope: Scope) -> str:
+    """The trace id (sent and answered as ``X-Request-Id``; not a change request's
+    ``request_id``): the caller's header if it is sane, else a new one;
     kept in the scope's state, so every layer of one request finds the same id."""
     state = scope.setdefault("state", {})
-    known = state.get("request_id")
+    known = state.get("trace_id")
     if isinstance(known, str):
         return known
     given = ""
     for name, value in scope["headers"]:
         if name == b"x-request-id":  # servers hand ASGI header names lower-cased
             given = value.decode("latin-1")
-    request_id = given if _REQUEST_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
-    state["request_id"] = request_id
-    return request_id
+    trace_id = given if _TRACE_ID.fullmatch(given) else "req_" + uuid.uuid4().hex
+    state["trace_id"] = trace_id
+    return trace_id
 
 
-class RequestIdMiddleware:
+class TraceIdMiddleware:
     """Every response carries ``X-Request-Id``: the caller's if it is sane, else a new one."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -154,13 +155,13 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = request_id_of(scope)
+        trace_id = trace_id_of(scope)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", [])
                            if k.lower() != b"x-request-id"]
-                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                headers.append((b"x-request-id", trace_id.encode("latin-1")))
                 message["headers"] = headers
             await send(message)
 
@@ -180,7 +181,7 @@ def api_http_errors(*prefixes: str) -> Callable[[Request, Exception], Awaitable[
             error: MarqueError = (
                 NotFound(f"no endpoint at {path}") if exc.status_code == 404 else
                 MethodNotAllowed(f"{request.method} is not answered at {path}"))
-            response = problem(error, getattr(request.state, "request_id", None))
+            response = problem(error, getattr(request.state, "trace_id", None))
             for name, value in (exc.headers or {}).items():
                 response.headers[name] = value
             return response
@@ -255,7 +256,7 @@ class BodyLimit:
 
 async def _answer(exc: MarqueError, scope: Scope, receive: Receive, send: Send) -> None:
     # The caller is told to stop sending: the connection is not kept for a body unread.
-    response = problem(exc, request_id_of(scope))
+    response = problem(exc, trace_id_of(scope))
     response.headers["connection"] = "close"
     await response(scope, receive, send)
 

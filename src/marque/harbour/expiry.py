@@ -82,7 +82,7 @@ class Expiry:
                                                    RequestExpired(reason),
                                                    actor=principal.name))
 
-    def settle_from_stamps(self, request_id: str) -> dict[str, Any]:
+    def settle_from_stamps(self, id: str) -> dict[str, Any]:
         """Settle a ``reconciliation`` request from the stamps its target holds (§11.5).
 
         A stamp of its marque → ``verified``; none on a reachable target and the
@@ -91,7 +91,7 @@ class Expiry:
         cannot be asked.
         """
         store = self.ctx.store
-        request = store.get_request(request_id)
+        request = store.get_request(id)
         if request.state is not S.RECONCILIATION or request.marque_id is None:
             return request_object(store, request)
         evidence = ask_evidence(self.ctx, request)

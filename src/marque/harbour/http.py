@@ -35,7 +35,7 @@ from marque.harbour.principals import Principal, Role
 from marque.harbour.views import REQUESTS_PAGE, REQUESTS_PAGE_MAX
 from marque.httpcommon import (
     BodyLimit,
-    RequestIdMiddleware,
+    TraceIdMiddleware,
     WorkerThreads,
     api_http_errors,
     json_body,
@@ -164,7 +164,7 @@ class HarbourService:
                 *self.console.oidc.api_routes,
                 *self.console.routes,
             ],
-            middleware=[Middleware(RequestIdMiddleware), Middleware(BodyLimit,
+            middleware=[Middleware(TraceIdMiddleware), Middleware(BodyLimit,
                                                                      limit_of=body_limit)],
             exception_handlers={
                 MarqueError: self._on_error,
@@ -179,7 +179,7 @@ class HarbourService:
 
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, MarqueError)
-        response = problem(exc, getattr(request.state, "request_id", None))
+        response = problem(exc, getattr(request.state, "trace_id", None))
         if isinstance(exc, Unauthenticated):
             response.headers["WWW-Authenticate"] = 'Bearer realm="marque-harbour"'
         return response

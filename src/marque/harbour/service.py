@@ -204,9 +204,9 @@ class Harbourmaster:
         """The admin's expiry (ADR-038)."""
         return self.expiry.expire(principal, id, reason)
 
-    def settle_from_stamps(self, request_id: str) -> dict[str, Any]:
+    def settle_from_stamps(self, id: str) -> dict[str, Any]:
         """Settle a ``reconciliation`` request from the stamps its target holds (§11.5)."""
-        return self.expiry.settle_from_stamps(request_id)
+        return self.expiry.settle_from_stamps(id)
 
     # -- Pilots -----------------------------------------------------------------------------------
 

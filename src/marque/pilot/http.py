@@ -34,14 +34,14 @@ from marque.crash import crash_point
 from marque.errors import InvalidInput, MarqueError, Unauthenticated
 from marque.httpcommon import (
     BodyLimit,
-    RequestIdMiddleware,
+    TraceIdMiddleware,
     WorkerThreads,
     api_http_errors,
     core_call,
     internal_error,
     json_body,
     problem,
-    request_id_of,
+    trace_id_of,
 )
 from marque.outcome import Outcome
 from marque.pilot.core import Pilot
@@ -117,7 +117,7 @@ class PilotService:
                 Route("/v1/health", self.health, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
-            middleware=[Middleware(RequestIdMiddleware)],
+            middleware=[Middleware(TraceIdMiddleware)],
             exception_handlers={MarqueError: self._on_error,
                                 HTTPException: api_http_errors("/")},
         )
@@ -152,11 +152,11 @@ class PilotService:
 
     async def _stream(
         self, work: Callable[[Callable[[dict[str, Any]], None]], Outcome],
-        on_outcome: Callable[[Outcome], None] | None = None, request_id: str | None = None,
+        on_outcome: Callable[[Outcome], None] | None = None, trace_id: str | None = None,
     ) -> Response:
         """Run ``work(sink)`` in a worker thread; a problem if it fails before its first
         event, else NDJSON: each event as it happens, then the outcome line.
-        ``request_id`` goes on the answer's header (for a route without the middleware)."""
+        ``trace_id`` goes on the answer's header (for a route without the middleware)."""
         feed = _Feed(asyncio.get_running_loop())
 
         def run() -> None:
@@ -178,7 +178,7 @@ class PilotService:
         self._threads.start(run)
         first = await feed.take()
         if first[0][0] == "error":
-            return problem(first[0][1], request_id)
+            return problem(first[0][1], trace_id)
 
         async def chunks() -> AsyncIterator[tuple[bytes, bool]]:
             """Every line already waiting, as one chunk, and whether the stream ends there:
@@ -203,32 +203,32 @@ class PilotService:
                     crash_point("stream_after_first_chunk")
                 batch = await feed.take()
 
-        return _NdjsonStream(chunks(), request_id)
+        return _NdjsonStream(chunks(), trace_id)
 
     # -- routes ----------------------------------------------------------------------
 
     async def post_execution(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/executions {marque, nonce, proof}`` (an ASGI app of its own)."""
-        request_id = request_id_of(scope)
+        trace_id = trace_id_of(scope)
         body = await _body(receive)
         if body is None:
             return  # the caller went away before its request was whole: nothing started
         try:
-            response = await self._execution(body, scope["query_string"], request_id)
+            response = await self._execution(body, scope["query_string"], trace_id)
         except MarqueError as exc:  # what Starlette's handler did for the routed path
-            response = problem(exc, request_id)
+            response = problem(exc, trace_id)
         await response(scope, receive, send)
 
-    async def _execution(self, body: bytes, query: bytes, request_id: str) -> Response:
+    async def _execution(self, body: bytes, query: bytes, trace_id: str) -> Response:
         parsed = json_body(body, "{marque, nonce, proof}")
         if not isinstance(parsed, dict):
             return problem(InvalidInput("the body must be a JSON object {marque, nonce, proof}"),
-                           request_id)
+                           trace_id)
         marque, nonce, proof = parsed.get("marque"), parsed.get("nonce"), parsed.get("proof")
         if not isinstance(marque, str) or not isinstance(nonce, str):
-            return problem(InvalidInput("`marque` and `nonce` must be strings"), request_id)
+            return problem(InvalidInput("`marque` and `nonce` must be strings"), trace_id)
         if proof is not None and not isinstance(proof, str):
-            return problem(InvalidInput("`proof` must be a string (a compact JWS)"), request_id)
+            return problem(InvalidInput("`proof` must be a string (a compact JWS)"), trace_id)
         started = time.monotonic()
         target = _target_label(marque)
 
@@ -243,7 +243,7 @@ class PilotService:
         return await self._stream(
             lambda sink: self.pilot.execute(marque, proof, nonce,
                                             on_event=sink if events else None),
-            record, request_id)
+            record, trace_id)
 
     async def get_execution(self, request: Request) -> Response:
         """``GET /v1/executions/{marque_id}/{nonce}[?follow=true]``."""
@@ -437,13 +437,13 @@ class _NdjsonStream(Response):
     media_type = NDJSON
 
     def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]],
-                 request_id: str | None = None) -> None:
+                 trace_id: str | None = None) -> None:
         self._chunks = chunks
         self.status_code = 200
         self.background = None
         self.init_headers()
-        if request_id is not None:
-            self.raw_headers.append((b"x-request-id", request_id.encode("latin-1")))
+        if trace_id is not None:
+            self.raw_headers.append((b"x-request-id", trace_id.encode("latin-1")))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks = aiter(self._chunks)

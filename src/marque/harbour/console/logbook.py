@@ -111,13 +111,13 @@ def logbook_page(hm: Harbourmaster, principal: Principal, *, before: int | None 
             "chain": chain}
 
 
-def request_entries(hm: Harbourmaster, principal: Principal, request_id: str
+def request_entries(hm: Harbourmaster, principal: Principal, id: str
                     ) -> tuple[list[dict[str, Any]] | None, bool]:
     """The first page of logbook entries about one request, oldest first (for anyone who may
     see the request), and whether more follow (the page says so and links to the logbook
     filtered by the request: nothing is dropped silently); None if the core refuses them."""
     try:
-        page = hm.request_logbook(principal, request_id)
+        page = hm.request_logbook(principal, id)
     except Forbidden:
         return None, False
     entries: list[dict[str, Any]] = page["entries"]

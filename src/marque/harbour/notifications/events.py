@@ -63,9 +63,9 @@ def event_type(from_state: str | None, to_state: str | None) -> str | None:
     return None
 
 
-def event_id(request_id: str, version: int, kind: str) -> str:
+def event_id(id: str, version: int, kind: str) -> str:
     """The event's stable id: ``evt_`` and 32 hex digits derived from the move it reports."""
-    digest = hashlib.sha256(f"{request_id}\x00{int(version)}\x00{kind}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{id}\x00{int(version)}\x00{kind}".encode()).hexdigest()
     return "evt_" + digest[:32]
 
 

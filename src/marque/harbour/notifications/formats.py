@@ -39,11 +39,11 @@ _SLACK_STATEMENTS = 3
 _SLACK_SQL_CHARS = 300
 
 
-def console_link(console_url: str | None, request_id: str | None) -> str | None:
+def console_link(console_url: str | None, id: str | None) -> str | None:
     """The console page of a request, when the public address is known."""
-    if not console_url or not request_id:
+    if not console_url or not id:
         return None
-    return f"{console_url.rstrip('/')}/requests/{request_id}"
+    return f"{console_url.rstrip('/')}/requests/{id}"
 
 
 def generic_body(event: OutboxEvent, console_url: str | None) -> dict[str, Any]:

@@ -121,9 +121,9 @@ def record_events(tx: Tx, journal: JournalEntries, now: float, harbour_id: str |
                        (the_id, endpoint.id, now, now, now))
 
 
-def _request_row(tx: Tx, request_id: str) -> dict[str, Any] | None:
+def _request_row(tx: Tx, id: str) -> dict[str, Any] | None:
     row = tx.one(f"SELECT {', '.join(_REQUEST_FIELDS)} FROM requests WHERE id = ?",
-                 (request_id,))
+                 (id,))
     if row is None:
         return None
     values = dict(zip(_REQUEST_FIELDS, row, strict=True))
