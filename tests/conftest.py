@@ -15,13 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgcluster import PgCluster, create_database, drop_database
+from support.pgcluster import PgCluster, create_database, drop_database
+from support.pgproxy import PgProxy, PgProxyFactory
 
 TESTS = Path(__file__).resolve().parent
 #: The folders of tests/ that are tiers; each is also a marker (registered in pyproject).
 TIERS = ("unit", "store", "harbour_store", "integration", "pg", "e2e", "browser", "soak")
 #: Fixtures that start or use a PostgreSQL server.
-PG_FIXTURES = frozenset({"pg_admin_dsn", "pg_dsn", "pg_cluster"})
+PG_FIXTURES = frozenset({"pg_admin_dsn", "pg_dsn", "pg_cluster", "pg_proxy"})
 
 
 def needs_postgres(item: pytest.Item) -> bool:
@@ -75,3 +76,22 @@ def pg_cluster() -> Iterator[PgCluster]:
         yield cluster
     finally:
         cluster.destroy()
+
+
+@pytest.fixture
+def pg_proxy() -> Iterator[PgProxyFactory]:
+    """``pg_proxy(dsn)``: a COMMIT-losing TCP proxy in front of ``dsn``'s server, and the
+    DSN that goes through it. Every proxy a test made is closed after it (after the
+    fixtures that use them, which the test's teardown closes first)."""
+    made: list[PgProxy] = []
+
+    def make(dsn: str) -> tuple[PgProxy, str]:
+        proxy, proxied = PgProxy.for_dsn(dsn)
+        made.append(proxy)
+        return proxy, proxied
+
+    try:
+        yield make
+    finally:
+        for proxy in made:
+            proxy.close()

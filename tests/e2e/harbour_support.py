@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from support.net import free_port
 
 MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call or HTTP call
@@ -393,14 +393,6 @@ def request_body(sql: str, *, pilot_id: str = "p1", request_id: str | None = Non
     if request_id is not None:
         body["request_id"] = request_id
     return body
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now (for a service told where to listen)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 class JoinedBank:

@@ -41,11 +41,11 @@ from harbour_support import (
     free_port,
     routing_toml,
 )
-from pgcluster import create_database, drop_database
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from support.pgcluster import create_database, drop_database
 
 from marque.errors import MarqueError, PilotUnavailable, PreviewFailed, UnknownTarget
 from marque.harbour.home import HarbourHome

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from harbour_support import Harbour, HarbourServer, PilotBank, cli_json, free_port
-from pgcluster import create_database, drop_database
+from support.pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
 
 from marque.pilot.setup import add_target

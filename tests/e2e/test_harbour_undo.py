@@ -29,7 +29,7 @@ from harbour_support import (
     new_public_key,
     wait_for_request,
 )
-from pgcluster import create_database, drop_database
+from support.pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
 
 from marque.pilot.setup import add_target

@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 from e2e.harbour_support import PilotServe
-from pgcluster import PgCluster, create_database
-from pgproxy import PgProxy
+from support.pgcluster import PgCluster, create_database
+from support.pgproxy import PgProxy, PgProxyFactory
 
 from marque.token import make_proof
 
@@ -31,11 +31,11 @@ SLOW_DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1 AND pg_sle
 
 
 @pytest.fixture
-def served(tmp_path: Path, pg_dsn: str,
-           pg_cluster: PgCluster) -> Iterator[tuple[World, PgProxy, str]]:
+def served(tmp_path: Path, pg_dsn: str, pg_cluster: PgCluster,
+           pg_proxy: PgProxyFactory) -> Iterator[tuple[World, PgProxy, str]]:
     """A world with its ledger behind a proxy, and a `pilot serve` process for it."""
     _, ledger_dsn = create_database(pg_cluster.dsn())
-    proxy, proxied = PgProxy.for_dsn(ledger_dsn)
+    proxy, proxied = pg_proxy(ledger_dsn)
     world = build_world(tmp_path, pg_dsn, ledger="postgres", ledger_dsn=proxied)
     service = PilotServe(world.home, cwd=tmp_path)
     try:
@@ -45,7 +45,6 @@ def served(tmp_path: Path, pg_dsn: str,
         proxy.restore()
         service.stop()
         world.close()
-        proxy.close()
 
 
 def _recorded(url: str, marque_id: str, nonce: str) -> tuple[str, bool]:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from pgcluster import PgCluster, create_database
+from support.pgcluster import PgCluster, create_database
 
 from marque.change import Budget, Change, Statement
 from marque.pilot.setup import add_target

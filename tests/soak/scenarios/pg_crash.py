@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pgcluster import PgCluster, create_database
+from support.pgcluster import PgCluster, create_database
 
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario
