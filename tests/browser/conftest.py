@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from e2e.harbour_support import (
     routing_toml,
     writes_delegated,
 )
+from support.wait import wait_until
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
@@ -128,18 +128,6 @@ class World:
         return outcome
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def make_world(root: Path) -> Iterator[World]:
     """Build and run a world under ``root``; stop every process it started after."""
     harbour = Harbour(root / "harbour", routing=ROUTING)
@@ -157,8 +145,8 @@ def make_world(root: Path) -> Iterator[World]:
                  harbour.tokens["p1"], "--url", pilot_url)
         bank.start(listen=pilot_url.removeprefix("http://"))
         world = World(harbour, bank, server, pilot_url, root)
-        wait_for("the Pilot's registration", lambda: world.api(
-            "GET", "/v1/pilots", "admin").json()["pilots"])
+        wait_until(lambda: world.api(
+            "GET", "/v1/pilots", "admin").json()["pilots"], "the Pilot's registration", step=0.1)
         yield world
     finally:
         bank.stop()

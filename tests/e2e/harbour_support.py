@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 from support.net import free_port
+from support.wait import wait_until
 
 MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call or HTTP call
@@ -451,12 +452,14 @@ def wait_for_request(call: Callable[..., httpx.Response], rq: str, token: str,
                      seconds: float) -> dict[str, Any]:
     """``GET /v1/requests/{rq}`` (through ``call``, as ``token``) every 0.2 s until
     ``ready`` says yes or ``seconds`` have passed; the last body shown."""
-    deadline = time.monotonic() + seconds
-    while True:
-        shown: dict[str, Any] = call("GET", f"/v1/requests/{rq}", token).json()
-        if ready(shown) or time.monotonic() > deadline:
-            return shown
-        time.sleep(0.2)
+    seen: list[dict[str, Any]] = []
+
+    def shown_ready() -> Any:
+        seen.append(call("GET", f"/v1/requests/{rq}", token).json())
+        return ready(seen[-1])
+
+    wait_until(shown_ready, timeout=seconds, step=0.2)
+    return seen[-1]
 
 
 #: An Effect Set that tops up three of `bank`'s accounts (1 and 2 exist; tests add 3).

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +33,13 @@ from harbour_support import (
     request_body,
     wait_for_request,
 )
+from support.wait import wait_until
 from webhook_receiver import Receiver, verify_signature
 
 #: Long enough for every retry to come round several times (each is at most 2 s apart).
 DEADLINE_SECONDS = 120.0
 EXPECTED = sorted(["request.awaiting_approval", "request.awaiting_approval",
                    "request.rejected", "request.approved", "request.executed"])
-
-
-def wait_until(check: Callable[[], Any], seconds: float = DEADLINE_SECONDS) -> Any:
-    """Poll ``check`` every 0.2 s until it answers something true; that answer (or the last
-    false one when the deadline passed: the caller's assert then says what was missing)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        found = check()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
 
 
 class Stack:
@@ -155,7 +144,7 @@ def test_every_event_is_delivered_signed_once_the_receiver_comes_back(stack: Sta
 
     # Retried while down: several attempts failed, none was taken as delivered.
     assert wait_until(lambda: _metric(stack.metrics(), "marque_harbour_webhook_attempts_total",
-                                      outcome="retrying") >= 6)
+                                      outcome="retrying") >= 6, timeout=DEADLINE_SECONDS, step=0.2)
     assert stack.listed()[generic["id"]]["deliveries"] == {"pending": 5}
 
     receiver.start()
@@ -164,7 +153,7 @@ def test_every_event_is_delivered_signed_once_the_receiver_comes_back(stack: Sta
             listed = stack.listed()
             return all(listed[e["id"]]["deliveries"] == {"delivered": 5}
                        for e in (generic, slack))
-        assert wait_until(settled), stack.listed()
+        assert wait_until(settled, timeout=DEADLINE_SECONDS, step=0.2), stack.listed()
         seen = receiver.all()
     finally:
         receiver.stop()

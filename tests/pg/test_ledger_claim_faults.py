@@ -23,6 +23,7 @@ from urllib.parse import quote, urlencode
 import psycopg
 import pytest
 from support.pgproxy import PgProxy, PgProxyFactory
+from support.wait import wait_until
 
 from marque.errors import LedgerUnavailable
 from marque.ledger import postgres
@@ -40,15 +41,6 @@ def _ticket(nonce: str, jti: str | None) -> ClaimTicket:
         attempts_per_nonce=3, expires_at=now + 600, owner_process="proc_a",
         lease_seconds=60, now=now, pop_jti=jti, pop_forget_after=now + 300,
     )
-
-
-def _wait(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 class _Claimer:
@@ -104,9 +96,11 @@ def _held_claim_cut(ledger: PostgresLedger, proxy: PgProxy, dsn: str, nonce: str
     ``release_after`` seconds, whichever comes first."""
     with _budget_held(dsn) as release:
         claimer = _Claimer(ledger, _ticket(nonce, f"j-{nonce}" if proof else None))
-        assert _wait(lambda: _lock_waiters(dsn) == 1, 10), "the claim never waited on the row"
+        assert wait_until(lambda: _lock_waiters(dsn) == 1, timeout=10, step=0.02), \
+            "the claim never waited on the row"
         proxy.cut()
-        _wait(lambda: claimer.done() or _lock_waiters(dsn) >= 2, release_after)
+        wait_until(lambda: claimer.done() or _lock_waiters(dsn) >= 2, timeout=release_after,
+                   step=0.02)
         release()
     claimer.join()
     return claimer
@@ -208,7 +202,7 @@ def test_a_cut_claim_whose_session_outlives_the_wait_is_ledger_unavailable_and_r
         assert isinstance(claimer.error, LedgerUnavailable), repr(claimer.error)
         assert "may" in claimer.error.message and "same nonce" in claimer.error.message
         # The held row was released as the claim answered: the late commit lands.
-        assert _wait(lambda: ledger.outcome(MQ, "n1") is not None, 5)
+        assert wait_until(lambda: ledger.outcome(MQ, "n1") is not None, timeout=5, step=0.02)
         again = ledger.claim(_ticket("n1", "j-n1-again"))
         assert not again.fresh
         assert (again.record.attempt, again.record.status) == (1, Status.IN_PROGRESS)

@@ -9,7 +9,6 @@ while the target's transaction runs, the stream ends ``applied`` with
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from e2e.harbour_support import PilotServe
 from support.pgcluster import PgCluster, create_database
 from support.pgproxy import PgProxy, PgProxyFactory
+from support.wait import wait_until
 
 from marque.token import make_proof
 
@@ -110,10 +110,8 @@ def test_ledger_cut_during_the_target_transaction_streams_applied_not_recorded(
     # The settler keeps it and tries again: once the ledger is back, it holds the outcome.
     proxy.restore()
     marque_id = marque_id_of(token)
-    deadline = time.monotonic() + 30
-    while _recorded(url, marque_id, "n-1") != ("applied", True):
-        assert time.monotonic() < deadline, "the held outcome was never recorded"
-        time.sleep(0.05)
+    wait_until(lambda: _recorded(url, marque_id, "n-1") == ("applied", True),
+               "the held outcome to be recorded")
     replay = httpx.post(f"{url}/v1/executions", json=_body(world, token, "n-1"), timeout=60)
     final = json.loads(replay.text.splitlines()[-1])["outcome"]
     assert (final["status"], final["replayed"], final["recorded"]) == ("applied", True, True)

@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from support.pgcluster import PgCluster, create_database
 from support.pgproxy import PgProxy, PgProxyFactory
+from support.wait import wait_until
 
 from marque.outcome import Status
 from marque.pilot.setup import add_target
@@ -38,7 +39,6 @@ from .pgworld import (
     marque_id_of,
     one_json,
     run_cli,
-    wait_until,
 )
 
 START = {1: 100, 2: 100, 3: 100}

@@ -15,7 +15,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], what: str | None = None, *, timeout: float = 20.0,
+def wait_until(check: Callable[[], T], what: str | None = None, *, timeout: float = 30.0,
                step: float = 0.05) -> T:
     """Call ``check`` every ``step`` seconds until it answers something true; that answer.
 
