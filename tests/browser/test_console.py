@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from e2e.harbour_support import DEBIT
+from support.harbour import DEBIT
 from support.wait import wait_until
 
 from marque.token.reports import sign_report

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.harbour_support import (
+from support.harbour import (
     DEBIT,
     READS_ALLOWED,
     request_body,

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.harbour_support import DEBIT
+from support.harbour import DEBIT
 from support.wait import wait_until
 
 from marque.harbour.setup import set_roles

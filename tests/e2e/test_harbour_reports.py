@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_support import run_cli
-from harbour_support import (
+from support.harbour import (
     READ,
     Harbour,
     HarbourServer,

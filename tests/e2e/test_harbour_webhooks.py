@@ -21,12 +21,10 @@ from typing import Any
 import httpx
 import pytest
 from e2e_support import run_cli
-from harbour_support import (
+from support.harbour import (
     DEBIT,
     Harbour,
-    HarbourServer,
-    PilotBank,
-    PilotServe,
+    HarbourWorld,
     cli_json,
     execute_marque,
     free_port,
@@ -42,24 +40,13 @@ EXPECTED = sorted(["request.awaiting_approval", "request.awaiting_approval",
                    "request.rejected", "request.approved", "request.executed"])
 
 
-class Stack:
+class Stack(HarbourWorld):
     """A Harbourmaster served with fast webhook retries, and its Pilot p1 serving a bank;
     alice requests (holding the bank's key), bob approves."""
 
     def __init__(self, root: Path) -> None:
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "site", self.harbour, trust=False)
-        self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.harbour.add("bob", "approver")
-        self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home,
-                                    args=("--webhook-retry", "1s,2s"))
-        self.bank.url = f"http://127.0.0.1:{free_port()}"
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", self.harbour.tokens["p1"], "--url", self.bank.url)
-        self.bank.pilot = PilotServe(self.bank.home, listen=self.bank.url.removeprefix(
-            "http://"), cwd=self.bank.root)
-        self.bank.pilot.start()
+        super().__init__(root, bank_dir="site", trust=False, third_account=False,
+                         harbour_args=("--webhook-retry", "1s,2s"), serve=True)
 
     def call(self, method: str, path: str, who: str, **kwargs: Any) -> httpx.Response:
         return self.server.call(method, path, self.harbour.tokens[who], **kwargs)
@@ -75,10 +62,6 @@ class Stack:
         answer = self.call("GET", "/metrics", "admin")
         assert answer.status_code == 200, answer.text
         return answer.text
-
-    def stop(self) -> None:
-        self.bank.stop()
-        self.server.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harbour_support import (
+from support.harbour import (
     DEBIT,
     Harbour,
     HarbourServer,

@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import (
+from support.effects_world import EffectWorld, build_effect_world, member
+from support.harbour import (
     MARQUE,
     TOPUP_ROWS,
     Harbour,
@@ -36,7 +37,6 @@ from e2e.harbour_support import (
     free_port,
     wait_for_request,
 )
-from support.effects_world import EffectWorld, build_effect_world, member
 from support.pgproxy import PgProxy, PgProxyFactory
 
 from marque.change import EffectSetChange

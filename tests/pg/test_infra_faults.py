@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from e2e.harbour_support import free_port
+from support.harbour import free_port
 from support.pgcluster import PgCluster, create_database
 from support.pgproxy import PgProxyFactory
 

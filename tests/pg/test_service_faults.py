@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import PilotServe
+from support.harbour import PilotServe
 from support.pgcluster import PgCluster, create_database
 from support.pgproxy import PgProxy, PgProxyFactory
 from support.wait import wait_until
