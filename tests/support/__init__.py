@@ -5,6 +5,9 @@
 * :mod:`support.pgcluster` — a throwaway PostgreSQL cluster, and databases in it;
 * :mod:`support.pgproxy` — a TCP proxy in front of PostgreSQL that can lose a COMMIT
   (the ``pg_proxy`` fixture in ``tests/conftest.py`` makes them for a test);
+* :mod:`support.harbour` — Harbourmaster homes, ``harbour serve`` and ``pilot serve``
+  processes, and :class:`~support.harbour.HarbourWorld`, a Harbourmaster with a Pilot
+  joined to it (the stack the Harbourmaster's end-to-end and browser tests share);
 * :mod:`support.effects_world` — an in-process Pilot world for Effect Sets.
 
 Nothing here imports a tier's own helpers, so every tier (and the soak and the
