@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-fast lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ test: lint
 	./scripts/ensure-faketime
 	./scripts/ensure-oidc-provider
 	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile,)
+
+# The tiers that need no server and no system package: no PostgreSQL, Chromium, node or
+# libfaketime (README: "Running tier by tier").
+FAST := not pg and not browser and not oidc and not faketime
+
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "$(FAST)" $(if $(filter-out 1,$(JOBS)),-n $(JOBS) --dist loadfile,)
 
 # The reliability campaign (docs/reliability.md): `make soak` is bounded (at most 15
 # minutes here); `make soak FULL=1` runs the fault matrix's full counts (hours).

@@ -1,6 +1,6 @@
 """The bench's own PostgreSQL cluster, durable like a real one (fsync on), on 127.0.0.1.
 
-Reuses the test suite's throwaway cluster (``tests/pgcluster.py``) and only
+Reuses the test suite's throwaway cluster (``tests/support/pgcluster.py``) and only
 turns durability back on: that cluster sets ``fsync = off`` for crash tests,
 and a later line in ``postgresql.conf`` wins.
 """
@@ -16,7 +16,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pgcluster import PgCluster  # noqa: E402  (tests/ is put on the path just above)
+from support.pgcluster import PgCluster  # noqa: E402  (tests/ is put on the path just above)
 
 #: Rows in the target table: one per client, plus spares.
 TARGET_ROWS = 128

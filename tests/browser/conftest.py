@@ -18,29 +18,23 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e.harbour_support import (
+from support.harbour import (
     MARQUE,
     READS_ALLOWED,
     TIMEOUT,
-    Harbour,
-    HarbourServer,
-    PilotBank,
+    HarbourWorld,
     cli_env,
-    cli_json,
-    free_port,
-    new_public_key,
     request_body,
     routing_toml,
     writes_delegated,
 )
+from support.wait import wait_until
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
@@ -65,16 +59,17 @@ def fresh_id(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{next(_ids)}"
 
 
-@dataclass
-class World:
-    """One Harbourmaster, one joined Pilot, and the principals' tokens."""
+class World(HarbourWorld):
+    """One Harbourmaster asking two approvers for every write (:data:`ROUTING`), one joined
+    Pilot serving, and the principals: alice (requester, the bank's key), erin (requester
+    and approver, a key of her own), carol and dave (approvers), audrey (auditor)."""
 
-    harbour: Harbour
-    bank: PilotBank
-    server: HarbourServer
-    pilot_url: str
-    root: Path
-    extra: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, routing=ROUTING, bank_dir="p1", third_account=False,
+                         principals=(("erin", "requester", "approver"), ("carol", "approver"),
+                                     ("dave", "approver"), ("audrey", "auditor")),
+                         keyed=frozenset({"erin"}), serve=True)
+        self.extra: dict[str, Any] = {}
 
     @property
     def url(self) -> str:
@@ -128,41 +123,15 @@ class World:
         return outcome
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def make_world(root: Path) -> Iterator[World]:
     """Build and run a world under ``root``; stop every process it started after."""
-    harbour = Harbour(root / "harbour", routing=ROUTING)
-    bank = PilotBank(root / "p1", harbour)
-    harbour.add("alice", "requester", key=bank.holder_pub)
-    harbour.add("erin", "requester", "approver", key=new_public_key(root / "erin.pub.jwk"))
-    harbour.add("carol", "approver")
-    harbour.add("dave", "approver")
-    harbour.add("audrey", "auditor")
-    harbour.add("p1", "pilot")
-    server = HarbourServer(harbour.home)
+    world = World(root)
     try:
-        pilot_url = f"http://127.0.0.1:{free_port()}"
-        cli_json("pilot", "join", "--home", bank.home, "--harbour", server.url, "--token",
-                 harbour.tokens["p1"], "--url", pilot_url)
-        bank.start(listen=pilot_url.removeprefix("http://"))
-        world = World(harbour, bank, server, pilot_url, root)
-        wait_for("the Pilot's registration", lambda: world.api(
-            "GET", "/v1/pilots", "admin").json()["pilots"])
+        wait_until(lambda: world.api(
+            "GET", "/v1/pilots", "admin").json()["pilots"], "the Pilot's registration", step=0.1)
         yield world
     finally:
-        bank.stop()
-        server.stop()
+        world.stop()
 
 
 @pytest.fixture(scope="module")

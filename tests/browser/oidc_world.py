@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.harbour_support import MARQUE, TIMEOUT, cli_env
 from e2e.oidc_support import OidcProvider, device_client, web_client
+from support.harbour import MARQUE, TIMEOUT, cli_env
 
 from .conftest import World, make_world
 

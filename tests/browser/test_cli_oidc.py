@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.harbour_support import MARQUE, TIMEOUT, cli_env
+from support.harbour import MARQUE, TIMEOUT, cli_env
 
 from .oidc_world import (
     CLI_CLIENT,

@@ -13,11 +13,12 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from e2e.harbour_support import DEBIT
+from support.harbour import DEBIT
+from support.wait import wait_until
 
 from marque.token.reports import sign_report
 
-from .conftest import DEBIT_RETURNING, Console, World, fresh_id, wait_for
+from .conftest import DEBIT_RETURNING, Console, World, fresh_id
 
 Consoles = Callable[..., Console]
 
@@ -372,4 +373,5 @@ def test_keyboard_users_can_skip_to_the_content(world: World, consoles: Consoles
     focused: Any = carol.page.evaluate("document.activeElement.textContent")
     assert focused.strip() == "Skip to content"
     carol.page.keyboard.press("Enter")
-    wait_for("focus on main", lambda: carol.page.evaluate("document.activeElement.id") == "main")
+    wait_until(lambda: carol.page.evaluate("document.activeElement.id") == "main",
+               "focus on main", step=0.1)

@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.harbour_support import (
+from support.harbour import (
     DEBIT,
     READS_ALLOWED,
     request_body,
     routing_toml,
     writes_delegated,
 )
+from support.wait import wait_until
 
-from .conftest import Console, World, fresh_id, make_world, wait_for
+from .conftest import Console, World, fresh_id, make_world
 
 Consoles = Callable[..., Console]
 CREDIT = "UPDATE accounts SET balance = balance + 10 WHERE id = 1"
@@ -36,8 +37,8 @@ def test_a_compensation_shows_which_request_it_rolls_back(
     world.approve(original["id"], "carol")
     world.approve(original["id"], "dave")
     assert world.exec_cli(original["id"], "alice", "n1")["status"] == "applied"
-    wait_for("the original verified",
-             lambda: world.request(original["id"])["state"] == "verified")
+    wait_until(lambda: world.request(original["id"])["state"] == "verified",
+               "the original verified", step=0.1)
     body = request_body(CREDIT, request_id=fresh_id("undo"))
     body["rolls_back"] = original["id"]
     answer = world.api("POST", "/v1/requests", "alice", json=body)

@@ -10,7 +10,9 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from .conftest import Console, World, fresh_id, wait_for
+from support.wait import wait_until
+
+from .conftest import Console, World, fresh_id
 
 Consoles = Callable[..., Console]
 
@@ -66,7 +68,7 @@ def test_the_request_page_shows_rows_before_and_after_and_then_the_receipt(
     outcome = world.exec_cli(made["id"], "alice", "n1")
     assert outcome["status"] == "applied", outcome
     assert world.bank.balances() == {1: 150, 2: 250}
-    wait_for("the set receipt", lambda: world.request(made["id"])["receipt"])
+    wait_until(lambda: world.request(made["id"])["receipt"], "the set receipt", step=0.1)
 
     page.goto(f"/requests/{made['id']}")
     receipt = page.get_by_test_id("effect-receipt")
@@ -92,7 +94,8 @@ def test_a_stale_preview_shows_the_request_failed_with_its_next_step(
     conn.close()
     outcome = world.exec_cli(made["id"], "alice", "n1", expect=4)
     assert outcome["error"]["code"] == "stale_preview", outcome
-    wait_for("the request to fail", lambda: world.request(made["id"])["state"] == "failed")
+    wait_until(lambda: world.request(made["id"])["state"] == "failed", "the request to fail",
+               step=0.1)
 
     carol = consoles("carol")
     carol.page.goto(f"/requests/{made['id']}")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e.harbour_support import DEBIT
+from support.harbour import DEBIT
 
 from .conftest import DESKTOP, PHONE, Console, World
 

@@ -17,11 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.harbour_support import DEBIT
+from support.harbour import DEBIT
+from support.wait import wait_until
 
 from marque.harbour.setup import set_roles
 
-from .conftest import Console, World, wait_for
+from .conftest import Console, World
 from .oidc_world import (
     CONSOLE_CLIENT,
     OTHER_CLIENT,
@@ -232,7 +233,7 @@ def test_a_key_rotation_at_the_provider(own_oidc: OidcWorld, browser: Any) -> No
         sign_in(second.page, "carol")
         back_at_console(second.page, own_oidc.world.url)
         assert second.page.get_by_test_id("viewer").inner_text() == "carol"
-        wait_for("two sessions", lambda: len(sessions(own_oidc.world)) == 2)
+        wait_until(lambda: len(sessions(own_oidc.world)) == 2, "two sessions", step=0.1)
     finally:
         first.close()
         second.close()
@@ -256,8 +257,9 @@ def test_signing_out_at_the_provider_ends_the_console_session(
     dave.page.goto(oidc.provider.issuer + "/session/end")
     dave.page.get_by_role("button", name="Yes, sign me out").click()
     dave.page.wait_for_load_state()
-    wait_for("the session ended", lambda: not [
-        s for s in sessions(oidc.world) if s[0] == "dave" and s[4] is None])
+    wait_until(lambda: not [
+        s for s in sessions(oidc.world) if s[0] == "dave" and s[4] is None],
+        "the session ended", step=0.1)
     dave.page.goto(oidc.world.url + "/")
     assert "why=revoked" in dave.page.url
 

@@ -16,7 +16,9 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from .conftest import DESKTOP, PHONE, Console, World, wait_for
+from support.wait import wait_until
+
+from .conftest import DESKTOP, PHONE, Console, World
 
 Consoles = Callable[..., Console]
 
@@ -43,7 +45,8 @@ def _applied(world: World, sql: str) -> dict[str, object]:
     world.approve(str(made["id"]), "carol")
     world.approve(str(made["id"]), "dave")
     world.exec_cli(str(made["id"]), "alice", f"n-{made['id']}")
-    wait_for("the debit's report", lambda: world.request(str(made["id"]))["state"] == "verified")
+    wait_until(lambda: world.request(str(made["id"]))["state"] == "verified",
+               "the debit's report", step=0.1)
     return made
 
 
@@ -77,8 +80,8 @@ def test_the_requester_undoes_an_applied_change_from_its_page(
     world.approve(undo_id, "carol")
     world.approve(undo_id, "dave")
     world.exec_cli(undo_id, "alice", f"n-{undo_id}")
-    wait_for("the debit to be rolled back",
-             lambda: world.request(str(debit["id"]))["state"] == "rolled_back")
+    wait_until(lambda: world.request(str(debit["id"]))["state"] == "rolled_back",
+               "the debit to be rolled back", step=0.1)
     assert _balance(world, 51) == 100
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.harbour_support import MARQUE, TIMEOUT, cli_env
+from support.harbour import MARQUE, TIMEOUT, cli_env
 
 from marque.harbour.setup import revoke_principal, rotate_principal, set_roles
 

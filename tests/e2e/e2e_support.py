@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from harbour_support import PilotServe
+from support.harbour import PilotServe
 
 from marque.token import unverified_claims
 
@@ -348,7 +348,7 @@ class World:
 
 class Service(PilotServe):
     """A `marque pilot serve` child process over a world's home (the shared
-    :class:`harbour_support.PilotServe`), started at once."""
+    :class:`support.harbour.PilotServe`), started at once."""
 
     def __init__(self, world: World, *, port: int = 0, workers: int = 1,
                  env: dict[str, str] | None = None) -> None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.harbour_support import TIMEOUT, free_port
 from joserfc.jwk import RSAKey
+from support.harbour import TIMEOUT, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "oidc" / "provider.mjs"

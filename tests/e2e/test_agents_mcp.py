@@ -30,20 +30,20 @@ import anyio
 import httpx
 import pytest
 from e2e_support import run_cli
-from harbour_support import (
+from mcp import Client, StdioServerParameters
+from support.harbour import (
     DEBIT,
     MARQUE,
     READ,
     TIMEOUT,
     TOPUP_DECLARATION,
-    JoinedBank,
+    HarbourWorld,
     cli_env,
     cli_json,
     effect_body,
     request_body,
     wait_for_request,
 )
-from mcp import Client, StdioServerParameters
 
 AGENT = "claude"
 #: Seconds `marque mcp --http` may take to listen (a loaded machine imports slowly).
@@ -72,8 +72,7 @@ class AgentWorld:
         from marque.cli.common import write_private
         from marque.token import new_key, public_jwk
 
-        self.joined = JoinedBank(root)
-        self.joined.bank.start(listen=f"127.0.0.1:{self.joined.port}")
+        self.joined = HarbourWorld(root, serve=True)
         self.harbour = self.joined.harbour
         self.server = self.joined.server
         self.key = root / "agent.jwk"

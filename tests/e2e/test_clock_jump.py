@@ -29,6 +29,8 @@ MARQUE = Path(sys.executable).parent / "marque"
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 
+pytestmark = pytest.mark.faketime
+
 
 @pytest.mark.skipif(not FAKETIME.exists(), reason="libfaketime missing (scripts/ensure-faketime)")
 def test_a_lease_from_a_clock_ahead_does_not_hold_a_nonce_whose_owner_is_unseen(

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import httpx
-from harbour_support import READ, TIMEOUT, Harbour, HarbourServer, PilotBank, request_body
+from support.harbour import READ, TIMEOUT, Harbour, HarbourServer, PilotBank, request_body
 
 from marque.harbour.console.views import QUEUE_PAGE
 

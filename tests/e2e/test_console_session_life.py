@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from harbour_support import MARQUE, TIMEOUT, Harbour, HarbourServer, cli_env
+from support.harbour import MARQUE, TIMEOUT, Harbour, HarbourServer, cli_env
 
 
 def login(server: HarbourServer, token: str) -> httpx.Response:

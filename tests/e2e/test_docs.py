@@ -249,7 +249,7 @@ def test_the_readme_service_example_runs_against_a_served_pilot(
     """"The Pilot as a service": after the tour, its commands run as written against a
     real `pilot serve` over the tour's home (on a free port, not 8750), and the marque
     they execute is a fresh one — never the tour's spent one."""
-    from harbour_support import PilotServe
+    from support.harbour import PilotServe
 
     _, tour = doc_runs["README.md"]
     assert tour.returncode == 0

@@ -119,7 +119,7 @@ def test_a_failed_resume_revalidation_exits_3_by_its_own_attempt_not_an_earlier_
     run again: attempt 2 fails resume revalidation and seals no receipt. `effects apply` and
     `effects receipt` exit 3 — that attempt's refusal — not by attempt 1's set receipt, and
     their JSON says which attempt the receipt shown is of."""
-    from effects_world import build_effect_world, member
+    from support.effects_world import build_effect_world, member
 
     world = build_effect_world(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}")
     preview = world.preview([member("bump", "update")], {"bump": [{"id": 1, "qty": 50}]})

@@ -17,8 +17,8 @@ import time
 
 import pytest
 from e2e_support import EXIT, MARQUE, Service, World, cli_env, json_lines, one_json
-from harbour_support import free_port
-from pgproxy import close_socket
+from support.harbour import free_port
+from support.pgproxy import close_socket
 
 from marque.token import new_key
 

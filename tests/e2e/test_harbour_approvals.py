@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harbour_support import DEBIT, request_body
+from support.harbour import DEBIT, request_body
 from test_harbour_cli_flow import Stack, request_args, wait_for_state
 
 from marque.harbour.routing import BOOTSTRAP_PROFILE_TOML

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from e2e_support import Service, World
-from harbour_support import READS_ALLOWED, WRITES_DENIED, routing_toml
+from support.harbour import READS_ALLOWED, WRITES_DENIED, routing_toml
 
 from marque.clients.pilot import PilotClient
 from marque.errors import (

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from e2e_support import Result, run_cli
-from harbour_support import (
+from support.harbour import (
     TOPUP_DECLARATION,
     TOPUP_ROWS,
-    JoinedBank,
+    HarbourWorld,
     cli_env,
     effect_body,
     execute_marque,
@@ -36,17 +36,16 @@ from marque.token import unverified_claims
 DECLARATION, ROWS = TOPUP_DECLARATION, TOPUP_ROWS
 
 
-class Stack(JoinedBank):
+class Stack(HarbourWorld):
     """A Harbourmaster (bootstrap profile), a joined Pilot serving `bank` (3 accounts, and a
     `ledger_notes` table), a requester, an approver and an auditor."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, bank_sql=(
             "CREATE TABLE ledger_notes (id INTEGER PRIMARY KEY, note TEXT)",),
-            principals=(("audra", "auditor"),))
+            principals=(("bob", "approver"), ("audra", "auditor")), serve=True)
         self.audra = self.harbour.tokens["audra"]
         self.url = self.server.url
-        self.bank.start(listen=f"127.0.0.1:{self.port}")
         self._ids = 0
 
     def fresh(self, prefix: str) -> str:

@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 from e2e_support import run_cli
-from harbour_support import (
+from support.harbour import (
     TOPUP_ROWS,
     HarbourServer,
-    JoinedBank,
+    HarbourWorld,
     cli_env,
     cli_json,
     effect_body,
@@ -36,7 +36,7 @@ from marque.token import make_proof, unverified_claims
 ROWS = TOPUP_ROWS
 
 
-class CrashStack(JoinedBank):
+class CrashStack(HarbourWorld):
     """A Harbourmaster (bootstrap profile), a Pilot joined at a fixed loopback address that
     the test starts, kills and starts again, a requester and an approver."""
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.harbour_support import MARQUE, TIMEOUT, Harbour, cli_env
 from e2e.oidc_support import OidcProvider, device_client, web_client
+from support.harbour import MARQUE, TIMEOUT, Harbour, cli_env
 
 from marque.errors import OidcLoginRefused
 from marque.harbour.oidc.provider import Provider

@@ -17,7 +17,6 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from e2e_support import Result, run_cli
-from harbour_support import (
+from support.harbour import (
     DEBIT,
     Harbour,
     HarbourServer,
@@ -34,6 +33,7 @@ from harbour_support import (
     free_port,
     request_body,
 )
+from support.wait import wait_until
 
 #: Three tries after the first, a second apart.
 FAST = ("--preview-retry", "1s,1s,1s")
@@ -86,12 +86,14 @@ class Down:
 
     def wait_until_not(self, server: HarbourServer, rq: str, state: str,
                        seconds: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + seconds
-        while True:
-            shown = self.show(server, rq)
-            if shown["state"] != state or time.monotonic() > deadline:
-                return shown
-            time.sleep(0.3)
+        seen: list[dict[str, Any]] = []
+
+        def moved() -> bool:
+            seen.append(self.show(server, rq))
+            return seen[-1]["state"] != state
+
+        wait_until(moved, timeout=seconds, step=0.3)
+        return seen[-1]
 
     def deferrals(self, server: HarbourServer, rq: str) -> list[dict[str, Any]]:
         answer = server.call("GET", f"/v1/requests/{rq}/logbook", self.audra)
@@ -177,11 +179,9 @@ def test_an_attempt_whose_process_died_mid_preview_is_made_again_after_its_lease
         hung = threading.Thread(target=lambda: _ignore_errors(
             lambda: dying.call("POST", "/v1/requests", down.alice, json=body)), daemon=True)
         hung.start()
-        listed: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 30
-        while not listed and time.monotonic() < deadline:
-            listed = dying.call("GET", "/v1/requests", down.alice).json()["requests"]
-            time.sleep(0.1)
+        listed: list[dict[str, Any]] = wait_until(
+            lambda: dying.call("GET", "/v1/requests", down.alice).json()["requests"],
+            timeout=30, step=0.1)
         [stuck] = listed
         assert stuck["state"] == "preparing" and stuck["failure"] is None
         dying.stop(signal.SIGKILL)

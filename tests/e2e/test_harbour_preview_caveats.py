@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from e2e_support import run_cli
-from harbour_support import READS_ALLOWED, routing_toml, writes_delegated
+from support.harbour import READS_ALLOWED, routing_toml, writes_delegated
 from test_harbour_cli_flow import Stack, request_args
 
 AUDITED = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"

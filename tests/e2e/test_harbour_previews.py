@@ -33,7 +33,11 @@ from typing import Any
 import psycopg
 import pytest
 import uvicorn
-from harbour_support import (
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from support.harbour import (
     TOPUP_ROWS,
     Harbour,
     PilotBank,
@@ -41,11 +45,7 @@ from harbour_support import (
     free_port,
     routing_toml,
 )
-from pgcluster import create_database, drop_database
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from support.pgcluster import create_database, drop_database
 
 from marque.errors import MarqueError, PilotUnavailable, PreviewFailed, UnknownTarget
 from marque.harbour.home import HarbourHome

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 from e2e_support import Result, run_cli
-from harbour_support import (
+from support.harbour import (
     DEBIT,
     MARQUE,
     READS_ALLOWED,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from e2e_support import run_cli
-from harbour_support import (
+from support.harbour import (
     READ,
     Harbour,
     HarbourServer,
@@ -30,6 +30,7 @@ from harbour_support import (
     free_port,
     request_body,
 )
+from support.wait import wait_until
 
 from marque.errors import LogbookBroken
 from marque.token import new_key
@@ -179,10 +180,8 @@ def test_reports_are_signed_by_the_pilot_and_a_stolen_token_alone_writes_nothing
     marque = issued(server, harbour)
     outcome = execute_marque(bank.url, bank.holder_key, marque["marque"], "n-1")
     assert outcome["status"] == "applied", outcome
-    deadline = time.monotonic() + 30
-    while not (applied := entries(server, harbour, "execution.applied")):
-        assert time.monotonic() < deadline, "the signed report never arrived"
-        time.sleep(0.2)
+    applied = wait_until(lambda: entries(server, harbour, "execution.applied"),
+                         "the signed report", step=0.2)
     [entry] = applied
     signature = entry["body"]["signature"]
     assert request_of(server, harbour, marque["id"])["state"] == "verified"
@@ -291,10 +290,8 @@ def test_logbook_verify_checks_every_outcome_against_its_pilots_key(
     marque = issued(server, harbour)
     assert execute_marque(bank.url, bank.holder_key, marque["marque"], "n-1")["status"] == \
         "applied"
-    deadline = time.monotonic() + 30
-    while not (applied := entries(server, harbour, "execution.applied")):
-        assert time.monotonic() < deadline, "the signed report never arrived"
-        time.sleep(0.2)
+    applied = wait_until(lambda: entries(server, harbour, "execution.applied"),
+                         "the signed report", step=0.2)
     offline = run_cli("logbook", "verify", "--home", harbour.home, "--json")
     assert offline.returncode == 0, offline
     assert offline.json["intact"] is True and offline.json["signed_reports"] == 1
@@ -343,9 +340,7 @@ def test_a_home_that_lost_its_report_key_is_refused_until_an_admin_accepts_the_n
                        "--json")
     assert accepted.returncode == 0, accepted
     assert json.loads(accepted.stdout)["report_key"]["x"] == new["x"]
-    deadline = time.monotonic() + 60
-    while request_of(server, harbour, marque["id"])["state"] != "verified":
-        assert time.monotonic() < deadline, "the report signed with the accepted key was not taken"
-        time.sleep(0.2)
+    wait_until(lambda: request_of(server, harbour, marque["id"])["state"] == "verified",
+               "the report signed with the accepted key to be taken", timeout=60, step=0.2)
     verified = run_cli("logbook", "verify", "--home", harbour.home, "--json")
     assert verified.returncode == 0, verified

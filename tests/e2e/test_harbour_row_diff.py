@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from harbour_support import Harbour, HarbourServer, PilotBank, cli_json, free_port
-from pgcluster import create_database, drop_database
+from support.harbour import HarbourWorld, cli_json
+from support.pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
 
 from marque.pilot.setup import add_target
@@ -35,20 +35,11 @@ TABLES = (
 BIG = ROW_IMAGE_CAP + 23
 
 
-class DiffStack:
+class DiffStack(HarbourWorld):
     """The Harbourmaster serving, the Pilot joined and serving both targets, alice (requester)
     and bob (approver)."""
 
     def __init__(self, root: Path, pg_dsn: str) -> None:
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "pilotbank", self.harbour)
-        conn = sqlite3.connect(self.bank.bank)
-        with conn:
-            conn.execute("INSERT INTO accounts VALUES (3, 100)")
-            for sql in TABLES:
-                conn.execute(sql)
-            conn.executemany("INSERT INTO big VALUES (?, 0)", [(i,) for i in range(1, BIG + 1)])
-        conn.close()
         self.pg_dsn = pg_dsn
         with psycopg.connect(pg_dsn, autocommit=True) as pg:
             pg.execute("CREATE TABLE accounts (id integer PRIMARY KEY, balance integer)")
@@ -56,20 +47,19 @@ class DiffStack:
             for sql in TABLES:
                 pg.execute(sql)
             pg.execute(f"INSERT INTO big SELECT g, 0 FROM generate_series(1, {BIG}) g")
-        add_target(self.bank.home, "pgbank", pg_dsn)
+        super().__init__(root, bank_sql=TABLES, serve=True)
+        self.count = 0
+
+    def before_join(self) -> None:
+        conn = sqlite3.connect(self.bank.bank)
+        with conn:
+            conn.executemany("INSERT INTO big VALUES (?, 0)", [(i,) for i in range(1, BIG + 1)])
+        conn.close()
+        add_target(self.bank.home, "pgbank", self.pg_dsn)
         for name in ("bank", "pgbank"):
             declared = cli_json("pilot", "target", "row-key", "--home", self.bank.home, name,
                                 "lines", "ref,n")
             assert (declared["columns"], declared["used"]) == (["ref", "n"], True), declared
-        self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.bob = self.harbour.add("bob", "approver")
-        pilot_token = self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home)
-        self.port = free_port()
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
-        self.bank.start(listen=f"127.0.0.1:{self.port}")
-        self.count = 0
 
     def ask(self, target: str, sql: str, *params: Any, max_rows: int = 500) -> dict[str, Any]:
         """POST a one-statement write request as alice; the request object answered."""
@@ -90,9 +80,6 @@ class DiffStack:
         assert shown.returncode == 0, shown
         return shown
 
-    def stop(self) -> None:
-        self.bank.stop()
-        self.server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pgcluster import create_database, drop_database
+from support.pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
 from test_harbour_undo import ACCOUNTS, BOTH, UndoStack, _console, _csrf
 

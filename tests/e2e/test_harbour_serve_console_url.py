@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
-from harbour_support import MARQUE, TIMEOUT, Harbour, HarbourServer, cli_env
+from support.harbour import MARQUE, TIMEOUT, Harbour, HarbourServer, cli_env
 
 
 def test_serve_prints_the_consoles_url(tmp_path: Path) -> None:

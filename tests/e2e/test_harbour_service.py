@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from harbour_support import (
+from prometheus_client.parser import text_string_to_metric_families
+from support.harbour import (
     DEBIT,
     READ,
     READS_ALLOWED,
@@ -31,7 +32,6 @@ from harbour_support import (
     request_body,
     routing_toml,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from marque.logbook.heads import verify_head
 from marque.token import TrustedKeys, unverified_claims
@@ -457,7 +457,7 @@ def test_the_sweep_settles_a_request_in_reconciliation_from_the_targets_stamps(
     stamp through the Pilot's evidence and settles it `verified`."""
     import subprocess
 
-    from harbour_support import MARQUE
+    from support.harbour import MARQUE
 
     from marque.cli.harbour_serve import ReconciliationSweep
     from marque.harbour.home import HarbourHome
@@ -635,7 +635,7 @@ def test_denied_and_unmatched_requests_are_stored_failed_and_answered_403_with_t
 def test_serve_refuses_bad_options(setup: Setup, args: list[str], code: str) -> None:
     import subprocess
 
-    from harbour_support import MARQUE
+    from support.harbour import MARQUE
 
     proc = subprocess.run([str(MARQUE), "harbour", "serve", "--home", str(setup.harbour.home),
                            *args, "--json"], capture_output=True, text=True, timeout=30,
@@ -647,7 +647,7 @@ def test_serve_refuses_bad_options(setup: Setup, args: list[str], code: str) -> 
 def test_serve_without_a_home_fails_clearly(tmp_path: Path) -> None:
     import subprocess
 
-    from harbour_support import MARQUE
+    from support.harbour import MARQUE
 
     proc = subprocess.run([str(MARQUE), "harbour", "serve", "--home", str(tmp_path / "none"),
                            "--listen", "127.0.0.1:0", "--json"], capture_output=True,

@@ -19,42 +19,31 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from harbour_support import (
-    Harbour,
-    HarbourServer,
-    PilotBank,
-    cli_json,
+from support.harbour import (
+    HarbourWorld,
     execute_marque,
-    free_port,
-    new_public_key,
     wait_for_request,
 )
-from pgcluster import create_database, drop_database
+from support.pgcluster import create_database, drop_database
 from test_harbour_cli_flow import cli
 
 from marque.pilot.setup import add_target
 from marque.target.image_capture import ROW_IMAGE_CAP
 
 
-class UndoStack:
+class UndoStack(HarbourWorld):
     """The Harbourmaster serving; the Pilot joined, serving `bank` (SQLite) and `pgbank`
     (PostgreSQL); alice and carol (requesters), bob (approver)."""
 
     def __init__(self, root: Path, pg_dsn: str) -> None:
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "pilotbank", self.harbour)
         self.pg_dsn = pg_dsn
-        add_target(self.bank.home, "pgbank", pg_dsn)
-        self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.carol = self.harbour.add("carol", "requester",
-                                      key=new_public_key(root / "carol.pub.jwk"))
-        self.bob = self.harbour.add("bob", "approver")
-        pilot_token = self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home)
-        self.port = free_port()
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
-        self.bank.start(listen=f"127.0.0.1:{self.port}")
+        super().__init__(root, third_account=False,
+                         principals=(("carol", "requester"), ("bob", "approver")),
+                         keyed=frozenset({"carol"}), serve=True)
+        self.carol = self.harbour.tokens["carol"]
+
+    def before_join(self) -> None:
+        add_target(self.bank.home, "pgbank", self.pg_dsn)
 
     # -- the target, read and written directly ------------------------------------------
 
@@ -145,10 +134,6 @@ class UndoStack:
         outcome = self.execute(filed.json["id"])
         assert outcome["status"] == "applied", outcome
         return self.show(filed.json["id"])
-
-    def stop(self) -> None:
-        self.bank.stop()
-        self.server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,27 +13,25 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from e2e_support import run_cli
-from harbour_support import (
+from support.harbour import (
     DEBIT,
     Harbour,
-    HarbourServer,
-    PilotBank,
-    PilotServe,
+    HarbourWorld,
     cli_json,
     execute_marque,
     free_port,
     request_body,
     wait_for_request,
 )
+from support.wait import wait_until
 from webhook_receiver import Receiver, verify_signature
 
 #: Long enough for every retry to come round several times (each is at most 2 s apart).
@@ -42,35 +40,13 @@ EXPECTED = sorted(["request.awaiting_approval", "request.awaiting_approval",
                    "request.rejected", "request.approved", "request.executed"])
 
 
-def wait_until(check: Callable[[], Any], seconds: float = DEADLINE_SECONDS) -> Any:
-    """Poll ``check`` every 0.2 s until it answers something true; that answer (or the last
-    false one when the deadline passed: the caller's assert then says what was missing)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        found = check()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
-
-
-class Stack:
+class Stack(HarbourWorld):
     """A Harbourmaster served with fast webhook retries, and its Pilot p1 serving a bank;
     alice requests (holding the bank's key), bob approves."""
 
     def __init__(self, root: Path) -> None:
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "site", self.harbour, trust=False)
-        self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.harbour.add("bob", "approver")
-        self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home,
-                                    args=("--webhook-retry", "1s,2s"))
-        self.bank.url = f"http://127.0.0.1:{free_port()}"
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", self.harbour.tokens["p1"], "--url", self.bank.url)
-        self.bank.pilot = PilotServe(self.bank.home, listen=self.bank.url.removeprefix(
-            "http://"), cwd=self.bank.root)
-        self.bank.pilot.start()
+        super().__init__(root, bank_dir="site", trust=False, third_account=False,
+                         harbour_args=("--webhook-retry", "1s,2s"), serve=True)
 
     def call(self, method: str, path: str, who: str, **kwargs: Any) -> httpx.Response:
         return self.server.call(method, path, self.harbour.tokens[who], **kwargs)
@@ -86,10 +62,6 @@ class Stack:
         answer = self.call("GET", "/metrics", "admin")
         assert answer.status_code == 200, answer.text
         return answer.text
-
-    def stop(self) -> None:
-        self.bank.stop()
-        self.server.stop()
 
 
 @pytest.fixture
@@ -155,7 +127,7 @@ def test_every_event_is_delivered_signed_once_the_receiver_comes_back(stack: Sta
 
     # Retried while down: several attempts failed, none was taken as delivered.
     assert wait_until(lambda: _metric(stack.metrics(), "marque_harbour_webhook_attempts_total",
-                                      outcome="retrying") >= 6)
+                                      outcome="retrying") >= 6, timeout=DEADLINE_SECONDS, step=0.2)
     assert stack.listed()[generic["id"]]["deliveries"] == {"pending": 5}
 
     receiver.start()
@@ -164,7 +136,7 @@ def test_every_event_is_delivered_signed_once_the_receiver_comes_back(stack: Sta
             listed = stack.listed()
             return all(listed[e["id"]]["deliveries"] == {"delivered": 5}
                        for e in (generic, slack))
-        assert wait_until(settled), stack.listed()
+        assert wait_until(settled, timeout=DEADLINE_SECONDS, step=0.2), stack.listed()
         seen = receiver.all()
     finally:
         receiver.stop()

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from harbour_support import (
+from support.harbour import (
     DEBIT,
     Harbour,
     HarbourServer,
@@ -28,18 +27,10 @@ from harbour_support import (
     free_port,
     request_body,
 )
+from support.wait import wait_until
 from webhook_receiver import Receiver
 
 DEADLINE_SECONDS = 120.0  # past a lease (35 s) with room to spare
-
-
-def wait_until(check: Callable[[], Any], seconds: float = DEADLINE_SECONDS) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        found = check()
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -82,7 +73,8 @@ def test_an_attempt_a_killed_process_held_is_delivered_again_with_its_id(
     second: HarbourServer | None = None
     try:
         request = _awaiting(harbour, first, bank, "debit-crash")
-        assert wait_until(receiver.all), "the first attempt never arrived"
+        assert wait_until(receiver.all, timeout=DEADLINE_SECONDS, step=0.2), \
+            "the first attempt never arrived"
         first.stop(signal.SIGKILL)  # while the receiver still holds the attempt
         second = HarbourServer(harbour.home, args=public)
 
@@ -90,8 +82,8 @@ def test_an_attempt_a_killed_process_held_is_delivered_again_with_its_id(
             listed = cli_json("harbour", "webhooks", "list", "--home", harbour.home)
             return bool(listed["webhooks"][0]["deliveries"] == {"delivered": 1})
 
-        assert wait_until(delivered), cli_json("harbour", "webhooks", "list", "--home",
-                                               harbour.home)
+        assert wait_until(delivered, timeout=DEADLINE_SECONDS, step=0.2), cli_json(
+            "harbour", "webhooks", "list", "--home", harbour.home)
     finally:
         if second is not None:
             second.stop()
@@ -120,8 +112,8 @@ def test_a_delivery_refused_past_its_give_up_age_ends_failed_and_says_so(
             listed = cli_json("harbour", "webhooks", "list", "--home", harbour.home)
             return bool(listed["webhooks"][0]["deliveries"] == {"failed": 1})
 
-        assert wait_until(failed), cli_json("harbour", "webhooks", "list", "--home",
-                                            harbour.home)
+        assert wait_until(failed, timeout=DEADLINE_SECONDS, step=0.2), cli_json(
+            "harbour", "webhooks", "list", "--home", harbour.home)
         metrics = server.call("GET", "/metrics", harbour.tokens["admin"]).text
         assert re.search(r'marque_harbour_webhook_attempts_total\{outcome="gave_up"\} 1\.0',
                          metrics), metrics

@@ -22,9 +22,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from harbour_support import READ, TIMEOUT, Harbour, HarbourServer, PilotBank, request_body
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.harbour import READ, TIMEOUT, Harbour, HarbourServer, PilotBank, request_body
 
 EXAMPLES = int(os.environ.get("MARQUE_FUZZ_EXAMPLES", "20"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get(

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from harbour_support import Harbour
+from support.harbour import Harbour
 
 from marque.harbour.home import HarbourHome
 from marque.harbour.http import HarbourService

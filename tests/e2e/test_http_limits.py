@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harbour_support import (
+from support.harbour import (
     MARQUE,
     READ,
     TIMEOUT,

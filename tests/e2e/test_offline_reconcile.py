@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harbour_support import (
+from support.harbour import (
     MARQUE,
     READ,
     TIMEOUT,

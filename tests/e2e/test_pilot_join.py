@@ -19,13 +19,13 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from harbour_support import (
+from support.harbour import (
     MARQUE,
     READ,
     TIMEOUT,
@@ -38,6 +38,7 @@ from harbour_support import (
     free_port,
     request_body,
 )
+from support.wait import wait_until
 
 from marque.errors import ConfigInvalid
 from marque.pilot.config import PilotConfig
@@ -56,18 +57,6 @@ def cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def error_code(proc: subprocess.CompletedProcess[str]) -> str:
     code: str = json.loads(proc.stdout or proc.stderr.splitlines()[-1])["error"]["code"]
     return code
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def linked_pilot(bank: PilotBank, port: int) -> PilotServe:
@@ -441,16 +430,17 @@ def test_registration_repeats_and_survives_the_harbourmaster_going_away(
     pilot = open_linked_pilot(bank.home, log=said.append, register_interval=0.3)
     try:
         first = registered(server, harbour)[PILOT]["last_seen"]
-        wait_for("a second registration", lambda: registered(
-            server, harbour)[PILOT]["last_seen"] > first)
+        wait_until(lambda: registered(
+            server, harbour)[PILOT]["last_seen"] > first, "a second registration", step=0.1)
         port = int(server.url.rsplit(":", 1)[1])
         server.stop()
-        wait_for("a logged failure", lambda: any("could not register" in s for s in said))
+        wait_until(lambda: any("could not register" in s for s in said), "a logged failure",
+                   step=0.1)
         assert pilot.stats() is not None  # still usable
         back = HarbourServer(harbour.home, port=port)
         try:
-            wait_for("the registration after the outage",
-                     lambda: any("registered Pilot p1" in s and "again" in s for s in said))
+            wait_until(lambda: any("registered Pilot p1" in s and "again" in s for s in said),
+                       "the registration after the outage", step=0.1)
         finally:
             back.stop()
     finally:
@@ -478,15 +468,17 @@ def test_an_outcome_reached_while_the_harbourmaster_is_down_is_delivered_once_it
     outcome = execute(bank, pilot.url, marque, "n-1")
     assert outcome["status"] == "applied", outcome
     # The reporter's first round to the stopped Harbourmaster is refused (it says so once).
-    wait_for("a refused report round", lambda: "outcome reports not delivered" in pilot.stderr())
+    wait_until(lambda: "outcome reports not delivered" in pilot.stderr(),
+               "a refused report round", step=0.1)
     assert [(m, n, s) for m, n, s, _ in outbox(bank)] == [(marque["marque_id"], "n-1",
                                                           "applied")]
     assert all(acked is None for *_, acked in outbox(bank)), "acked without the Harbourmaster"
 
     back = HarbourServer(harbour.home, port=harbour_port)
     try:
-        wait_for("the report to be acknowledged", lambda: all(
-            acked is not None for *_, acked in outbox(bank)))
+        wait_until(lambda: all(
+            acked is not None for *_, acked in outbox(bank)), "the report to be acknowledged",
+            step=0.1)
         assert request_state(back, harbour, marque["id"]) == "verified"
         entries = [e for e in logbook(back, harbour, "execution.")
                    if e["body"].get("marque_id") == marque["marque_id"]]
@@ -497,8 +489,9 @@ def test_an_outcome_reached_while_the_harbourmaster_is_down_is_delivered_once_it
         with conn:
             conn.execute("UPDATE outbox SET acked_at = NULL")
         conn.close()
-        wait_for("the redelivery to be acknowledged", lambda: all(
-            acked is not None for *_, acked in outbox(bank)))
+        wait_until(lambda: all(
+            acked is not None for *_, acked in outbox(bank)),
+            "the redelivery to be acknowledged", step=0.1)
         again = [e for e in logbook(back, harbour, "execution.")
                  if e["body"].get("marque_id") == marque["marque_id"]]
         assert again == entries

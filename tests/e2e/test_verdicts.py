@@ -16,6 +16,7 @@ import subprocess
 import time
 
 from e2e_support import EXIT, MARQUE, TIMEOUT, World, cli_env
+from support.wait import wait_until
 
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 
@@ -24,15 +25,6 @@ def attempt_statuses(world: World, marque_id: str, nonce: str) -> dict[int, str]
     return dict(world.ledger_rows(
         "SELECT attempt, status FROM attempts WHERE marque_id = ? AND nonce = ? ORDER BY attempt",
         (marque_id, nonce)))
-
-
-def wait_for(predicate, what: str, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_paused_reconciler_cannot_overturn_a_settled_abort(world: World) -> None:
@@ -55,8 +47,8 @@ def test_paused_reconciler_cannot_overturn_a_settled_abort(world: World) -> None
         env=cli_env(), cwd=world.root,
     )
     try:
-        wait_for(lambda: attempt_statuses(world, marque_id, "n1") == {1: "indeterminate"},
-                 "the reconciler to settle attempt 1 indeterminate")
+        wait_until(lambda: attempt_statuses(world, marque_id, "n1") == {1: "indeterminate"},
+                   "the reconciler to settle attempt 1 indeterminate", timeout=15.0, step=0.02)
         time.sleep(0.3)  # into the target's busy wait
         reconciler.send_signal(signal.SIGSTOP)
         holder.execute("ROLLBACK")

@@ -47,7 +47,7 @@ SQLITE = HarbourEngine(
 
 def postgres_engine(admin_dsn: str) -> HarbourEngine:
     """PostgreSQL stores, each in a fresh database on the test run's server."""
-    from pgcluster import create_database, drop_database
+    from support.pgcluster import create_database, drop_database
 
     from marque.harbour.store.postgres import PostgresHarbourStore
 

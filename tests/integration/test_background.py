@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+
+from support.wait import wait_until
 
 from marque.ledger import ClaimTicket
 from marque.logbook.embedded import Logbook
@@ -156,13 +157,6 @@ def test_reconciler_thread_settles_an_orphan(env: Env) -> None:
     assert record is not None and record.status is Status.ABORTED_NOT_APPLIED
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_open_pilot_background_reports_reconciles_and_closes_cleanly(env: Env) -> None:
     """open_pilot(background=True) reports and reconciles by itself, and closes cleanly."""
     token = env.issue([DEBIT_1], executions=3)
@@ -177,15 +171,15 @@ def test_open_pilot_background_reports_reconciles_and_closes_cleanly(env: Env) -
     logbook = pilot.logbook
     # Recorded (just behind the answer: settle_write_behind), delivered to the logbook,
     # then acknowledged in the ledger's outbox.
-    _wait_for(lambda: [e["body"]["nonce"] for e in logbook.entries("execution.applied")]
-              == ["n-1"], "the reporter to deliver n-1")
-    _wait_for(lambda: pilot.ledger.stats(time.time())["unreported_outcomes"] == 0,
-              "the outbox to acknowledge n-1")
+    wait_until(lambda: [e["body"]["nonce"] for e in logbook.entries("execution.applied")]
+              == ["n-1"], "the reporter to deliver n-1", step=0.02)
+    wait_until(lambda: pilot.ledger.stats(time.time())["unreported_outcomes"] == 0,
+               "the outbox to acknowledge n-1", step=0.02)
 
     # A run that died after claiming, while this Pilot is up: settled with no one asking.
     mid = _orphan(env, token, "n-orphan")
-    _wait_for(lambda: (r := pilot.ledger.outcome(mid, "n-orphan")) is not None
-              and r.status.settled, "the reconciler to settle the orphan")
+    wait_until(lambda: (r := pilot.ledger.outcome(mid, "n-orphan")) is not None
+              and r.status.settled, "the reconciler to settle the orphan", step=0.02)
     record = pilot.ledger.outcome(mid, "n-orphan")
     assert record is not None and record.status is Status.ABORTED_NOT_APPLIED
     assert env.balances()[1] == 90

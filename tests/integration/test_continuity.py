@@ -124,7 +124,7 @@ def test_a_restored_ledger_is_caught_by_an_effect_sets_row_stamps(tmp_path: Path
     """An Effect Set leaves row stamps and no nonce-level stamp: a ledger restored from before
     its execution is still caught at start (new incarnation, finding), so the second execution
     the budget allows cannot apply the rows again."""
-    from effects_world import build_effect_world, member
+    from support.effects_world import build_effect_world, member
 
     world = build_effect_world(tmp_path, f"sqlite:///{tmp_path / 'shop.db'}")
     try:

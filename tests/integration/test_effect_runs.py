@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from effects_world import (
+from support.effects_world import (
     EffectWorld,
     apply_killed_after_row_2,
     build_effect_world,

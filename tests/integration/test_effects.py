@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from effects_world import EffectWorld, apply_killed_after_row_2, build_effect_world, member
+from support.effects_world import EffectWorld, apply_killed_after_row_2, build_effect_world, member
 
 from marque.effects.declare import read_key
 from marque.effects.preview import build_preview, verify_preview

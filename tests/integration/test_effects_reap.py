@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from effects_world import build_effect_world, member
+from support.effects_world import build_effect_world, member
 
 from marque.errors import NonceReaped
 from marque.pilot import open_pilot

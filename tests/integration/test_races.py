@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from support.wait import wait_until
+
 from marque.outcome import Status
 from marque.pilot import open_pilot
 
@@ -23,14 +25,6 @@ DEBIT_ALL = "UPDATE accounts SET balance = balance - 1"
 
 def _statuses(env: Env, marque_id: str, nonce: str) -> dict[int, Status]:
     return {a.attempt: a.status for a in env.pilot.ledger.attempts(marque_id, nonce)}
-
-
-def _wait(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_reconciler_racing_a_live_owner_settles_applied_once(env: Env) -> None:
@@ -57,8 +51,8 @@ def test_reconciler_racing_a_live_owner_settles_applied_once(env: Env) -> None:
     reconciler = threading.Thread(target=lambda: changes.extend(rival.recover()))
     try:
         reconciler.start()
-        _wait(lambda: _statuses(env, marque_id, "n1") == {1: Status.INDETERMINATE},
-              "the rival to settle the live attempt indeterminate")
+        wait_until(lambda: _statuses(env, marque_id, "n1") == {1: Status.INDETERMINATE},
+                   "the rival to settle the live attempt indeterminate", timeout=10.0, step=0.01)
         time.sleep(0.2)  # the rival now waits for the target's write lock
         release.set()
         owner.join(15)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from support.wait import wait_until
 
 from marque.errors import PopReplayed
 from marque.outcome import Status
@@ -76,13 +76,6 @@ def background(env: Env, **settings: Any) -> Iterator[None]:
     yield
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_an_applied_write_is_answered_then_settled_and_a_replay_meanwhile_reads_it(
         env: Env) -> None:
     """The answer comes while the ledger still says in_progress; a replay in that window
@@ -105,8 +98,8 @@ def test_an_applied_write_is_answered_then_settled_and_a_replay_meanwhile_reads_
             assert env.balances()[1] == 90  # once
         finally:
             lock.release()
-        _wait_for(lambda: (r := env.pilot.ledger.outcome(mid, "n-1")) is not None
-                  and r.status is Status.APPLIED, "the settle to land")
+        wait_until(lambda: (r := env.pilot.ledger.outcome(mid, "n-1")) is not None
+                  and r.status is Status.APPLIED, "the settle to land", step=0.02)
         record = env.pilot.ledger.outcome(mid, "n-1")
         assert record is not None and record.rows_affected == 1
         kinds = [e["event"] for e in env.pilot.ledger.events(mid, "n-1")]
@@ -115,8 +108,8 @@ def test_an_applied_write_is_answered_then_settled_and_a_replay_meanwhile_reads_
         assert [s["nonce"] for s in env.stamps()] == ["n-1"]
         assert env.pilot.logbook is not None
         logbook = env.pilot.logbook
-        _wait_for(lambda: [e["body"]["nonce"] for e in logbook.entries("execution.applied")]
-                  == ["n-1"], "the report of n-1")
+        wait_until(lambda: [e["body"]["nonce"] for e in logbook.entries("execution.applied")]
+                  == ["n-1"], "the report of n-1", step=0.02)
 
 
 def test_switched_off_the_outcome_is_recorded_before_the_answer(env: Env) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pgcluster import PgCluster, create_database, drop_database
+from support.pgcluster import PgCluster, create_database, drop_database
 
 from .pgworld import World, build_world
 

@@ -278,15 +278,6 @@ class StreamingCli:
 # -- waiting on the server, bounded ------------------------------------------------
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30,
-               step: float = 0.05) -> None:
-    """Poll ``check`` until true; fail the test with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(step)
-
-
 def backends_waiting_on_lock(dsn: str, like: str) -> int:
     """How many other backends run a query matching ``like`` and wait on a lock."""
     with psycopg.connect(dsn, autocommit=True) as conn:

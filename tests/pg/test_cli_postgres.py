@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import psycopg
-from pgcluster import create_database, drop_database
+from support.pgcluster import create_database, drop_database
 
 from marque.token import new_key, public_jwk
 

@@ -1,6 +1,6 @@
 """Effect Sets on a PostgreSQL target under real faults and through a real Harbourmaster.
 
-* The Pilot reaches ``shop`` through :class:`pgproxy.PgProxy`, which cuts the
+* The Pilot reaches ``shop`` through :class:`support.pgproxy.PgProxy`, which cuts the
   connection at the second row's COMMIT (its answer lost, or the COMMIT never
   delivered): the row is ``unknown``, reconciled from its row stamp by a
   tombstone — never resent — and halt / continue dispatch exactly as the seed's
@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import (
+from support.effects_world import EffectWorld, build_effect_world, member
+from support.harbour import (
     MARQUE,
     TOPUP_ROWS,
     Harbour,
@@ -36,8 +37,7 @@ from e2e.harbour_support import (
     free_port,
     wait_for_request,
 )
-from effects_world import EffectWorld, build_effect_world, member
-from pgproxy import PgProxy
+from support.pgproxy import PgProxy, PgProxyFactory
 
 from marque.change import EffectSetChange
 from marque.pilot import open_pilot
@@ -79,11 +79,12 @@ def writes(dsn: str) -> list[tuple[int, str, int | None]]:
 
 
 @pytest.fixture
-def proxied(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[EffectWorld, PgProxy]]:
+def proxied(tmp_path: Path, pg_dsn: str,
+            pg_proxy: PgProxyFactory) -> Iterator[tuple[EffectWorld, PgProxy]]:
     """An Effect Set world on PostgreSQL whose Pilot reaches ``shop`` through the proxy."""
     world = build_effect_world(tmp_path, pg_dsn)
     install_write_log(pg_dsn)
-    proxy, proxied_dsn = PgProxy.for_dsn(pg_dsn)
+    proxy, proxied_dsn = pg_proxy(pg_dsn)
     world.pilot.close()
     add_target(world.home, "shop", proxied_dsn)
     world.pilot = open_pilot(world.home)
@@ -91,7 +92,6 @@ def proxied(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[EffectWorld, PgProxy]
         yield world, proxy
     finally:
         world.close()
-        proxy.close()
 
 
 #: (mode, policy) → member receipt states, dispatch ledger states, row 2's reconciled
@@ -346,7 +346,7 @@ def test_an_effect_set_request_on_a_postgres_target_is_routed_previewed_approved
 @pytest.fixture
 def pg_store_stack(tmp_path: Path, pg_dsn: str, pg_admin_dsn: str) -> Iterator[PgStack]:
     """A PgStack whose Harbourmaster keeps its store in a PostgreSQL database of its own."""
-    from pgcluster import create_database, drop_database
+    from support.pgcluster import create_database, drop_database
 
     name, store = create_database(pg_admin_dsn)
     running = PgStack(tmp_path, pg_dsn, store=store)

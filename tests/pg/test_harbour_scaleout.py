@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import (
+from support.harbour import (
     DEBIT,
     READ,
     READS_ALLOWED,

@@ -17,9 +17,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from e2e.harbour_support import free_port
-from pgcluster import PgCluster, create_database
-from pgproxy import PgProxy
+from support.harbour import free_port
+from support.pgcluster import PgCluster, create_database
+from support.pgproxy import PgProxyFactory
 
 from marque.errors import LedgerUnavailable
 from marque.ledger import create_ledger, open_ledger
@@ -229,11 +229,12 @@ def test_ledger_lost_after_commit_is_settled_from_the_stamp_by_another_process(
 
 def test_ledger_connection_cut_by_a_proxy_after_commit_answers_applied_not_recorded(
     tmp_path: Path, pg_dsn: str, pg_cluster: PgCluster,
+    pg_proxy: PgProxyFactory,
 ) -> None:
     """The network to the ledger is cut (a TCP proxy drops every connection) right after the
     target's COMMIT: applied with recorded: false; once it is back, recovery records it."""
     _, ledger_dsn = create_database(pg_cluster.dsn())
-    proxy, proxied = PgProxy.for_dsn(ledger_dsn)
+    proxy, proxied = pg_proxy(ledger_dsn)
     world = build_world(tmp_path, pg_dsn, ledger="postgres", ledger_dsn=proxied)
     try:
         token = world.issue(DEBIT)
@@ -263,7 +264,6 @@ def test_ledger_connection_cut_by_a_proxy_after_commit_answers_applied_not_recor
         assert world.balances() == {**START, 1: 90}
     finally:
         world.close()
-        proxy.close()
 
 
 # -- the target is away ------------------------------------------------------------------

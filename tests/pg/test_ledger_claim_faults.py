@@ -2,7 +2,7 @@
 still runs it.
 
 The claim commits by itself, so a claim whose connection dies may commit a moment later,
-in a server session whose client is gone. A real TCP proxy (``tests/pgproxy.py``) cuts the
+in a server session whose client is gone. A real TCP proxy (``tests/support/pgproxy.py``) cuts the
 connection while the claim waits on a budget row another session holds locked; the lock is
 released afterwards, so that session's commit, if it still can, lands late. The caller must
 hear its own claim's true fate: fresh (landed, or ended and claimed again), or
@@ -22,7 +22,8 @@ from urllib.parse import quote, urlencode
 
 import psycopg
 import pytest
-from pgproxy import PgProxy
+from support.pgproxy import PgProxy, PgProxyFactory
+from support.wait import wait_until
 
 from marque.errors import LedgerUnavailable
 from marque.ledger import postgres
@@ -40,15 +41,6 @@ def _ticket(nonce: str, jti: str | None) -> ClaimTicket:
         attempts_per_nonce=3, expires_at=now + 600, owner_process="proc_a",
         lease_seconds=60, now=now, pop_jti=jti, pop_forget_after=now + 300,
     )
-
-
-def _wait(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 class _Claimer:
@@ -104,9 +96,11 @@ def _held_claim_cut(ledger: PostgresLedger, proxy: PgProxy, dsn: str, nonce: str
     ``release_after`` seconds, whichever comes first."""
     with _budget_held(dsn) as release:
         claimer = _Claimer(ledger, _ticket(nonce, f"j-{nonce}" if proof else None))
-        assert _wait(lambda: _lock_waiters(dsn) == 1, 10), "the claim never waited on the row"
+        assert wait_until(lambda: _lock_waiters(dsn) == 1, timeout=10, step=0.02), \
+            "the claim never waited on the row"
         proxy.cut()
-        _wait(lambda: claimer.done() or _lock_waiters(dsn) >= 2, release_after)
+        wait_until(lambda: claimer.done() or _lock_waiters(dsn) >= 2, timeout=release_after,
+                   step=0.02)
         release()
     claimer.join()
     return claimer
@@ -128,27 +122,27 @@ def _only_claim_of(ledger: PostgresLedger, nonce: str, claimer: _Claimer, *,
 
 
 @contextlib.contextmanager
-def _proxied_ledger(dsn: str) -> Iterator[tuple[PostgresLedger, PgProxy]]:
+def _proxied_ledger(pg_proxy: PgProxyFactory,
+                    dsn: str) -> Iterator[tuple[PostgresLedger, PgProxy]]:
     """A ledger whose connections go through a proxy, its budget row for :data:`MQ` made
     by a first claim."""
-    proxy, proxied = PgProxy.for_dsn(dsn)
+    proxy, proxied = pg_proxy(dsn)
     ledger = PostgresLedger.create(proxied, "pilot-lost-claim")
     try:
         assert ledger.claim(_ticket("warm", "j-warm")).fresh
         yield ledger, proxy
     finally:
         ledger.close()
-        proxy.close()
 
 
 @pytest.mark.parametrize("proof", [True, False], ids=["with_proof", "without_proof"])
 def test_a_claim_cut_while_the_server_runs_it_is_answered_fresh_once(
-        pg_dsn: str, proof: bool) -> None:
+        pg_dsn: str, proof: bool, pg_proxy: PgProxyFactory) -> None:
     """Connection cut while the claim's statement waits on a row lock: the claim's server
     session is ended before the ledger is asked whether it landed, so the caller's claim is
     fresh and the only one — not pop_replayed by its own late commit, nor answered as a
     nonce claimed before."""
-    with _proxied_ledger(pg_dsn) as (ledger, proxy):
+    with _proxied_ledger(pg_proxy, pg_dsn) as (ledger, proxy):
         claimer = _held_claim_cut(ledger, proxy, pg_dsn, "n1", release_after=1,
                                   proof=proof)
         _only_claim_of(ledger, "n1", claimer, proof=proof)
@@ -187,27 +181,28 @@ def _as_unprivileged(dsn: str) -> Any:
 
 
 def test_a_cut_claim_whose_session_cannot_be_ended_is_waited_for_and_its_late_commit_counts(
-        unprivileged_dsn: str, pg_dsn: str) -> None:
+        unprivileged_dsn: str, pg_dsn: str, pg_proxy: PgProxyFactory) -> None:
     """A role that cannot end its own lost session waits until that session is gone: the
     claim committed late there, and the caller hears it as its fresh claim."""
     assert _as_unprivileged(unprivileged_dsn) == (True, True)
-    with _proxied_ledger(unprivileged_dsn) as (ledger, proxy):
+    with _proxied_ledger(pg_proxy, unprivileged_dsn) as (ledger, proxy):
         claimer = _held_claim_cut(ledger, proxy, pg_dsn, "n1", release_after=1)
         _only_claim_of(ledger, "n1", claimer)
 
 
 def test_a_cut_claim_whose_session_outlives_the_wait_is_ledger_unavailable_and_retryable(
-        unprivileged_dsn: str, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        unprivileged_dsn: str, pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+        pg_proxy: PgProxyFactory) -> None:
     """The lost session still runs the claim when the wait ends: ledger_unavailable saying the
     nonce may be claimed (no guess); the claim then lands, and a retry with the same nonce
     and a new proof finds that very attempt — nothing claimed twice, budget spent once."""
     monkeypatch.setattr(postgres, "SESSION_END_SECONDS", 1.0)
-    with _proxied_ledger(unprivileged_dsn) as (ledger, proxy):
+    with _proxied_ledger(pg_proxy, unprivileged_dsn) as (ledger, proxy):
         claimer = _held_claim_cut(ledger, proxy, pg_dsn, "n1", release_after=8)
         assert isinstance(claimer.error, LedgerUnavailable), repr(claimer.error)
         assert "may" in claimer.error.message and "same nonce" in claimer.error.message
         # The held row was released as the claim answered: the late commit lands.
-        assert _wait(lambda: ledger.outcome(MQ, "n1") is not None, 5)
+        assert wait_until(lambda: ledger.outcome(MQ, "n1") is not None, timeout=5, step=0.02)
         again = ledger.claim(_ticket("n1", "j-n1-again"))
         assert not again.fresh
         assert (again.record.attempt, again.record.status) == (1, Status.IN_PROGRESS)

@@ -14,7 +14,7 @@ import time
 
 import psycopg
 import pytest
-from pgcluster import PgCluster
+from support.pgcluster import PgCluster
 
 from marque.storage import pgpool
 

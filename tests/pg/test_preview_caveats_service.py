@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.harbour_support import request_body, routing_toml, writes_delegated
+from support.harbour import request_body, routing_toml, writes_delegated
 
 from .test_effects_postgres import PG_ROUTING, PgStack
 

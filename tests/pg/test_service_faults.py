@@ -9,7 +9,6 @@ while the target's transaction runs, the stream ends ``applied`` with
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from e2e.harbour_support import PilotServe
-from pgcluster import PgCluster, create_database
-from pgproxy import PgProxy
+from support.harbour import PilotServe
+from support.pgcluster import PgCluster, create_database
+from support.pgproxy import PgProxy, PgProxyFactory
+from support.wait import wait_until
 
 from marque.token import make_proof
 
@@ -31,11 +31,11 @@ SLOW_DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1 AND pg_sle
 
 
 @pytest.fixture
-def served(tmp_path: Path, pg_dsn: str,
-           pg_cluster: PgCluster) -> Iterator[tuple[World, PgProxy, str]]:
+def served(tmp_path: Path, pg_dsn: str, pg_cluster: PgCluster,
+           pg_proxy: PgProxyFactory) -> Iterator[tuple[World, PgProxy, str]]:
     """A world with its ledger behind a proxy, and a `pilot serve` process for it."""
     _, ledger_dsn = create_database(pg_cluster.dsn())
-    proxy, proxied = PgProxy.for_dsn(ledger_dsn)
+    proxy, proxied = pg_proxy(ledger_dsn)
     world = build_world(tmp_path, pg_dsn, ledger="postgres", ledger_dsn=proxied)
     service = PilotServe(world.home, cwd=tmp_path)
     try:
@@ -45,7 +45,6 @@ def served(tmp_path: Path, pg_dsn: str,
         proxy.restore()
         service.stop()
         world.close()
-        proxy.close()
 
 
 def _recorded(url: str, marque_id: str, nonce: str) -> tuple[str, bool]:
@@ -111,10 +110,8 @@ def test_ledger_cut_during_the_target_transaction_streams_applied_not_recorded(
     # The settler keeps it and tries again: once the ledger is back, it holds the outcome.
     proxy.restore()
     marque_id = marque_id_of(token)
-    deadline = time.monotonic() + 30
-    while _recorded(url, marque_id, "n-1") != ("applied", True):
-        assert time.monotonic() < deadline, "the held outcome was never recorded"
-        time.sleep(0.05)
+    wait_until(lambda: _recorded(url, marque_id, "n-1") == ("applied", True),
+               "the held outcome to be recorded")
     replay = httpx.post(f"{url}/v1/executions", json=_body(world, token, "n-1"), timeout=60)
     final = json.loads(replay.text.splitlines()[-1])["outcome"]
     assert (final["status"], final["replayed"], final["recorded"]) == ("applied", True, True)

@@ -20,8 +20,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgcluster import PgCluster, create_database
-from pgproxy import PgProxy
+from support.pgcluster import PgCluster, create_database
+from support.pgproxy import PgProxy, PgProxyFactory
+from support.wait import wait_until
 
 from marque.outcome import Status
 from marque.pilot.setup import add_target
@@ -38,7 +39,6 @@ from .pgworld import (
     marque_id_of,
     one_json,
     run_cli,
-    wait_until,
 )
 
 START = {1: 100, 2: 100, 3: 100}
@@ -75,15 +75,14 @@ def assert_never_failed(world: World, marque_id: str, nonce: str) -> None:
 
 
 @pytest.fixture
-def proxied(world: World) -> Iterator[tuple[World, PgProxy]]:
+def proxied(world: World, pg_proxy: PgProxyFactory) -> Iterator[tuple[World, PgProxy]]:
     """``world`` with its Pilot reaching the target through a COMMIT-losing proxy."""
-    proxy, proxied_dsn = PgProxy.for_dsn(world.target_dsn)
+    proxy, proxied_dsn = pg_proxy(world.target_dsn)
     add_target(world.home, TARGET, proxied_dsn)
     try:
         yield world, proxy
     finally:
         world.close_pilot()
-        proxy.close()
 
 
 def test_lost_commit_reply_is_reconciled_to_applied_once(

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.harbour_support import (
+from e2e.webhook_receiver import Receiver
+from support.harbour import (
     DEBIT,
     Harbour,
     HarbourServer,
@@ -23,7 +24,6 @@ from e2e.harbour_support import (
     free_port,
     request_body,
 )
-from e2e.webhook_receiver import Receiver
 
 REQUESTS = 12
 DEADLINE_SECONDS = 120.0

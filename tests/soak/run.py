@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None
     pg_admin_dsn = None
     if any(row.needs_pg for row in rows.values()):
-        from pgcluster import PgCluster
+        from support.pgcluster import PgCluster
 
         cluster = PgCluster().init().start()
         pg_admin_dsn = cluster.dsn()

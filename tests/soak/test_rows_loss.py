@@ -25,7 +25,12 @@ ROWS = load_scenarios()
 FAST = {"ledger_loss": 6, "clock_skew": 61, "harbour_down": 36}
 
 
-@pytest.mark.parametrize("name", sorted(FAST))
+#: Row 10 runs the Pilot under libfaketime.
+NEEDS = {"clock_skew": [pytest.mark.faketime]}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=NEEDS.get(name, []))
+                                  for name in sorted(FAST)])
 def test_a_loss_row_holds_every_invariant(name: str, tmp_path: Path) -> None:
     """The row runs its cases and the checker finds no violation."""
     result = run_one(ROWS[name], count=FAST[name], seed=1, out=tmp_path, full=False,

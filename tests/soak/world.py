@@ -10,7 +10,7 @@ must never exceed its budget, and rows per nonce must be 0 or 1.
 Marques and proofs are made in process with the library (the same code the
 CLI runs); the Pilot runs as a real ``marque pilot serve`` child process
 that scenarios SIGKILL, SIGSTOP and restart (the tests' one ``pilot serve``
-helper, :class:`e2e.harbour_support.PilotServe`).
+helper, :class:`support.harbour.PilotServe`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from e2e.harbour_support import DiedAtStart, PilotServe  # noqa: F401 - scenarios import both
+from support.harbour import DiedAtStart, PilotServe  # noqa: F401 - scenarios import both
 
 from marque.change import Budget, Change, Statement
 from marque.pilot.setup import add_target, init_home, trust_issuer

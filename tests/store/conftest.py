@@ -60,7 +60,7 @@ ENGINE_NAMES = ["sqlite", "postgres"]
 
 def postgres_engine(admin_dsn: str) -> LedgerEngine:
     """PostgreSQL ledgers, each in a fresh database on the test run's server."""
-    from pgcluster import create_database, drop_database
+    from support.pgcluster import create_database, drop_database
 
     from marque.ledger.postgres import PostgresLedger
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from e2e.harbour_support import free_port
+from support.harbour import free_port
 
 from marque.clients.harbour import HarbourClient, error_from_problem
 from marque.errors import (

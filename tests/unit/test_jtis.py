@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
+
+from support.wait import wait_until
 
 from marque.ledger.jtis import PendingJtis
-
-
-def _wait_until(condition, seconds: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_a_held_jti_is_refused_until_written_and_then_released() -> None:
@@ -22,8 +14,8 @@ def test_a_held_jti_is_refused_until_written_and_then_released() -> None:
     pending = PendingJtis(written.extend)
     assert pending.add("a", 1.0) is True
     assert pending.add("a", 1.0) is False
-    assert _wait_until(lambda: written == [("a", 1.0)])
-    assert _wait_until(lambda: "a" not in pending)
+    assert wait_until(lambda: written == [("a", 1.0)], timeout=10.0, step=0.005)
+    assert wait_until(lambda: "a" not in pending, timeout=10.0, step=0.005)
     pending.close()
 
 
@@ -39,10 +31,10 @@ def test_a_failed_write_is_retried_and_the_jti_stays_held_meanwhile() -> None:
 
     pending = PendingJtis(write)
     pending.add("b", 2.0)
-    assert _wait_until(lambda: len(attempts) >= 2)
+    assert wait_until(lambda: len(attempts) >= 2, timeout=10.0, step=0.005)
     assert "b" in pending  # still refused while the ledger refuses the write
     failing.clear()
-    assert _wait_until(lambda: "b" not in pending)
+    assert wait_until(lambda: "b" not in pending, timeout=10.0, step=0.005)
     assert attempts[-1] == [("b", 2.0)]
     pending.close()
 

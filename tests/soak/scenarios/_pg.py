@@ -13,13 +13,12 @@ operation's marque still inserts exactly one ``effects`` row tagged with it.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from pgcluster import PgCluster, create_database
+from support.pgcluster import PgCluster, create_database
 
 from marque.change import Budget, Change, Statement
 from marque.pilot.setup import add_target
@@ -27,7 +26,7 @@ from marque.token import issue_marque, public_jwk, unverified_claims
 from soak.world import TARGET, Op, SoakWorld
 
 __all__ = ["EFFECT", "LockHolder", "attempts_of", "backends", "effect", "fresh_database", "query",
-           "pg_op", "point_target", "private_cluster", "run_sql", "stamps_of", "wait_until"]
+           "pg_op", "point_target", "private_cluster", "run_sql", "stamps_of"]
 
 #: The effect row every operation inserts (psycopg placeholders: a PostgreSQL target).
 EFFECT = "INSERT INTO effects (op, at) VALUES (%s, 0)"
@@ -99,18 +98,6 @@ def backends(dsn: str, like: str, *, waiting: bool | None = None) -> int:
         sql += " AND wait_event_type " + ("= 'Lock'" if waiting else "IS DISTINCT FROM 'Lock'")
     [(count,)] = query(dsn, sql, (like,))
     return int(count)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
-               pause: float = 0.01) -> bool:
-    """Whether ``predicate`` came true within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
 
 
 def stamps_of(dsn: str, marque_id: str) -> list[tuple[str, int, str]]:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from e2e.harbour_support import PilotServe
+from support.harbour import PilotServe
 
 from marque.change import Budget, Change, Statement
 from marque.pilot import Pilot, open_pilot

@@ -1,6 +1,6 @@
 """Row 2: the connection to the PostgreSQL target lost around COMMIT.
 
-A real ``pilot serve`` reaches its target through :class:`pgproxy.PgProxy`,
+A real ``pilot serve`` reaches its target through :class:`support.pgproxy.PgProxy`,
 which recognises the message that ends a stamped transaction with COMMIT and
 loses it one of three ways, in turn:
 
@@ -22,7 +22,7 @@ COMMIT that reached the server is never anything else.
 
 from __future__ import annotations
 
-from pgproxy import MODES, PgProxy
+from support.pgproxy import MODES, PgProxy
 
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario

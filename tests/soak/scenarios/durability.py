@@ -162,7 +162,7 @@ class _captured_warnings:  # noqa: N801 - used as a context manager
 
 def _pg_world(ctx: RunContext, name: str, admin_dsn: str, setting: str | None) -> TokenWorld:
     import psycopg
-    from pgcluster import create_database
+    from support.pgcluster import create_database
 
     database, dsn = create_database(admin_dsn)
     if setting is not None:
@@ -226,7 +226,7 @@ def _pg_synchronous_commit_off(ctx: RunContext, result: ScenarioResult,
 def _pg_fsync_off(ctx: RunContext, result: ScenarioResult, override: str | None) -> str:
     if ctx.pg_admin_dsn is None:
         return "skipped"
-    from pgcluster import PgCluster, find_bindir
+    from support.pgcluster import PgCluster, find_bindir
 
     if find_bindir() is None:
         return "skipped"

@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from e2e.harbour_support import Harbour, HarbourServer, free_port, routing_toml
+from support.harbour import Harbour, HarbourServer, free_port, routing_toml
 
 from marque.token import public_jwk
 from soak.harness import finish, invoke

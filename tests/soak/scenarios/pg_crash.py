@@ -33,11 +33,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pgcluster import PgCluster, create_database
+from support.pgcluster import PgCluster, create_database
+from support.wait import wait_until
 
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario
-from soak.scenarios._pg import pg_op, query, run_sql, wait_until
+from soak.scenarios._pg import pg_op, query, run_sql
 from soak.world import MARQUE, Answer, PilotProcess, SoakWorld
 
 SETUP = (
@@ -142,7 +143,7 @@ class _Run:
             time.sleep(self.ctx.rng.uniform(0.0, 0.25))
             return self.ctx.rng.choice(("target", "ledger", "both"))
         like = "%COMMIT%" if kind == "target_commit" else "%soak_pause%"
-        if not wait_until(lambda: _sleeping(self.target_dsn, like), 20.0):
+        if not wait_until(lambda: _sleeping(self.target_dsn, like), step=0.01):
             self.violations.append(f"{name}: never saw the {kind} pause on the server")
         return kind.removesuffix("_statement").removesuffix("_commit")
 

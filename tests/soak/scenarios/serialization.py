@@ -31,6 +31,8 @@ import threading
 from collections import Counter
 from typing import Any
 
+from support.wait import wait_until
+
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._pg import (
@@ -41,7 +43,6 @@ from soak.scenarios._pg import (
     pg_op,
     query,
     run_sql,
-    wait_until,
 )
 from soak.world import Answer, Op, PilotProcess, SoakWorld
 
@@ -128,7 +129,7 @@ class _Case:
 
         one = threading.Thread(target=post, args=(0, *first))
         one.start()
-        if after is not None and not wait_until(after, 10.0):
+        if after is not None and not wait_until(after, timeout=10.0, step=0.01):
             self.violations.append(f"case {self.index}: the first marque never got in place")
         two = threading.Thread(target=post, args=(1, *second))
         two.start()

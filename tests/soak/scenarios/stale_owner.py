@@ -30,6 +30,8 @@ import threading
 import time
 from collections import Counter
 
+from support.wait import wait_until
+
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._pg import (
@@ -38,7 +40,6 @@ from soak.scenarios._pg import (
     pg_op,
     query,
     stamps_of,
-    wait_until,
 )
 from soak.world import MARQUE, Answer, PilotProcess, SoakWorld
 
@@ -80,7 +81,8 @@ class _Run:
             killed=killed)))
         client.start()
         if when == "sleeping":
-            if not wait_until(lambda: backends(self.dsn, f"%{SLOW_EFFECT[:20]}%") >= 1, 10):
+            if not wait_until(lambda: backends(self.dsn, f"%{SLOW_EFFECT[:20]}%") >= 1,
+                              timeout=10, step=0.01):
                 self.violations.append(f"{name}: the statement never ran on the server")
         else:
             time.sleep(rng.uniform(0.02, 0.35))

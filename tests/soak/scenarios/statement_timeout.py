@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import threading
 
+from support.wait import wait_until
+
 from soak.harness import finish, invoke
 from soak.scenario import RunContext, ScenarioResult, scenario
 from soak.scenarios._pg import (
@@ -30,7 +32,6 @@ from soak.scenarios._pg import (
     pg_op,
     query,
     run_sql,
-    wait_until,
 )
 from soak.world import PilotProcess, SoakWorld
 
@@ -77,7 +78,7 @@ def _case(ctx: RunContext, world: SoakWorld, url: str, dsn: str, index: int,
         if (first.status, first.code) != ("aborted_not_applied", "statement_timeout"):
             violations.append(f"{name}: waited on a {lock} lock past {timeout_ms} ms, yet was "
                               f"told {first.status} ({first.code})")
-        if not wait_until(lambda: holder.blocking(dsn) == 0, 5.0):
+        if not wait_until(lambda: holder.blocking(dsn) == 0, timeout=5.0, step=0.01):
             violations.append(f"{name}: a session still waits on the holder after the timeout")
         if _value(dsn, index) != 0:
             violations.append(f"{name}: the row changed while the holder held it")

@@ -322,7 +322,7 @@ def run(ctx: RunContext, *, skip_apply: Callable[[Tamper], bool] | None = None
              harbour_logbook(root, ENTRIES, ctx.rng)]
     database = None
     if ctx.pg_admin_dsn is not None:
-        from pgcluster import create_database
+        from support.pgcluster import create_database
 
         database, dsn = create_database(ctx.pg_admin_dsn)
         books.append(harbour_logbook(root, ENTRIES, ctx.rng, store_dsn=dsn))
@@ -360,7 +360,7 @@ def run(ctx: RunContext, *, skip_apply: Callable[[Tamper], bool] | None = None
             _control(result, book, heads[book.name][0])
     finally:
         if database is not None and ctx.pg_admin_dsn is not None:
-            from pgcluster import drop_database
+            from support.pgcluster import drop_database
 
             drop_database(ctx.pg_admin_dsn, database)
     result.figures.update({"by_logbook": tally, "controls_intact": controls,

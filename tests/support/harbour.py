@@ -14,7 +14,7 @@ serving a SQLite bank target and trusting a Harbourmaster's issuer key, run as
 a :class:`PilotServe`. Nothing is mocked.
 
 This module imports nothing from the other test helpers, so a test anywhere
-(``tests/pg`` included, as ``e2e.harbour_support``) can use it.
+(``tests/pg`` included, as ``support.harbour``) can use it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from support.net import free_port
+from support.wait import wait_until
 
 MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call or HTTP call
@@ -395,45 +397,70 @@ def request_body(sql: str, *, pilot_id: str = "p1", request_id: str | None = Non
     return body
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on right now (for a service told where to listen)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+class HarbourWorld:
+    """A Harbourmaster and a :class:`PilotBank` joined to it: the stack the Harbourmaster's
+    end-to-end tests share.
 
+    Its home under ``root / "harbour"`` (``routing``: a config of its own, else the
+    bootstrap profile) is served by a :class:`HarbourServer` (``harbour_args`` added to
+    ``harbour serve``); the Pilot's home under ``root / bank_dir`` (its bank holds
+    accounts 1 and 2 → 100, and 3 → 100 when ``third_account``, then ``bank_sql``) joins
+    it with ``marque pilot join`` at a free loopback port (``port``) and, when ``serve``,
+    serves there at once. Principals: a requester ``alice`` holding the bank's key, then
+    ``principals`` (``(name, role, ...)``; a name in ``keyed`` gets a public key of its
+    own), then the Pilot's own ``p1``; :meth:`before_join` runs before them.
+    ``trust=False`` leaves the issuer key for the join to pin, as a Pilot joining in
+    production does.
+    """
 
-class JoinedBank:
-    """A Harbourmaster (bootstrap profile) and a :class:`PilotBank` (accounts 1, 2 and 3 →
-    100, then ``bank_sql``) joined to it at a free loopback port (``port``) it does not yet
-    serve on; a requester ``alice`` holding the bank's key, an approver ``bob``, then
-    ``principals`` (``(name, role)``, added before the Pilot's own principal ``p1``)."""
-
-    def __init__(self, root: Path, *, bank_sql: tuple[str, ...] = (),
-                 principals: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, root: Path, *, routing: str | None = None, bank_dir: str = "pilotbank",
+                 trust: bool = True, third_account: bool = True, bank_sql: tuple[str, ...] = (),
+                 principals: tuple[tuple[str, ...], ...] = (("bob", "approver"),),
+                 keyed: frozenset[str] = frozenset(), harbour_args: tuple[str, ...] = (),
+                 serve: bool = False) -> None:
         self.root = root
-        self.harbour = Harbour(root / "harbour")
-        self.bank = PilotBank(root / "pilotbank", self.harbour)
+        self.harbour = Harbour(root / "harbour", routing=routing)
+        self.bank = PilotBank(root / bank_dir, self.harbour, trust=trust)
         conn = sqlite3.connect(self.bank.bank)
         with conn:
-            conn.execute("INSERT INTO accounts VALUES (3, 100)")
+            if third_account:
+                conn.execute("INSERT INTO accounts VALUES (3, 100)")
             for sql in bank_sql:
                 conn.execute(sql)
         conn.close()
+        self.before_join()
         self.alice = self.harbour.add("alice", "requester", key=self.bank.holder_pub)
-        self.bob = self.harbour.add("bob", "approver")
-        for name, role in principals:
-            self.harbour.add(name, role)
+        for name, *roles in principals:
+            key = new_public_key(root / f"{name}.pub.jwk") if name in keyed else None
+            self.harbour.add(name, *roles, key=key)
         pilot_token = self.harbour.add("p1", "pilot")
-        self.server = HarbourServer(self.harbour.home)
+        self.server = HarbourServer(self.harbour.home, args=harbour_args)
         self.port = free_port()
-        cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
-                 "--token", pilot_token, "--url", f"http://127.0.0.1:{self.port}")
+        self.pilot_url = f"http://127.0.0.1:{self.port}"
+        try:
+            cli_json("pilot", "join", "--home", self.bank.home, "--harbour", self.server.url,
+                     "--token", pilot_token, "--url", self.pilot_url)
+            if serve:
+                self.bank.start(listen=f"127.0.0.1:{self.port}")
+        except BaseException:
+            self.stop()
+            raise
 
-    def call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
+    def before_join(self) -> None:
+        """What a subclass sets up in the Pilot's home (more targets, row keys) once its bank
+        is filled, before the principals are added and it joins; nothing here."""
+
+    @property
+    def bob(self) -> str:
+        """The approver's token (the default ``principals``)."""
+        return self.harbour.tokens["bob"]
+
+    def call(self, method: str, path: str, token: str | None, **kwargs: Any) -> httpx.Response:
+        """One HTTP call to the Harbourmaster, as ``token``."""
         return self.server.call(method, path, token, **kwargs)
 
     def stop(self) -> None:
+        """Stop ``pilot serve`` (if it runs) and ``harbour serve``."""
         self.bank.stop()
         self.server.stop()
 
@@ -459,12 +486,14 @@ def wait_for_request(call: Callable[..., httpx.Response], rq: str, token: str,
                      seconds: float) -> dict[str, Any]:
     """``GET /v1/requests/{rq}`` (through ``call``, as ``token``) every 0.2 s until
     ``ready`` says yes or ``seconds`` have passed; the last body shown."""
-    deadline = time.monotonic() + seconds
-    while True:
-        shown: dict[str, Any] = call("GET", f"/v1/requests/{rq}", token).json()
-        if ready(shown) or time.monotonic() > deadline:
-            return shown
-        time.sleep(0.2)
+    seen: list[dict[str, Any]] = []
+
+    def shown_ready() -> Any:
+        seen.append(call("GET", f"/v1/requests/{rq}", token).json())
+        return ready(seen[-1])
+
+    wait_until(shown_ready, timeout=seconds, step=0.2)
+    return seen[-1]
 
 
 #: An Effect Set that tops up three of `bank`'s accounts (1 and 2 exist; tests add 3).

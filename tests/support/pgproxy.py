@@ -27,6 +27,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 STAMP_INSERT = b"INSERT INTO marque.stamps"
@@ -253,3 +254,8 @@ def close_socket(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+#: The ``pg_proxy`` fixture (tests/conftest.py): ``pg_proxy(dsn)`` → a proxy in front of
+#: ``dsn``'s server and the DSN through it.
+PgProxyFactory = Callable[[str], tuple[PgProxy, str]]

@@ -23,7 +23,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from e2e.harbour_support import free_port
+from support.net import free_port
 
 
 def find_bindir() -> Path | None:
