@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from marque.ledger.bindings import BINDING_MIGRATION
 from marque.ledger.effects import EFFECT_MIGRATION, EFFECT_RUN_MIGRATION
-from marque.storage.migrations import Schema, Stored
+from marque.storage.migrations import MetaTableSchema
 from marque.storage.tx import Tx
 
 # Forward-only migrations: index i holds the statements that take the schema
@@ -126,7 +126,7 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 
-class LedgerSchema(Schema[Tx]):
+class LedgerSchema(MetaTableSchema):
     """The ledger's versions in its ``meta`` table; ``statements(index)`` gives migration
     ``index`` on the ledger's engine (an engine may store the same rows its own way)."""
 
@@ -135,21 +135,9 @@ class LedgerSchema(Schema[Tx]):
     def __init__(self, statements: Callable[[int], list[str]]) -> None:
         self._statements = statements
 
-    def stored(self, conn: Tx) -> Stored:
-        row = conn.one("SELECT value FROM meta WHERE key = 'schema_version'")
-        return Stored(int(row[0]) if row else 0)
-
-    def lock(self, conn: Tx) -> None:
-        # Writing the version row first: a second process migrating at the same moment
-        # waits for that row lock (PostgreSQL; SQLite's writer lock does the same), then
-        # reads the version the first one left, so each step runs exactly once.
-        conn.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
-
     def step(self, conn: Tx, index: int) -> None:
         if index == 0:
             return  # version 1 is created whole by SqlLedger._initialise
         for statement in self._statements(index):
             conn.execute(statement)
 
-    def record(self, conn: Tx, version: int) -> None:
-        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))

@@ -21,6 +21,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
+from marque.storage.tx import Tx
+
 C = TypeVar("C")
 
 
@@ -62,6 +64,24 @@ class Schema(abc.ABC, Generic[C]):
     def due(self, found: Stored) -> bool:
         """Whether a database holding ``found`` needs a migration."""
         return found.version < self.latest or not found.recorded
+
+
+class MetaTableSchema(Schema[Tx]):
+    """A schema whose version is the ``schema_version`` row of its ``meta`` table (the
+    ledger's and the Harbourmaster store's, on either engine)."""
+
+    def stored(self, conn: Tx) -> Stored:
+        row = conn.one("SELECT value FROM meta WHERE key = 'schema_version'")
+        return Stored(int(row[0]) if row else 0)
+
+    def lock(self, conn: Tx) -> None:
+        # Writing the version row first: a second process migrating at the same moment
+        # waits for that row lock (PostgreSQL; SQLite's writer lock does the same), then
+        # reads the version the first one left, so each step runs exactly once.
+        conn.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
+
+    def record(self, conn: Tx, version: int) -> None:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
 
 
 def migrate(schema: Schema[C], reading: Callable[[], contextlib.AbstractContextManager[C]],

@@ -55,7 +55,7 @@ from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.session_sql import SessionRecords
 from marque.harbour.store.webhook_sql import WebhookRecords
 from marque.logbook.chain import GENESIS, entry_hash
-from marque.storage.migrations import Schema, Stored, migrate
+from marque.storage.migrations import MetaTableSchema, migrate
 from marque.storage.tx import Tx
 
 #: The longest principal name accepted.
@@ -611,7 +611,7 @@ def _check_name(name: str) -> None:
                            "without control characters")
 
 
-class _StoreSchema(Schema[Tx]):
+class _StoreSchema(MetaTableSchema):
     """The store's versions (:data:`schema.MIGRATIONS`), kept in its ``meta`` table."""
 
     latest = schema.LATEST
@@ -619,20 +619,8 @@ class _StoreSchema(Schema[Tx]):
     def __init__(self, store: SqlHarbourStore) -> None:
         self._store = store
 
-    def stored(self, conn: Tx) -> Stored:
-        row = conn.one("SELECT value FROM meta WHERE key = 'schema_version'")
-        return Stored(int(row[0]) if row else 0)
-
-    def lock(self, conn: Tx) -> None:
-        # Writing the version row first makes a second process migrating at the same
-        # moment wait, then read the version the first one left.
-        conn.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
-
     def step(self, conn: Tx, index: int) -> None:
         self._store._run_migration(conn, index, self._store._now(None))
-
-    def record(self, conn: Tx, version: int) -> None:
-        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
 
     def newer(self, found: int) -> Exception:
         return HarbourUnavailable(
