@@ -14,21 +14,23 @@ from typing import Any
 import pytest
 from jcs_reference import jcs, jcs_string, reference_cid
 
+from marque import request_ids
 from marque.change import Budget, Change, Guard, Statement
 from marque.cid import canonicalize
 from marque.errors import RequestIdInvalid
-from marque.harbour import identity
 from marque.harbour.identity import (
     NO_INPUT_INTENT,
     authority_scope_cid,
-    check_request_id,
-    format_idempotency_key,
     intent_fingerprint,
     logical_request_scope,
     parameter_values_cid,
-    parse_idempotency_key,
     program_definition_cid,
     request_identity,
+)
+from marque.request_ids import (
+    check_request_id,
+    format_idempotency_key,
+    parse_idempotency_key,
     resolve_request_id,
 )
 
@@ -296,5 +298,5 @@ def test_body_and_header_ids_must_be_equal() -> None:
 
 def test_new_request_ids_are_valid_and_distinct() -> None:
     """A generated id passes the rules and is not reused."""
-    first, second = identity.new_request_id(), identity.new_request_id()
+    first, second = request_ids.new_request_id(), request_ids.new_request_id()
     assert check_request_id(first) == first and first != second

@@ -33,7 +33,7 @@ from marque.agents.schemas import (
 )
 from marque.clients.harbour import HarbourClient
 from marque.errors import Conflict, InvalidInput, MarqueError, Unauthenticated
-from marque.harbour.identity import new_request_id
+from marque.request_ids import new_request_id
 
 __all__ = ["AgentConfig", "AgentTools", "UNDECIDED", "POLL_BACKOFF"]
 

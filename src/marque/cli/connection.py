@@ -47,7 +47,7 @@ def connect(harbour_url: str | None, token: str | None) -> HarbourClient:
 
 def checked_id(value: str) -> str:
     """A request id (``rq_…`` or a caller request id) checked before anything is sent."""
-    from marque.harbour.identity import check_request_id
+    from marque.request_ids import check_request_id
 
     return check_request_id(value)
 

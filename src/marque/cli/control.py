@@ -320,7 +320,7 @@ def request_(pilot_id: str, target: str, sql: tuple[str, ...], effects_file: Pat
     for an approver. A lost answer is retried with the same request id.
     """
     from marque.change import Budget
-    from marque.harbour.identity import new_request_id
+    from marque.request_ids import new_request_id
 
     if request_id is not None:
         checked_id(request_id)

@@ -113,13 +113,9 @@ def preview(home: Path, declaration_file: Path, target: str, inputs: tuple[str, 
     """
     from marque.effects.preview import Strength
     from marque.effects.request import EffectPreviewRequest, run_identity_cid
-    from marque.harbour.identity import (
-        authority_scope_cid,
-        check_request_id,
-        logical_request_scope,
-        new_request_id,
-    )
+    from marque.harbour.identity import authority_scope_cid, logical_request_scope
     from marque.pilot import open_pilot
+    from marque.request_ids import check_request_id, new_request_id
 
     bound = read_declared(declaration_file, targeted, inputs)
     declaration = bound.declaration

@@ -33,7 +33,7 @@ import httpx
 
 from marque.clients.problems import problem_error
 from marque.errors import HarbourUnavailable, InvalidInput, MarqueError
-from marque.harbour.identity import check_request_id, format_idempotency_key
+from marque.request_ids import check_request_id, format_idempotency_key
 
 __all__ = ["HarbourClient", "check_token", "error_from_problem"]
 

@@ -16,10 +16,10 @@ from marque.effects.request import EffectSetSubmission
 from marque.errors import InvalidInput, RequestIdInvalid
 from marque.harbour.effect_requests import EffectSetRequest
 from marque.harbour.executions import REPORTED_STATUSES
-from marque.harbour.identity import resolve_request_id
 from marque.harbour.request_change import RequestChange
 from marque.harbour.routing import DIALECTS
 from marque.harbour.statement_requests import StatementRequest
+from marque.request_ids import resolve_request_id
 
 _REQUEST_KEYS = frozenset({"request_id", "pilot_id", "target", "change", "budget",
                            "ttl_seconds", "reason", "rolls_back"})
