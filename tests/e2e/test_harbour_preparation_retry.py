@@ -130,9 +130,11 @@ def test_two_serve_processes_retry_a_preparation_once_each_then_fail_it(down: Do
     first, second = down.serve(*FAST), down.serve(*FAST)
     asked = down.ask(first)
     rq = asked["id"]
+    # The other process reads the same stored request. Its 1 s schedule may have run out
+    # already on a loaded machine, so either state is right here; the order is checked below.
     waiting = down.show(second, rq)
-    assert waiting["state"] == "preparing", waiting
-    assert waiting["failure"]["code"] == "pilot_unavailable"  # why it has not moved yet
+    assert waiting["state"] in ("preparing", "failed"), waiting
+    assert waiting["failure"]["code"] == "pilot_unavailable"  # why it has not moved (yet)
     shown = down.wait_until_not(second, rq, "preparing")
     _assert_failed_unavailable(shown)
     # The first attempt (the submission's) and the two after it were deferred; the fourth,
