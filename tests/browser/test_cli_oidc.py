@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
         assert verification.startswith(oidc.provider.issuer + "/device")
         confirm_device(browser, verification, "carol")
         out, rest = proc.communicate(timeout=TIMEOUT)
+        signed_in_at = time.time()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -74,6 +76,11 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     # An hour later (the stored expiry moved back to say so), a command renews the sign-in
     # by itself with the provider's refresh token, and keeps the new token.
     assert entry["refresh_token"]
+    # ID tokens carry their issue time in whole seconds and are signed deterministically:
+    # a refresh in the same second as the sign-in gets back the very token already
+    # exchanged, refused as a replay (rightly). An hour later that cannot happen; here,
+    # the provider's clock is let reach the next second first.
+    time.sleep(max(0.0, int(signed_in_at) + 1.05 - time.time()))
     data = json.loads(stored.read_text())
     data["harbours"][url]["expires_at"] = 0
     stored.write_text(json.dumps(data))
