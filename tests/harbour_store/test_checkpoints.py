@@ -10,14 +10,14 @@ import pytest
 from marque.cid import cid
 from marque.errors import Conflict, InvalidInput, NotFound
 from marque.harbour.lifecycle import RequestState, StaleVersion
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 
 from .conftest import T0, all_entries, assert_chain_verifies, make_draft
 
 S = RequestState
 
 
-def sealed(store: HarbourStore) -> tuple[Request, str]:
+def sealed(store: HarbourStore) -> tuple[StoredRequest, str]:
     request, _ = store.create_request(make_draft(), now=T0)
     body = {"version": "marque-checkpoint/0.1",
             "logical_request_scope": request.logical_request_scope,

@@ -7,21 +7,22 @@ from typing import Any
 import pytest
 
 from marque.harbour.lifecycle import IllegalTransition, RequestState
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 
 from .conftest import T0, all_entries, assert_chain_verifies, evidence_for, make_draft
 
 S = RequestState
 
 
-def verified(store: HarbourStore) -> Request:
+def verified(store: HarbourStore) -> StoredRequest:
     request, _ = store.create_request(make_draft(), now=T0)
     request = store.transition(request.id, 1, "prepared", actor="h", now=T0 + 1,
                                marque_id="mq_orig")
     return store.transition(request.id, 2, "verified", actor="h", now=T0 + 2)
 
 
-def compensation(store: HarbourStore, original: Request, request_id: str = "undo-1") -> Request:
+def compensation(store: HarbourStore, original: StoredRequest,
+                 request_id: str = "undo-1") -> StoredRequest:
     request, created = store.create_request(
         make_draft(request_id, rolls_back=original.id, sql="UPDATE accounts SET balance = 1"),
         now=T0 + 10)
@@ -29,7 +30,7 @@ def compensation(store: HarbourStore, original: Request, request_id: str = "undo
     return request
 
 
-def move(store: HarbourStore, request: Request, to: str, **fields: Any) -> Request:
+def move(store: HarbourStore, request: StoredRequest, to: str, **fields: Any) -> StoredRequest:
     return store.transition(request.id, request.version, to, actor="h", now=T0 + 20, **fields)
 
 

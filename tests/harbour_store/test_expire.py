@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from marque.harbour.lifecycle import ExpiryRefused, RequestState, StaleVersion
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 
 from .conftest import T0, all_entries, assert_chain_verifies, evidence_for, make_draft
 
@@ -16,15 +16,15 @@ SKEW = 30.0
 LATER = EXP + SKEW + 1
 
 
-def prepared(store: HarbourStore, request_id: str = "req-1") -> Request:
+def prepared(store: HarbourStore, request_id: str = "req-1") -> StoredRequest:
     """A request in prepared with marque ``mq_<request_id>``."""
     request, _ = store.create_request(make_draft(request_id), now=T0)
     return store.transition(request.id, 1, "prepared", actor="harbour", now=T0 + 1,
                             marque_id=f"mq_{request_id}")
 
 
-def expire(store: HarbourStore, request: Request, *, version: int | None = None,
-           evidence: dict[str, Any] | None = None, now: float = LATER) -> Request:
+def expire(store: HarbourStore, request: StoredRequest, *, version: int | None = None,
+           evidence: dict[str, Any] | None = None, now: float = LATER) -> StoredRequest:
     assert request.marque_id is not None
     return store.expire_prepared(
         request.id, request.version if version is None else version,
@@ -33,7 +33,7 @@ def expire(store: HarbourStore, request: Request, *, version: int | None = None,
         actor="admin")
 
 
-def assert_unchanged(store: HarbourStore, request: Request, entries: int) -> None:
+def assert_unchanged(store: HarbourStore, request: StoredRequest, entries: int) -> None:
     assert store.get_request(request.id) == request
     assert len(all_entries(store)) == entries
 

@@ -11,7 +11,7 @@ from marque.errors import Conflict, InvalidInput, NotFound, Unauthenticated
 from marque.harbour.lifecycle import RequestState, StaleVersion
 from marque.harbour.principals import TOKEN_BYTES, Role, hash_token
 from marque.harbour.store import schema
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 from marque.token import thumbprint
 
 from .conftest import (
@@ -165,7 +165,7 @@ def test_re_registration_racing_transitions_never_deadlocks(store: HarbourStore)
     gate = threading.Barrier(len(requests) + 1)
     errors: list[BaseException] = []
 
-    def move(request: Request) -> None:
+    def move(request: StoredRequest) -> None:
         gate.wait(timeout=30)
         try:
             store.transition(request.id, request.version, "executing", actor="h", now=T0 + 1)

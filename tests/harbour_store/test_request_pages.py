@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from marque.cid import cid
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 from marque.harbour.views import request_object, request_objects
 
 from .conftest import T0, make_draft
@@ -48,12 +48,12 @@ def counted(store: HarbourStore) -> Iterator[list[str]]:
         delattr(store, "reading")
 
 
-def _kinds(store: HarbourStore, n: int) -> list[Request]:
+def _kinds(store: HarbourStore, n: int) -> list[StoredRequest]:
     """``n`` requests of every kind a page shows: a sealed Checkpoint with Resolutions, a
     marque with reports, an undo of a verified request, and a plain one."""
     store.register_pilot("pilot-1", "http://127.0.0.1:9", "inc-1", ["bank"], actor="admin",
                          now=T0, dialects={"bank": "sqlite"})
-    made: list[Request] = []
+    made: list[StoredRequest] = []
     for i in range(n):
         kind = i % 4
         request, _ = store.create_request(make_draft(f"page-{i}", principal="alice"),

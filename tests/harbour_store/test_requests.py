@@ -21,14 +21,15 @@ from marque.harbour.lifecycle import (
     RequestState,
     StaleVersion,
 )
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 
 from .conftest import T0, all_entries, assert_chain_verifies, make_draft
 
 S = RequestState
 
 
-def walk(store: HarbourStore, request: Request, *states: str, at: float = T0) -> Request:
+def walk(store: HarbourStore, request: StoredRequest, *states: str,
+         at: float = T0) -> StoredRequest:
     """Move ``request`` through ``states`` by plain transitions."""
     for offset, state in enumerate(states, start=1):
         request = store.transition(request.id, request.version, state, actor="harbour",

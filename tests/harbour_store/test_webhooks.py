@@ -12,7 +12,7 @@ from marque.cid import cid
 from marque.errors import HarbourUnavailable, NotFound
 from marque.harbour.notifications.events import event_id
 from marque.harbour.store import schema
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 from marque.harbour.store.outbox import DeliveryState
 
 from .conftest import T0, StorePool, all_entries, make_draft, raw_tx
@@ -28,7 +28,7 @@ def add(store: HarbourStore, url: str = "http://127.0.0.1:9/hook", *,
 
 
 def sealed(store: HarbourStore, request_id: str = "req-1", *,
-           principal: str = "alice") -> tuple[Request, str]:
+           principal: str = "alice") -> tuple[StoredRequest, str]:
     request, _ = store.create_request(make_draft(request_id, principal=principal), now=T0)
     body = {"version": "marque-checkpoint/0.1", "scope": request.logical_request_scope}
     checkpoint_cid = cid(body)
@@ -108,7 +108,7 @@ def test_each_event_of_a_requests_life(store: HarbourStore) -> None:
                                marque_expires_at=T0 + 600)
     store.register_pilot("pilot-1", "http://127.0.0.1:1", "inc-2", ["bank"],
                          dialects={"bank": "sqlite"}, now=T0 + 6)
-    def types(of: Request) -> list[str]:
+    def types(of: StoredRequest) -> list[str]:
         return [e.type for e in store.outbox_events(of.id)]
 
     assert types(request) == ["request.awaiting_approval", "request.approved",

@@ -14,7 +14,7 @@ from marque.errors import Forbidden, MarqueError, NotFound, Unauthenticated
 from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.harbour.oidc.signin import CLI_TOKEN_PREFIX
 from marque.harbour.principals import Principal, Role
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 
 __all__ = ["ASKERS", "READERS", "authenticate", "find", "only_own", "require", "sees_all"]
 
@@ -72,14 +72,14 @@ def only_own(principal: Principal) -> str | None:
     return None if sees_all(principal) else principal.name
 
 
-def _visible(principal: Principal, request: Request) -> bool:
+def _visible(principal: Principal, request: StoredRequest) -> bool:
     if sees_all(principal):
         return True
     return any(principal.has(role) for role in ASKERS) \
         and request.principal == principal.name
 
 
-def find(store: HarbourStore, principal: Principal, id_or_request_id: str) -> Request:
+def find(store: HarbourStore, principal: Principal, id_or_request_id: str) -> StoredRequest:
     """A request the caller may see, by ``rq_`` id or by the caller's own request id.
 
     A caller's request id resolves in the caller's scope to its active request if
@@ -92,7 +92,7 @@ def find(store: HarbourStore, principal: Principal, id_or_request_id: str) -> Re
         raise NotFound("no such request")
     if id_or_request_id.startswith("rq_"):
         try:
-            request: Request | None = store.get_request(id_or_request_id)
+            request: StoredRequest | None = store.get_request(id_or_request_id)
         except NotFound:
             request = None
     else:

@@ -49,7 +49,7 @@ from marque.harbour.moves import end, issue
 from marque.harbour.principals import Principal, Role
 from marque.harbour.request_change import marque_change
 from marque.harbour.row_diff import DIFF_CHANGED, diff_changes, refuse_over_budget
-from marque.harbour.store.base import AdoptedConfig, PilotRecord, Request
+from marque.harbour.store.base import AdoptedConfig, PilotRecord, StoredRequest
 from marque.harbour.undo import named_conflict
 from marque.harbour.views import request_object
 
@@ -84,7 +84,7 @@ class Approvals:
         checkpoint, _ = self.sealed(request)
         return revalidate(checkpoint, **self._revalidation_check(request))
 
-    def sealed(self, request: Request) -> tuple[Checkpoint, list[Resolution]]:
+    def sealed(self, request: StoredRequest) -> tuple[Checkpoint, list[Resolution]]:
         """The request's sealed Checkpoint and the Resolutions stored on it."""
         assert request.checkpoint_cid is not None
         store = self.ctx.store
@@ -131,7 +131,7 @@ class Approvals:
         return self._decided(self.settle(self.ctx.store.get_request(request.id),
                                          principal.name))
 
-    def _check(self, principal: Principal, request: Request, checkpoint: Checkpoint,
+    def _check(self, principal: Principal, request: StoredRequest, checkpoint: Checkpoint,
                resolution: Resolution, existing: list[Resolution]) -> None:
         """Refuse a Resolution that cannot count (``check_resolution``)."""
         try:
@@ -148,7 +148,7 @@ class Approvals:
             ended = end(self.ctx, request, S.EXPIRED, exc, actor=principal.name)
             raise RequestExpired(exc.message, detail={"id": ended.id}) from None
 
-    def _already(self, principal: Principal, request: Request, mine: Resolution,
+    def _already(self, principal: Principal, request: StoredRequest, mine: Resolution,
                  decision: str, reason: str | None) -> dict[str, Any]:
         """A repeated resolution. The same decision with the same reason is a retry: it is
         answered (completing the Checkpoint if a crash interrupted that). Anything else —
@@ -161,7 +161,7 @@ class Approvals:
             raise _already_decided(principal, request, mine, at)
         return self._decided(self.settle(request, principal.name))
 
-    def _decided(self, request: Request) -> dict[str, Any]:
+    def _decided(self, request: StoredRequest) -> dict[str, Any]:
         """The request a Resolution left, or the refusal it ended in.
 
         An approval whose revalidation failed (or whose Checkpoint expired) issued
@@ -186,7 +186,7 @@ class Approvals:
 
     # -- the tally -----------------------------------------------------------------------
 
-    def settle(self, request: Request, actor: str) -> Request:
+    def settle(self, request: StoredRequest, actor: str) -> StoredRequest:
         """Act on the tally of an ``awaiting_approval`` request (else return it as it is):
         a rejection ends it ``rejected``; completed approvals revalidate the Checkpoint,
         compare the rows again, and issue the marque."""
@@ -208,8 +208,8 @@ class Approvals:
                      approval=approval_for_checkpoint(checkpoint, counted),
                      checkpoint=checkpoint, max_ttl=max_ttl, actor=actor)
 
-    def _unrevalidated(self, request: Request, checkpoint: Checkpoint,
-                       actor: str) -> Request | None:
+    def _unrevalidated(self, request: StoredRequest, checkpoint: Checkpoint,
+                       actor: str) -> StoredRequest | None:
         """The request ended because its approved Checkpoint no longer holds now (expired,
         revalidation failed, or its rows moved since the approvers saw them); None when it
         holds and its marque may be issued."""
@@ -238,7 +238,7 @@ class Approvals:
             "marque is issued — ask for the change again to get a new preview and "
             "Checkpoint"), actor=actor)
 
-    def _revalidation_check(self, request: Request) -> dict[str, Any]:
+    def _revalidation_check(self, request: StoredRequest) -> dict[str, Any]:
         """What a Checkpoint is revalidated against now (``checkpoint.revalidate``'s inputs)."""
         store = self.ctx.store
         adopted = store.current_routing_config()
@@ -291,7 +291,7 @@ class DecisionFacts:
     no_longer_holds: list[str]
 
 
-def _check_inputs(request: Request, adopted: AdoptedConfig | None,
+def _check_inputs(request: StoredRequest, adopted: AdoptedConfig | None,
                   pilot: PilotRecord | None, now: float) -> dict[str, Any]:
     return {"adopted_config_cid": None if adopted is None else adopted.config_cid,
             "pilot_id": request.pilot_id,
@@ -311,16 +311,16 @@ def _current_keys(principals: list[Principal]) -> dict[str, str | None]:
     return {name: p.key_thumbprint for name, p in found.items()}
 
 
-def _self_approval(request: Request) -> bool:
+def _self_approval(request: StoredRequest) -> bool:
     return bool((request.routing or {}).get("self_approval"))
 
 
-def _not_awaiting(request: Request) -> Conflict:
+def _not_awaiting(request: StoredRequest) -> Conflict:
     return Conflict(f"request {request.id} is {request.state}, not awaiting approval",
                     detail={"id": request.id, "state": request.state.value})
 
 
-def _already_decided(principal: Principal, request: Request, mine: Resolution,
+def _already_decided(principal: Principal, request: StoredRequest, mine: Resolution,
                      at: float | None) -> Conflict:
     """``already_approved`` / ``already_rejected``: the stored Resolution, which stands."""
     kind = AlreadyApproved if mine.decision.value == "approve" else AlreadyRejected

@@ -22,7 +22,7 @@ from marque.harbour.lifecycle import RequestState, StaleVersion
 from marque.harbour.moves import end, failure
 from marque.harbour.pilot_calls import ask_evidence
 from marque.harbour.principals import Principal, Role
-from marque.harbour.store.base import Request
+from marque.harbour.store.base import StoredRequest
 from marque.harbour.views import request_object
 
 __all__ = ["SKEW_SECONDS", "Expiry"]
@@ -69,7 +69,7 @@ class Expiry:
                        detail={"id": request.id, "state": request.state.value,
                                "reason": "not_expirable"})
 
-    def _expire_checkpoint(self, principal: Principal, request: Request, reason: str,
+    def _expire_checkpoint(self, principal: Principal, request: StoredRequest, reason: str,
                            now: float) -> dict[str, Any]:
         """End a request whose Checkpoint expired unapproved; ``conflict`` while it is open."""
         assert request.checkpoint_cid is not None

@@ -17,7 +17,7 @@ from marque.errors import Forbidden, InvalidInput, MarqueError, RevalidationFail
 from marque.harbour.checkpoint import Checkpoint
 from marque.harbour.context import HarbourContext
 from marque.harbour.lifecycle import RequestState, StaleVersion
-from marque.harbour.store.base import Request
+from marque.harbour.store.base import StoredRequest
 from marque.token import unverified_claims
 
 __all__ = ["end", "failure", "issue"]
@@ -35,9 +35,9 @@ def failure(error: MarqueError, conflicts: list[dict[str, Any]] | None = None
     return recorded
 
 
-def end(ctx: HarbourContext, request: Request, to: RequestState, error: MarqueError, *,
+def end(ctx: HarbourContext, request: StoredRequest, to: RequestState, error: MarqueError, *,
         actor: str, conflicts: list[dict[str, Any]] | None = None,
-        **updates: Any) -> Request:
+        **updates: Any) -> StoredRequest:
     """Move ``request`` to the end state ``to``, its ``failure`` ``error``; a lost race
     re-reads."""
     try:
@@ -48,10 +48,10 @@ def end(ctx: HarbourContext, request: Request, to: RequestState, error: MarqueEr
         return ctx.store.get_request(request.id)
 
 
-def issue(ctx: HarbourContext, request: Request, change: AnyChange, *,
+def issue(ctx: HarbourContext, request: StoredRequest, change: AnyChange, *,
           approval: dict[str, Any], max_ttl: int | None, actor: str,
           checkpoint: Checkpoint | None = None, routing: dict[str, Any] | None = None,
-          preview: dict[str, Any] | None = None) -> Request:
+          preview: dict[str, Any] | None = None) -> StoredRequest:
     """Sign the request's marque and store it with ``prepared``, or lose the race. A
     requester revoked meanwhile, or a marque that cannot be signed, ends the request
     ``failed`` with ``revalidation_failed``."""
@@ -79,8 +79,8 @@ def issue(ctx: HarbourContext, request: Request, change: AnyChange, *,
     return _store_issued(ctx, request, token, approval, actor, extra)
 
 
-def _store_issued(ctx: HarbourContext, request: Request, token: str,
-                  approval: dict[str, Any], actor: str, extra: dict[str, Any]) -> Request:
+def _store_issued(ctx: HarbourContext, request: StoredRequest, token: str,
+                  approval: dict[str, Any], actor: str, extra: dict[str, Any]) -> StoredRequest:
     claims = unverified_claims(token) or {}
     expires_at = float(claims["exp"])
     try:

@@ -13,7 +13,7 @@ from typing import Any
 from marque.change import Budget
 from marque.harbour.context import HarbourContext
 from marque.harbour.request_change import RequestChange
-from marque.harbour.store.base import PilotRecord, Request
+from marque.harbour.store.base import PilotRecord, StoredRequest
 
 __all__ = ["PREVIEW_SAMPLE_ROWS", "ask_evidence", "ask_preview", "preview_token"]
 
@@ -21,7 +21,7 @@ __all__ = ["PREVIEW_SAMPLE_ROWS", "ask_evidence", "ask_preview", "preview_token"
 PREVIEW_SAMPLE_ROWS = 5
 
 
-def preview_token(ctx: HarbourContext, request: Request, change: RequestChange,
+def preview_token(ctx: HarbourContext, request: StoredRequest, change: RequestChange,
                   pilot: PilotRecord, sample_rows: int = PREVIEW_SAMPLE_ROWS) -> str:
     """A preview token for ``request``'s change on ``pilot``, bounded by its budget."""
     return ctx.issuer.preview_token(
@@ -40,7 +40,7 @@ def ask_preview(ctx: HarbourContext, pilot: PilotRecord, token: str) -> Any:
         client.close()
 
 
-def ask_evidence(ctx: HarbourContext, request: Request) -> dict[str, Any]:
+def ask_evidence(ctx: HarbourContext, request: StoredRequest) -> dict[str, Any]:
     """The Pilot's evidence for the request's marque, fetched with a query token."""
     assert request.marque_id is not None
     pilot = ctx.store.get_pilot(request.pilot_id)

@@ -56,7 +56,7 @@ from marque.harbour.routing import (
 from marque.harbour.routing import require_permitted as _require_permitted
 from marque.harbour.row_diff import sealed_diff_cid
 from marque.harbour.statement_requests import StatementRequest
-from marque.harbour.store.base import PilotRecord, Request
+from marque.harbour.store.base import PilotRecord, StoredRequest
 from marque.harbour.undo import named_conflict, refuse_fences
 from marque.timefmt import iso_time
 
@@ -135,7 +135,7 @@ class Preparation:
         return within_caps(change.route(config, principal, target, dialect),
                            budget.max_rows, budget.executions)
 
-    def prepare(self, request: Request, decision: Decision | None) -> Request:
+    def prepare(self, request: StoredRequest, decision: Decision | None) -> StoredRequest:
         """Take a ``preparing`` request on: refuse it, issue at once, or seek approval.
         ``decision`` None: resuming, so it is routed again (nothing was sealed yet)."""
         change = stored_change(request.change)
@@ -162,7 +162,7 @@ class Preparation:
         return self._seal(request, pilot, decision, preview,
                           change.marque_change(preview).change_cid, preview_cid)
 
-    def _refuse(self, request: Request, decision: Decision) -> None:
+    def _refuse(self, request: StoredRequest, decision: Decision) -> None:
         """End a denied or unmatched request ``failed`` and raise its refusal, naming it."""
         routing = decision.to_dict()
         try:
@@ -173,7 +173,7 @@ class Preparation:
             raise type(refusal)(refusal.message,
                                 detail={"id": failed.id, "routing": routing}) from None
 
-    def _preview(self, request: Request, change: RequestChange, pilot: PilotRecord,
+    def _preview(self, request: StoredRequest, change: RequestChange, pilot: PilotRecord,
                  decision: Decision) -> tuple[dict[str, Any], str]:
         """The change's preview from its Pilot, checked to be this request's:
         ``(the preview to store, the preview_cid to seal)``. A refusal in
@@ -187,7 +187,7 @@ class Preparation:
                          routing=decision.to_dict())
             raise change.refused(exc, failed.id) from None
 
-    def _refuse_conflicts(self, request: Request, change: RequestChange,
+    def _refuse_conflicts(self, request: StoredRequest, change: RequestChange,
                           preview: dict[str, Any], decision: Decision) -> None:
         """End ``request`` ``failed`` with ``undo_conflict`` (by key) when a fenced statement
         of it touched another number of rows than it expects in ``preview``."""
@@ -202,8 +202,8 @@ class Preparation:
                          routing=decision.to_dict(), preview=preview)
             raise UndoConflict(message, detail={"id": failed.id, "conflicts": rows}) from None
 
-    def _seal(self, request: Request, pilot: PilotRecord, decision: Decision,
-              preview: dict[str, Any], change_cid: str, preview_cid: str) -> Request:
+    def _seal(self, request: StoredRequest, pilot: PilotRecord, decision: Decision,
+              preview: dict[str, Any], change_cid: str, preview_cid: str) -> StoredRequest:
         """Seal the Checkpoint over ``preview`` (``awaiting_approval``), or lose the race."""
         decision = approvals_with_caveats(decision, preview)  # two_approvers, DESIGN §11.3
         now = self.ctx.now()
@@ -226,7 +226,7 @@ class Preparation:
 
     # -- trying again ------------------------------------------------------------------
 
-    def defer(self, request: Request, exc: MarqueError, *,
+    def defer(self, request: StoredRequest, exc: MarqueError, *,
               claimed: bool = False) -> MarqueError:
         """Record an attempt at preparing ``request`` that left it ``preparing`` because of
         ``exc``; the error to answer for it (``exc``'s class, naming the request).
@@ -256,8 +256,8 @@ class Preparation:
                     f"attempt(s)), then fails it (`marque requests show {request.id}`)",
                     detail=detail)
 
-    def _note_deferred(self, request: Request, exc: MarqueError, attempts: int, due: float,
-                       now: float) -> Request:
+    def _note_deferred(self, request: StoredRequest, exc: MarqueError, attempts: int, due: float,
+                       now: float) -> StoredRequest:
         """Store that attempt ``attempts`` failed and when the next one is due."""
         left = self.retry_schedule.attempts - attempts
         failure = {"code": exc.code,

@@ -32,7 +32,7 @@ from marque.target.row_images import before_state
 
 if TYPE_CHECKING:
     from marque.harbour.context import HarbourContext
-    from marque.harbour.store.base import PilotRecord, Request
+    from marque.harbour.store.base import PilotRecord, StoredRequest
 
 __all__ = ["DIFF_CHANGED", "sealed_diff_cid", "over_budget", "refuse_over_budget",
            "diff_changes"]
@@ -57,7 +57,7 @@ def over_budget(preview: dict[str, Any] | None) -> str | None:
             "abort with max_rows_exceeded, so it cannot be approved")
 
 
-def refuse_over_budget(request: Request) -> None:
+def refuse_over_budget(request: StoredRequest) -> None:
     """Raise :class:`PreviewOverBudget` for an approval of an over-budget preview."""
     why = over_budget(request.preview)
     if why is not None:
@@ -68,7 +68,7 @@ def refuse_over_budget(request: Request) -> None:
                     "max_rows": (request.preview or {}).get("max_rows")})
 
 
-def diff_changes(ctx: HarbourContext, request: Request, pilot: PilotRecord,
+def diff_changes(ctx: HarbourContext, request: StoredRequest, pilot: PilotRecord,
                  sample_rows: int = PREVIEW_SAMPLE_ROWS) -> str | None:
     """Preview ``request`` again and say how its rows differ from the approved preview's
     (None when its before-images are the same). Only a rolled-back preview with row

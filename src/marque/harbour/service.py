@@ -54,7 +54,7 @@ from marque.harbour.preparation import (
 from marque.harbour.principals import Principal, Role
 from marque.harbour.reading import MAX_LOGBOOK_PAGE, Reading
 from marque.harbour.reports import ingest
-from marque.harbour.store.base import HarbourStore, Request
+from marque.harbour.store.base import HarbourStore, StoredRequest
 from marque.harbour.submission import Submissions
 from marque.harbour.views import pilot_object
 
@@ -194,7 +194,7 @@ class Harbourmaster:
         for all at once: the console's queue of what waits for an approver."""
         return self.approvals.decision_facts(ids)
 
-    def settle(self, request: Request, actor: str) -> Request:
+    def settle(self, request: StoredRequest, actor: str) -> StoredRequest:
         """Act on the tally of an ``awaiting_approval`` request (else return it as it is)."""
         return self.approvals.settle(request, actor)
 

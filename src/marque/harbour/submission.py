@@ -21,7 +21,7 @@ from marque.harbour.lifecycle import IntentConflict, RequestState
 from marque.harbour.preparation import Preparation
 from marque.harbour.principals import Principal, Role
 from marque.harbour.routing import DELEGATE
-from marque.harbour.store.base import Request, RequestDraft
+from marque.harbour.store.base import RequestDraft, StoredRequest
 from marque.harbour.undo import undo_submission, undo_taken
 from marque.harbour.views import request_object
 
@@ -109,7 +109,7 @@ class Submissions:
         except IntentConflict as exc:  # the same id holds the undo in its other mode
             raise undo_taken(exc, original.id, per_row) from None
 
-    def _compensated(self, principal: Principal, id: str) -> Request:
+    def _compensated(self, principal: Principal, id: str) -> StoredRequest:
         """The request a compensation names (``rolls_back``), if its requester may see it.
 
         One they may not see is answered exactly like one that does not exist, so
@@ -125,7 +125,7 @@ class Submissions:
             raise NotFound(f"rolls_back names no request {id[:64]!r} that you may see",
                            detail={"rolls_back": id[:64]}) from None
 
-    def _repeat(self, active: Request, fingerprint: str, request_id: str) -> dict[str, Any]:
+    def _repeat(self, active: StoredRequest, fingerprint: str, request_id: str) -> dict[str, Any]:
         if active.intent_fingerprint != fingerprint:
             raise IntentConflict(
                 f"request id {request_id[:64]!r} is already used by request {active.id} with a "

@@ -40,7 +40,7 @@ from marque.harbour.row_undo import is_row_undo_of, row_undo_change, row_view
 from marque.target.compensation import Compensation, compensate
 
 if TYPE_CHECKING:
-    from marque.harbour.store.base import HarbourStore, PilotRecord, Request
+    from marque.harbour.store.base import HarbourStore, PilotRecord, StoredRequest
 
 __all__ = ["UNDO_REQUEST_PREFIX", "UNDOABLE", "undo_submission", "fence_conflicts",
            "refuse_fences", "derived_undo", "named_conflict", "undo_view", "why_no_undo",
@@ -82,7 +82,7 @@ def _derived(preview: Any, dialect: str) -> Compensation:
     return made
 
 
-def _compensation(original: Request, pilot: PilotRecord) -> Compensation:
+def _compensation(original: StoredRequest, pilot: PilotRecord) -> Compensation:
     if is_effect_set(original.change):
         raise UndoUnavailable(f"request {original.id} is an Effect Set: its own receipts and "
                               "reconciliation say what each row did; it has no statement "
@@ -99,7 +99,7 @@ def _compensation(original: Request, pilot: PilotRecord) -> Compensation:
                               detail={**exc.json_detail(), "id": original.id}) from None
 
 
-def why_no_undo(store: HarbourStore, request: Request) -> str | None:
+def why_no_undo(store: HarbourStore, request: StoredRequest) -> str | None:
     """Why ``request`` cannot be undone from its sealed images (None when it can); its
     state is not looked at (see :data:`UNDOABLE`)."""
     try:
@@ -109,7 +109,7 @@ def why_no_undo(store: HarbourStore, request: Request) -> str | None:
     return None
 
 
-def undo_submission(original: Request, pilot: PilotRecord, *, reason: str | None,
+def undo_submission(original: StoredRequest, pilot: PilotRecord, *, reason: str | None,
                     request_id: str | None, per_row: bool = False) -> dict[str, Any]:
     """The ``POST /v1/requests`` body of ``original``'s undo (``UndoUnavailable`` if none):
     all-or-nothing statements, or with ``per_row`` an Effect Set of fenced rows
@@ -169,7 +169,7 @@ def refuse_fences(change: Change, preview: Any) -> None:
             detail={"statements": failed})
 
 
-def derived_undo(store: HarbourStore, request: Request) -> Compensation | None:
+def derived_undo(store: HarbourStore, request: StoredRequest) -> Compensation | None:
     """The compensation ``request`` is, when it is exactly the derived undo of the request
     it rolls back (None for any other request, a hand-written compensation included)."""
     if request.rolls_back is None:
@@ -192,7 +192,7 @@ def derived_undo(store: HarbourStore, request: Request) -> Compensation | None:
     return undo
 
 
-def _derived_row_undo(store: HarbourStore, request: Request) -> Compensation | None:
+def _derived_row_undo(store: HarbourStore, request: StoredRequest) -> Compensation | None:
     """The compensation a per-row undo request is made of (None if it is not one)."""
     assert request.rolls_back is not None
     try:
@@ -208,7 +208,7 @@ def _keys(undo: Compensation, indexes: list[int]) -> list[dict[str, Any]]:
              "op": undo.rows[i].op} for i in indexes if 0 <= i < len(undo.rows)]
 
 
-def named_conflict(store: HarbourStore, request: Request,
+def named_conflict(store: HarbourStore, request: StoredRequest,
                    exc: UndoConflict) -> tuple[str, list[dict[str, Any]]]:
     """An ``undo_conflict`` message naming each conflicting row by key, and the rows."""
     undo = derived_undo(store, request)
@@ -249,7 +249,7 @@ def conflict_statement(error: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def undo_view(store: HarbourStore, request: Request, executions: list[dict[str, Any]],
+def undo_view(store: HarbourStore, request: StoredRequest, executions: list[dict[str, Any]],
               receipt: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The request object's ``undo``: for a derived undo, ``{of, mode, rows, conflicts}`` —
     each row put back (its key, what it restores, the after-image it is fenced on) and the

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
-from marque.harbour.store.base import HarbourStore, PilotRecord, Request, RequestParts
+from marque.harbour.store.base import HarbourStore, PilotRecord, RequestParts, StoredRequest
 from marque.harbour.undo import undo_view
 
 _ROUTING_SHOWN = ("outcome", "config_cid", "approvals", "code", "caveats")
@@ -24,7 +24,7 @@ REQUESTS_PAGE = 100
 REQUESTS_PAGE_MAX = 500
 
 
-def page_cursor(request: Request) -> str:
+def page_cursor(request: StoredRequest) -> str:
     """The opaque cursor of a listing page that ends with ``request``: where the next page
     starts (base64url of ``[created_at, id]``; a caller only hands it back)."""
     text = json.dumps([request.created_at, request.id], separators=(",", ":"))
@@ -62,7 +62,7 @@ class _PageReads:
         self._originals = parts.originals
         self._pilots: dict[str, PilotRecord] | None = None
 
-    def get_request(self, id: str) -> Request:
+    def get_request(self, id: str) -> StoredRequest:
         found = self._originals.get(id)
         return found if found is not None else self._store.get_request(id)
 
@@ -76,7 +76,7 @@ class _PageReads:
         return getattr(self._store, name)
 
 
-def request_objects(store: HarbourStore, requests: Sequence[Request]) -> list[dict[str, Any]]:
+def request_objects(store: HarbourStore, requests: Sequence[StoredRequest]) -> list[dict[str, Any]]:
     """The request objects of ``requests``, in order, their parts read together: a fixed
     number of queries for the whole list, whatever its length (the parts, and the Pilots
     once when an undo is among them)."""
@@ -86,7 +86,7 @@ def request_objects(store: HarbourStore, requests: Sequence[Request]) -> list[di
     return [request_object(reads, request, parts) for request in requests]
 
 
-def request_object(store: HarbourStore, request: Request,
+def request_object(store: HarbourStore, request: StoredRequest,
                    parts: RequestParts | None = None) -> dict[str, Any]:
     """The request object of the service contract for ``request`` (its Checkpoint,
     Resolutions, reports and original from ``parts`` when given, else read from
@@ -138,7 +138,7 @@ def request_object(store: HarbourStore, request: Request,
     }
 
 
-def _checkpoint_view(store: HarbourStore, request: Request, parts: RequestParts
+def _checkpoint_view(store: HarbourStore, request: StoredRequest, parts: RequestParts
                      ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The request object's ``checkpoint`` and ``resolutions`` (None and [] before one is
     sealed)."""

@@ -12,9 +12,9 @@ from marque.harbour.store.base import (
     LogbookEntry,
     PilotRecord,
     Report,
-    Request,
     RequestDraft,
     Resolution,
+    StoredRequest,
 )
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "LogbookEntry",
     "PilotRecord",
     "Report",
-    "Request",
+    "StoredRequest",
     "RequestDraft",
     "Resolution",
     "AdoptedConfig",

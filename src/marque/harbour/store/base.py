@@ -56,7 +56,7 @@ class RequestDraft:
 
 
 @dataclass(frozen=True)
-class Request:
+class StoredRequest:
     """One stored request: one attempt at a logical request (DESIGN §11.2)."""
 
     id: str
@@ -173,7 +173,7 @@ class RequestParts:
     checkpoints: dict[str, Checkpoint]
     resolutions: dict[str, list[Resolution]]
     reports: dict[str, list[Report]]
-    originals: dict[str, Request] = field(default_factory=dict)
+    originals: dict[str, StoredRequest] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ class HarbourStore(NotificationStore, abc.ABC):
 
     @abc.abstractmethod
     def create_request(self, draft: RequestDraft, *, actor: str | None = None,
-                       now: float | None = None) -> tuple[Request, bool]:
+                       now: float | None = None) -> tuple[StoredRequest, bool]:
         """Store a new request in ``preparing``, or find the one it repeats.
 
         Returns ``(request, True)`` when inserted. When a blocking request holds
@@ -375,28 +375,28 @@ class HarbourStore(NotificationStore, abc.ABC):
         """
 
     @abc.abstractmethod
-    def get_request(self, id: str) -> Request:
+    def get_request(self, id: str) -> StoredRequest:
         """A request by its ``rq_`` id; ``NotFound`` otherwise."""
 
     @abc.abstractmethod
-    def find_active(self, logical_request_scope: str) -> Request | None:
+    def find_active(self, logical_request_scope: str) -> StoredRequest | None:
         """The one blocking request of a scope, or None."""
 
     @abc.abstractmethod
-    def find_history(self, logical_request_scope: str) -> list[Request]:
+    def find_history(self, logical_request_scope: str) -> list[StoredRequest]:
         """Every request ever stored for a scope, oldest first."""
 
     @abc.abstractmethod
     def list_requests(self, state: RequestState | str | None = None,
                       principal: str | None = None, *, limit: int | None = None,
-                      before: tuple[float, str] | None = None) -> list[Request]:
+                      before: tuple[float, str] | None = None) -> list[StoredRequest]:
         """Requests, newest first (by ``created_at``, then ``id``), optionally of one state
         and one principal; at most ``limit`` of them, and only those that come after
         ``before`` — the ``(created_at, id)`` of the last request of the page before —
         in that order (a page of a keyset walk: requests added meanwhile never shift it)."""
 
     @abc.abstractmethod
-    def get_requests(self, ids: Sequence[str]) -> dict[str, Request]:
+    def get_requests(self, ids: Sequence[str]) -> dict[str, StoredRequest]:
         """The stored requests of ``ids`` by id (an id no request has is left out), in a
         fixed number of queries whatever their number."""
 
@@ -409,7 +409,7 @@ class HarbourStore(NotificationStore, abc.ABC):
     def transition(self, id: str, expected_version: int, to: RequestState | str, *,
                    actor: str, now: float | None = None, reason: str | None = None,
                    body: dict[str, Any] | None = None, kind: str | None = None,
-                   **updates: Any) -> Request:
+                   **updates: Any) -> StoredRequest:
         """Move a request to ``to`` by compare-and-set on its version.
 
         ``updates`` may set ``routing``, ``preview``, ``checkpoint_cid`` and
@@ -430,7 +430,7 @@ class HarbourStore(NotificationStore, abc.ABC):
     @abc.abstractmethod
     def note_preparation(self, id: str, expected_version: int, *, attempts: int, due: float,
                          failure: dict[str, Any] | None, actor: str,
-                         now: float | None = None, kind: str | None = None) -> Request:
+                         now: float | None = None, kind: str | None = None) -> StoredRequest:
         """Record the bookkeeping of a ``preparing`` request's attempts by compare-and-set
         on its version (which it bumps): ``attempts`` started, the next ``due`` (epoch
         seconds), and the last attempt's ``failure`` (``None`` clears it).
@@ -442,7 +442,7 @@ class HarbourStore(NotificationStore, abc.ABC):
         """
 
     @abc.abstractmethod
-    def preparations_due(self, now: float, *, untouched_since: float) -> list[Request]:
+    def preparations_due(self, now: float, *, untouched_since: float) -> list[StoredRequest]:
         """``preparing`` requests whose next attempt is due at ``now``: ``prepare_due`` has
         passed, or none was ever recorded and the request has not changed since
         ``untouched_since``. Oldest first."""
@@ -451,7 +451,7 @@ class HarbourStore(NotificationStore, abc.ABC):
     def seal_checkpoint(self, id: str, expected_version: int, *, checkpoint_cid: str,
                         body: dict[str, Any], expires_at: float, actor: str,
                         now: float | None = None, kind: str | None = None,
-                        **updates: Any) -> Request:
+                        **updates: Any) -> StoredRequest:
         """Store a sealed Checkpoint and move its request to ``awaiting_approval``.
 
         ``updates`` may set the request's ``routing`` and ``preview`` in the same
@@ -479,7 +479,7 @@ class HarbourStore(NotificationStore, abc.ABC):
     @abc.abstractmethod
     def expire_prepared(self, id: str, expected_version: int, *, evidence: dict[str, Any],
                         now: float, skew_seconds: float, marque_exp: float, reason: str,
-                        actor: str) -> Request:
+                        actor: str) -> StoredRequest:
         """ADR-038's narrow primitive: ``prepared → expired``, or refuse and change nothing."""
 
     @abc.abstractmethod
@@ -489,7 +489,7 @@ class HarbourStore(NotificationStore, abc.ABC):
 
     @abc.abstractmethod
     def ingest_report(self, report: dict[str, Any], *, actor: str,
-                      now: float | None = None) -> tuple[bool, Request | None]:
+                      now: float | None = None) -> tuple[bool, StoredRequest | None]:
         """Store a Pilot's report and move its request per DESIGN §11.2, in ONE transaction.
 
         ``report`` is the Pilot's outbox payload ``{marque_id, nonce, attempt,
@@ -518,7 +518,7 @@ class HarbourStore(NotificationStore, abc.ABC):
         """The reports received for a marque, in arrival order."""
 
     @abc.abstractmethod
-    def request_parts(self, requests: Sequence[Request]) -> RequestParts:
+    def request_parts(self, requests: Sequence[StoredRequest]) -> RequestParts:
         """What the request objects of ``requests`` show besides their rows — their
         Checkpoints, Resolutions and reports, and the originals of those that roll one
         back — read together, in a fixed number of queries whatever the number of

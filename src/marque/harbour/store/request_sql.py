@@ -40,10 +40,10 @@ from marque.harbour.store.base import (
     UPDATABLE_FIELDS,
     Checkpoint,
     Report,
-    Request,
     RequestDraft,
     RequestParts,
     Resolution,
+    StoredRequest,
 )
 from marque.harbour.store.columns import dumps, loads
 from marque.harbour.store.hooks import StoreHooks
@@ -81,12 +81,12 @@ def _chunks(values: list[str]) -> list[list[str]]:
     return [values[i:i + _IN_CHUNK] for i in range(0, len(values), _IN_CHUNK)]
 
 
-def _request(row: tuple[Any, ...]) -> Request:
+def _request(row: tuple[Any, ...]) -> StoredRequest:
     values = dict(zip(REQUEST_COLUMNS, row, strict=True))
     for name in _JSON_FIELDS:
         values[name] = loads(values[name])
     values["state"] = RequestState(values["state"])
-    return Request(**values)
+    return StoredRequest(**values)
 
 
 def _resolution(row: tuple[Any, ...]) -> Resolution:
@@ -115,7 +115,7 @@ class RequestRecords(StoreHooks):
     # -- creating and reading ------------------------------------------------------
 
     def create_request(self, draft: RequestDraft, *, actor: str | None = None,
-                       now: float | None = None) -> tuple[Request, bool]:
+                       now: float | None = None) -> tuple[StoredRequest, bool]:
         at = self._now(now)
         # A holder of the scope may leave its blocking state between our refused insert
         # and our read; then the insert is simply tried again.
@@ -167,26 +167,26 @@ class RequestRecords(StoreHooks):
                 "whose rollback failed) can be compensated",
                 detail={"rolls_back": original.id, "state": original.state.value})
 
-    def get_request(self, id: str) -> Request:
+    def get_request(self, id: str) -> StoredRequest:
         with self.reading() as tx:
             return self._get_tx(tx, id)
 
-    def _get_tx(self, tx: Tx, id: str) -> Request:
+    def _get_tx(self, tx: Tx, id: str) -> StoredRequest:
         row = tx.one(f"SELECT {_COLUMNS} FROM requests WHERE id = ?", (id,))
         if row is None:
             raise NotFound(f"no request {str(id)[:64]!r}", detail={"id": str(id)[:64]})
         return _request(row)
 
-    def _active_tx(self, tx: Tx, scope: str) -> Request | None:
+    def _active_tx(self, tx: Tx, scope: str) -> StoredRequest | None:
         row = tx.one(f"SELECT {_COLUMNS} FROM requests WHERE logical_request_scope = ? "
                      f"AND {_IN_BLOCKING}", (scope,))
         return None if row is None else _request(row)
 
-    def find_active(self, logical_request_scope: str) -> Request | None:
+    def find_active(self, logical_request_scope: str) -> StoredRequest | None:
         with self.reading() as tx:
             return self._active_tx(tx, logical_request_scope)
 
-    def find_history(self, logical_request_scope: str) -> list[Request]:
+    def find_history(self, logical_request_scope: str) -> list[StoredRequest]:
         with self.reading() as tx:
             rows = tx.execute(f"SELECT {_COLUMNS} FROM requests WHERE logical_request_scope = ? "
                               "ORDER BY created_at, id", (logical_request_scope,))
@@ -194,7 +194,7 @@ class RequestRecords(StoreHooks):
 
     def list_requests(self, state: RequestState | str | None = None,
                       principal: str | None = None, *, limit: int | None = None,
-                      before: tuple[float, str] | None = None) -> list[Request]:
+                      before: tuple[float, str] | None = None) -> list[StoredRequest]:
         where: list[str] = []
         params: list[Any] = []
         if state is not None:
@@ -216,9 +216,9 @@ class RequestRecords(StoreHooks):
                               f"ORDER BY created_at DESC, id DESC{bound}", params)
         return [_request(row) for row in rows]
 
-    def get_requests(self, ids: Sequence[str]) -> dict[str, Request]:
+    def get_requests(self, ids: Sequence[str]) -> dict[str, StoredRequest]:
         wanted = sorted({str(i) for i in ids})
-        found: dict[str, Request] = {}
+        found: dict[str, StoredRequest] = {}
         if not wanted:
             return found
         with self.reading() as tx:
@@ -226,7 +226,7 @@ class RequestRecords(StoreHooks):
         return found
 
     @staticmethod
-    def _requests_in_tx(tx: Tx, ids: list[str], found: dict[str, Request]) -> None:
+    def _requests_in_tx(tx: Tx, ids: list[str], found: dict[str, StoredRequest]) -> None:
         """Add the requests of ``ids`` to ``found``, an ``IN (…)`` list a chunk at a time."""
         for chunk in _chunks(ids):
             marks = ", ".join("?" for _ in chunk)
@@ -248,7 +248,7 @@ class RequestRecords(StoreHooks):
     def transition(self, id: str, expected_version: int, to: RequestState | str, *,
                    actor: str, now: float | None = None, reason: str | None = None,
                    body: dict[str, Any] | None = None, kind: str | None = None,
-                   **updates: Any) -> Request:
+                   **updates: Any) -> StoredRequest:
         target = _state(to)
         unknown = set(updates) - UPDATABLE_FIELDS
         if unknown:
@@ -270,10 +270,10 @@ class RequestRecords(StoreHooks):
             self._flush_tx(tx, journal, at)
             return moved
 
-    def _move_tx(self, tx: Tx, current: Request, expected_version: int, to: RequestState,
+    def _move_tx(self, tx: Tx, current: StoredRequest, expected_version: int, to: RequestState,
                  journal: Journal, *, actor: str, now: float, reason: str | None = None,
                  body: dict[str, Any] | None = None, kind: str | None = None,
-                 updates: dict[str, Any] | None = None, carry: bool = True) -> Request:
+                 updates: dict[str, Any] | None = None, carry: bool = True) -> StoredRequest:
         """Move ``current`` by compare-and-set inside ``tx``; its entry goes to ``journal``."""
         if current.version != expected_version:
             raise _stale(current, expected_version)
@@ -304,7 +304,7 @@ class RequestRecords(StoreHooks):
             self._carry_original_tx(tx, current, to, journal, actor=actor, now=now)
         return self._get_tx(tx, current.id)
 
-    def _carry_original_tx(self, tx: Tx, compensating: Request, to: RequestState,
+    def _carry_original_tx(self, tx: Tx, compensating: StoredRequest, to: RequestState,
                            journal: Journal, *, actor: str, now: float) -> None:
         """Move a compensating request's original with it (DESIGN §11.2), in ``tx``."""
         if to not in _CARRIED:
@@ -327,7 +327,7 @@ class RequestRecords(StoreHooks):
 
     def note_preparation(self, id: str, expected_version: int, *, attempts: int, due: float,
                          failure: dict[str, Any] | None, actor: str,
-                         now: float | None = None, kind: str | None = None) -> Request:
+                         now: float | None = None, kind: str | None = None) -> StoredRequest:
         at = self._now(now)
         with self.transaction() as tx:
             current = self._get_tx(tx, id)
@@ -352,7 +352,7 @@ class RequestRecords(StoreHooks):
                     "version": int(moved[0][0])}, at)
             return self._get_tx(tx, current.id)
 
-    def preparations_due(self, now: float, *, untouched_since: float) -> list[Request]:
+    def preparations_due(self, now: float, *, untouched_since: float) -> list[StoredRequest]:
         with self.reading() as tx:
             rows = tx.execute(
                 f"SELECT {_COLUMNS} FROM requests WHERE state = ? AND "
@@ -365,7 +365,7 @@ class RequestRecords(StoreHooks):
     def seal_checkpoint(self, id: str, expected_version: int, *, checkpoint_cid: str,
                         body: dict[str, Any], expires_at: float, actor: str,
                         now: float | None = None, kind: str | None = None,
-                        **updates: Any) -> Request:
+                        **updates: Any) -> StoredRequest:
         unknown = set(updates) - (UPDATABLE_FIELDS - {"checkpoint_cid"})
         if unknown:
             raise InvalidInput(f"sealing a Checkpoint cannot set {', '.join(sorted(unknown))}")
@@ -457,7 +457,7 @@ class RequestRecords(StoreHooks):
 
     def expire_prepared(self, id: str, expected_version: int, *, evidence: dict[str, Any],
                         now: float, skew_seconds: float, marque_exp: float, reason: str,
-                        actor: str) -> Request:
+                        actor: str) -> StoredRequest:
         """``prepared → expired`` when the marque provably never ran and never can.
 
         Refuses (``ExpiryRefused``, or ``StaleVersion`` for a wrong version) and
@@ -523,7 +523,7 @@ class RequestRecords(StoreHooks):
         return True
 
     def ingest_report(self, report: dict[str, Any], *, actor: str,
-                      now: float | None = None) -> tuple[bool, Request | None]:
+                      now: float | None = None) -> tuple[bool, StoredRequest | None]:
         at = self._now(now)
         marque_id, nonce = str(report["marque_id"]), str(report["nonce"])
         attempt, status = int(report["attempt"]), str(report["status"])
@@ -593,7 +593,7 @@ class RequestRecords(StoreHooks):
         tx.execute("UPDATE reports SET body = ? WHERE marque_id = ? AND nonce = ? "
                    "AND attempt = ? AND status = ?", (dumps(report), *key))
 
-    def _report_moves_tx(self, tx: Tx, request: Request, report: dict[str, Any]) -> bool:
+    def _report_moves_tx(self, tx: Tx, request: StoredRequest, report: dict[str, Any]) -> bool:
         """Whether a report may move its request: only from the request's own Pilot, and
         in ``reconciliation`` only from its current ledger, because after an incarnation
         change only stamps settle it."""
@@ -628,14 +628,14 @@ class RequestRecords(StoreHooks):
                               "ORDER BY received_at, nonce, attempt", (marque_id,))
         return [Report(r[0], r[1], int(r[2]), r[3], loads(r[4]), r[5], r[6]) for r in rows]
 
-    def request_parts(self, requests: Sequence[Request]) -> RequestParts:
+    def request_parts(self, requests: Sequence[StoredRequest]) -> RequestParts:
         cids = sorted({r.checkpoint_cid for r in requests if r.checkpoint_cid is not None})
         marques = sorted({r.marque_id for r in requests if r.marque_id is not None})
         rolled_back = sorted({r.rolls_back for r in requests if r.rolls_back is not None})
         checkpoints: dict[str, Checkpoint] = {}
         resolutions: dict[str, list[Resolution]] = {}
         reports: dict[str, list[Report]] = {}
-        originals: dict[str, Request] = {}
+        originals: dict[str, StoredRequest] = {}
         if not cids and not marques and not rolled_back:
             return RequestParts(checkpoints, resolutions, reports, originals)
         with self.reading() as tx:
@@ -703,7 +703,7 @@ def _state(value: RequestState | str) -> RequestState:
         raise InvalidInput(f"unknown request state {str(value)[:40]!r}") from None
 
 
-def _stale(current: Request, expected_version: int) -> StaleVersion:
+def _stale(current: StoredRequest, expected_version: int) -> StaleVersion:
     return StaleVersion(
         f"request {current.id} is at version {current.version} ({current.state}), not "
         f"{expected_version}: it moved meanwhile; read it again",
@@ -711,12 +711,12 @@ def _stale(current: Request, expected_version: int) -> StaleVersion:
                 "expected_version": expected_version})
 
 
-def _refused(current: Request, reason: str, message: str) -> ExpiryRefused:
+def _refused(current: StoredRequest, reason: str, message: str) -> ExpiryRefused:
     return ExpiryRefused(message + "; the request stays as it is",
                          detail={"id": current.id, "reason": reason})
 
 
-def _check_evidence(current: Request, evidence: Any) -> None:
+def _check_evidence(current: StoredRequest, evidence: Any) -> None:
     """Refuse unless ``evidence`` proves the marque was never claimed nor stamped."""
     if not isinstance(evidence, dict):
         raise _refused(current, "evidence_incomplete", "no evidence from the Pilot was given")
