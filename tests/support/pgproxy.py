@@ -165,7 +165,7 @@ class PgProxy:
         threading.Thread(target=downstream, daemon=True).start()
         try:
             self._upstream(client, server, muted, swallowed, done, allowance)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the other side closed it mid-select
             pass
         finally:
             done.set()
