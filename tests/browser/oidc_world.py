@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,16 @@ def make_oidc_world(root: Path, **provider_args: Any) -> Iterator[OidcWorld]:
             yield oidc
         finally:
             provider.stop()
+
+
+def next_issue_second(since: float) -> None:
+    """Wait until the provider's clock has passed the whole second ``since`` was in.
+
+    ID tokens carry their issue time in whole seconds and are signed deterministically,
+    so a refresh grant in the same second as the sign-in can give back the very ID token
+    already exchanged, which the Harbourmaster rightly refuses as a replay. A real renewal
+    comes at least a minute later; a test that renews at once waits this out first."""
+    time.sleep(max(0.0, int(since) + 1.05 - time.time()))
 
 
 def sign_in(page: Any, who: str, *, next_path: str = "/") -> None:

@@ -28,6 +28,7 @@ from .oidc_world import (
     confirm_device,
     device_tokens,
     make_oidc_world,
+    next_issue_second,
 )
 
 
@@ -76,11 +77,7 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     # An hour later (the stored expiry moved back to say so), a command renews the sign-in
     # by itself with the provider's refresh token, and keeps the new token.
     assert entry["refresh_token"]
-    # ID tokens carry their issue time in whole seconds and are signed deterministically:
-    # a refresh in the same second as the sign-in gets back the very token already
-    # exchanged, refused as a replay (rightly). An hour later that cannot happen; here,
-    # the provider's clock is let reach the next second first.
-    time.sleep(max(0.0, int(signed_in_at) + 1.05 - time.time()))
+    next_issue_second(signed_in_at)  # else the refresh may return the token already used
     data = json.loads(stored.read_text())
     data["harbours"][url]["expires_at"] = 0
     stored.write_text(json.dumps(data))
