@@ -23,16 +23,12 @@ Nothing is patched: every preview crosses real HTTP.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -46,6 +42,7 @@ from support.harbour import (
     routing_toml,
 )
 from support.pgcluster import create_database, drop_database
+from support.served import Served
 
 from marque.errors import MarqueError, PilotUnavailable, PreviewFailed, UnknownTarget
 from marque.harbour.home import HarbourHome
@@ -66,25 +63,15 @@ class Liar:
 
     def __init__(self) -> None:
         self.answer: dict[str, Any] = {}
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))  # bound here, so no other process can take the port
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = Starlette(routes=[Route("/v1/previews", self._preview, methods=["POST"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            assert self._thread.is_alive() and time.monotonic() < deadline, "liar did not start"
-            time.sleep(0.01)
+        self._served = Served(
+            Starlette(routes=[Route("/v1/previews", self._preview, methods=["POST"])]))
+        self.url = self._served.url
 
     async def _preview(self, request: Request) -> JSONResponse:
         return JSONResponse(self.answer)
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._served.stop()
 
 
 @dataclass

@@ -11,17 +11,14 @@ whose text holds a secret): the only way to make Marque fail where it has no bug
 from __future__ import annotations
 
 import logging
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from support.harbour import Harbour
+from support.served import Served
 
 from marque.harbour.home import HarbourHome
 from marque.harbour.http import HarbourService
@@ -36,27 +33,6 @@ SECRET = "postgresql://app:hunter2@db/bank"
 def crash(*args: Any, **kwargs: Any) -> Any:
     """A core call that fails as a bug would, its text holding something secret."""
     raise RuntimeError(f"cannot go on with {SECRET}")
-
-
-class Served:
-    """An ASGI app on uvicorn in a thread, on a loopback port bound here."""
-
-    def __init__(self, app: Any) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            assert self._thread.is_alive() and time.monotonic() < deadline, "did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
 
 
 @pytest.fixture
