@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from marque.change import Change
 from marque.errors import MarqueError, UndoConflict, UndoUnavailable
@@ -42,9 +42,19 @@ from marque.target.compensation import Compensation, compensate
 if TYPE_CHECKING:
     from marque.harbour.store.base import HarbourStore, PilotRecord, StoredRequest
 
-__all__ = ["UNDO_REQUEST_PREFIX", "UNDOABLE", "undo_submission", "fence_conflicts",
+__all__ = ["UNDO_REQUEST_PREFIX", "UNDOABLE", "UndoReads", "undo_submission", "fence_conflicts",
            "refuse_fences", "derived_undo", "named_conflict", "undo_view", "why_no_undo",
            "conflict_statement"]
+
+class UndoReads(Protocol):
+    """What deriving an undo reads: the request it rolls back and that request's Pilot
+    (a :class:`HarbourStore` has both; a page of request objects answers them from what
+    it has read already)."""
+
+    def get_request(self, id: str) -> StoredRequest: ...
+
+    def get_pilot(self, pilot_id: str) -> PilotRecord: ...
+
 
 #: The states of a request that may be undone (the store's own check is the rule).
 UNDOABLE = frozenset({"verified", "rollback_failed"})
@@ -169,7 +179,7 @@ def refuse_fences(change: Change, preview: Any) -> None:
             detail={"statements": failed})
 
 
-def derived_undo(store: HarbourStore, request: StoredRequest) -> Compensation | None:
+def derived_undo(store: UndoReads, request: StoredRequest) -> Compensation | None:
     """The compensation ``request`` is, when it is exactly the derived undo of the request
     it rolls back (None for any other request, a hand-written compensation included)."""
     if request.rolls_back is None:
@@ -192,7 +202,7 @@ def derived_undo(store: HarbourStore, request: StoredRequest) -> Compensation | 
     return undo
 
 
-def _derived_row_undo(store: HarbourStore, request: StoredRequest) -> Compensation | None:
+def _derived_row_undo(store: UndoReads, request: StoredRequest) -> Compensation | None:
     """The compensation a per-row undo request is made of (None if it is not one)."""
     assert request.rolls_back is not None
     try:
@@ -208,7 +218,7 @@ def _keys(undo: Compensation, indexes: list[int]) -> list[dict[str, Any]]:
              "op": undo.rows[i].op} for i in indexes if 0 <= i < len(undo.rows)]
 
 
-def named_conflict(store: HarbourStore, request: StoredRequest,
+def named_conflict(store: UndoReads, request: StoredRequest,
                    exc: UndoConflict) -> tuple[str, list[dict[str, Any]]]:
     """An ``undo_conflict`` message naming each conflicting row by key, and the rows."""
     undo = derived_undo(store, request)
@@ -249,7 +259,7 @@ def conflict_statement(error: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def undo_view(store: HarbourStore, request: StoredRequest, executions: list[dict[str, Any]],
+def undo_view(store: UndoReads, request: StoredRequest, executions: list[dict[str, Any]],
               receipt: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The request object's ``undo``: for a derived undo, ``{of, mode, rows, conflicts}`` —
     each row put back (its key, what it restores, the after-image it is fenced on) and the

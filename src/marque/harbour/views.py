@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from marque.errors import InvalidInput
 from marque.harbour.executions import latest_attempts
@@ -54,8 +54,8 @@ def read_cursor(cursor: str) -> tuple[float, str]:
 class _PageReads:
     """The store, with what a page of request objects reads about the requests its
     compensations roll back already read: their rows (``RequestParts.originals``) and
-    the Pilots (one list). An undo's view derives the undo from both; read per request,
-    that would be two queries for each undo on the page. Anything else is the store's."""
+    the Pilots (one list). An undo's view derives the undo from both (:class:`UndoReads`);
+    read per request, that would be two queries for each undo on the page."""
 
     def __init__(self, store: HarbourStore, parts: RequestParts) -> None:
         self._store = store
@@ -72,28 +72,26 @@ class _PageReads:
         found = self._pilots.get(pilot_id)
         return found if found is not None else self._store.get_pilot(pilot_id)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
 
 def request_objects(store: HarbourStore, requests: Sequence[StoredRequest]) -> list[dict[str, Any]]:
     """The request objects of ``requests``, in order, their parts read together: a fixed
     number of queries for the whole list, whatever its length (the parts, and the Pilots
     once when an undo is among them)."""
     parts = store.request_parts(requests)
-    # Duck-typed: the reads undo_view makes, answered from the page (see _PageReads).
-    reads = cast(HarbourStore, _PageReads(store, parts))
-    return [request_object(reads, request, parts) for request in requests]
+    reads = _PageReads(store, parts)
+    return [request_object(store, request, parts, reads) for request in requests]
 
 
 def request_object(store: HarbourStore, request: StoredRequest,
-                   parts: RequestParts | None = None) -> dict[str, Any]:
+                   parts: RequestParts | None = None,
+                   reads: _PageReads | None = None) -> dict[str, Any]:
     """The request object of the service contract for ``request`` (its Checkpoint,
     Resolutions, reports and original from ``parts`` when given, else read from
-    ``store``)."""
+    ``store``; ``reads``, a page's, shared by its requests)."""
     if parts is None:
         parts = store.request_parts([request])
-        store = cast(HarbourStore, _PageReads(store, parts))
+    if reads is None:
+        reads = _PageReads(store, parts)
     checkpoint, resolutions = _checkpoint_view(store, request, parts)
     executions: list[dict[str, Any]] = []
     receipt = None
@@ -132,7 +130,7 @@ def request_object(store: HarbourStore, request: StoredRequest,
         "receipt": receipt,
         "failure": request.failure,
         "rolls_back": request.rolls_back,
-        "undo": undo_view(store, request, executions, receipt) if request.rolls_back else None,
+        "undo": undo_view(reads, request, executions, receipt) if request.rolls_back else None,
         "created_at": request.created_at,
         "updated_at": request.updated_at,
     }
