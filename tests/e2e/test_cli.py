@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from e2e_support import EXIT, OUTCOME_KEYS, World, claims_of
+from e2e_support import EXIT, OUTCOME_KEYS, World, claims_of, cli_env
 
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 APPLIED_EVENTS = [
@@ -378,3 +380,40 @@ def test_tampered_marque_is_refused(world: World) -> None:
     stats = world.stats()
     assert (stats["claims"], stats["attempts"], stats["pop_jtis"]) == (0, 0, 0)
     assert world.balances() == {1: 100, 2: 100}
+
+
+#: A child that runs ``marque exec`` through the console script's own ``main`` and then
+#: writes, to the file named by argv[1], what the command left behind in its process.
+_EXEC_PROBE = """
+import gc, json, sys
+from marque.cli import main
+report, args = sys.argv[1], sys.argv[2:]
+gc.enable()
+try:
+    main(args)
+except SystemExit as done:
+    status = done.code
+heavy = ('rich', 'tempfile', 'shutil', 'signal', 'sqlglot', 'psycopg', 'httpx')
+with open(report, 'w') as f:
+    json.dump({'status': status, 'loaded': [m for m in heavy if m in sys.modules],
+               'frozen': gc.get_freeze_count(), 'gc_enabled': gc.isenabled()}, f)
+"""
+
+
+def test_an_exec_process_loads_only_what_it_runs_and_ends_frozen(world: World) -> None:
+    """A `marque exec` that applies loads no rich, tempfile, shutil or signal (nor a SQL
+    parser or a network client), ends with its objects frozen for a short exit, and turns
+    the collector back on after the command body ran with it off."""
+    marque = world.issue([DEBIT], executions=1, max_rows=1)
+    report = world.root / "probe.json"
+    args = [str(a) for a in world.exec_args(marque, "n-probe")]
+    done = subprocess.run([sys.executable, "-c", _EXEC_PROBE, str(report), *args],
+                          env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "applied"
+    probe = json.loads(report.read_text())
+    assert probe["status"] == EXIT["applied"]
+    assert probe["loaded"] == []
+    assert probe["frozen"] > 10_000
+    assert probe["gc_enabled"] is True
+    assert world.balances() == {1: 90, 2: 100}

@@ -19,6 +19,7 @@ contract with scripts (``marque exec`` runs once per change).
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import os
@@ -201,6 +202,28 @@ def guarded(func: F) -> F:
             return func(*args, **kwargs)
         except MarqueError as exc:
             fail(exc, bool(kwargs.get("as_json")))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def one_shot(func: F) -> F:
+    """Run a command body that does one thing and exits with the cyclic collector off.
+
+    ``marque exec`` allocates a few hundred thousand objects while it imports and then
+    runs one execution; the collector's passes over them are wasted work in a process
+    that ends a moment later (reference counting still frees what it can). The
+    collector is on again afterwards, if it was on before.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
 
     return wrapper  # type: ignore[return-value]
 

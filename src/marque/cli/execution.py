@@ -21,6 +21,7 @@ from marque.cli.common import (
     json_option,
     literal,
     one_line,
+    one_shot,
     out,
     read_json_file,
     read_marque_file,
@@ -190,6 +191,7 @@ def _say_unrecorded(outcome: Outcome, events: frozenset[str]) -> None:
                    "marque and its Pilot's URL, then execute through that Pilot's service.")
 @harbour_options
 @json_option
+@one_shot
 def exec_(home: Path | None, marque_file: Path | None, key: Path, nonce: str,
           pilot_url: str | None, request_id: str | None, harbour_url: str | None,
           token: str | None, as_json: bool) -> None:

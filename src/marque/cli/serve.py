@@ -231,6 +231,9 @@ def _serve(home: Path, sock: socket.socket, tls_cert: Path | None, tls_key: Path
         # No "server: uvicorn" on every answer: a header each side parses per request,
         # and nothing a caller needs (Date stays: HTTP asks an origin server for it).
         server_header=False,
+        # The Pilot reads no client address, so none is taken from X-Forwarded-* headers:
+        # nothing to spoof, and no middleware wrapped around every request.
+        proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from marque.dsn import resolve_sqlite
@@ -115,6 +114,8 @@ class PilotHome:
         """
         data = config.to_dict()
         PilotConfig.from_dict(data)  # never write what load would refuse
+        import tempfile  # only a command that writes pilot.json pays for it (not exec)
+
         self.make_dir()
         try:
             fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".pilot.", suffix=".json")
