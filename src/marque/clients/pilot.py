@@ -11,6 +11,10 @@ A problem document becomes its typed error by the rule of
 its API): to a read (health, preview, evidence) it is ``pilot_unavailable`` — nothing
 ran; to an execution it is the base :class:`~marque.errors.MarqueError` naming the
 HTTP status, which claims nothing about whether the execution ran (exit 1).
+
+:class:`PilotQueries` is the part a Harbourmaster asks (a preview, a marque's
+evidence, then ``close``): what its core is typed against, so its unit tests can
+hand it an in-process Pilot instead of a service (``tests/support/pilot_client.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 from urllib.request import getproxies
 
 import httpx
@@ -28,7 +32,7 @@ from marque.clients.problems import error_of, problem_error
 from marque.errors import MarqueError, PilotLost, PilotUnavailable
 from marque.outcome import Outcome
 
-__all__ = ["PilotClient"]
+__all__ = ["PilotClient", "PilotQueries"]
 
 EventSink = Callable[[dict[str, Any]], None]
 #: How long a client keeps trying to get back to an execution after losing it.
@@ -45,6 +49,24 @@ def _execution_error(response: httpx.Response) -> MarqueError:
     return MarqueError(f"{response.request.url} answered HTTP {response.status_code} without "
                        f"a problem document: {response.text[:500]!r}",
                        detail={"status": response.status_code})
+
+
+class PilotQueries(Protocol):
+    """What a Harbourmaster asks a Pilot (DESIGN §10), each ask with a token it issued;
+    :class:`PilotClient` is one. Refusals raise their typed error, an unreachable Pilot
+    ``PilotUnavailable``."""
+
+    def preview(self, preview_token: str) -> dict[str, Any]:
+        """The preview object for a preview token."""
+        ...
+
+    def evidence(self, marque_id: str, query_token: str) -> dict[str, Any]:
+        """The Pilot's evidence for ``marque_id``, read with a query token."""
+        ...
+
+    def close(self) -> None:
+        """Release what the asks held."""
+        ...
 
 
 class _Lost(Exception):

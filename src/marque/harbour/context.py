@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from marque.clients.pilot import PilotClient
+from marque.clients.pilot import PilotQueries
 from marque.errors import InvalidInput, NotFound
 from marque.harbour.issuance import Issuer
 from marque.harbour.store.base import HarbourStore, PilotRecord
@@ -22,12 +22,13 @@ __all__ = ["HarbourContext"]
 @dataclass(frozen=True)
 class HarbourContext:
     """The Harbourmaster's collaborators: its store, its issuer, its clock, and how it
-    makes a client for a Pilot's URL."""
+    makes a client for a Pilot's URL (anything that asks what :class:`PilotQueries`
+    asks: the HTTP client in service, an in-process Pilot in tests)."""
 
     store: HarbourStore
     issuer: Issuer
     clock: Callable[[], float]
-    pilot_client_factory: Callable[[str], PilotClient]
+    pilot_client_factory: Callable[[str], PilotQueries]
 
     def now(self) -> float:
         """The clock's time, as a float."""

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from marque.clients.pilot import PilotClient
+from marque.clients.pilot import PilotClient, PilotQueries
 from marque.errors import Forbidden
 from marque.harbour.access import READERS, authenticate, require
 from marque.harbour.approvals import Approvals, DecisionFacts
@@ -66,7 +66,7 @@ class Harbourmaster:
 
     def __init__(self, store: HarbourStore, issuer: Issuer, *,
                  clock: Callable[[], float] = time.time,
-                 pilot_client_factory: Callable[[str], PilotClient] | None = None,
+                 pilot_client_factory: Callable[[str], PilotQueries] | None = None,
                  checkpoint_ttl_seconds: int = CHECKPOINT_TTL_SECONDS,
                  skew_seconds: float = SKEW_SECONDS,
                  retry_schedule: RetrySchedule = DEFAULT_RETRY) -> None:
