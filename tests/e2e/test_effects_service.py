@@ -19,7 +19,7 @@ from marque.effects.declare import capture_input, parse_declaration
 from marque.effects.request import EffectPreviewRequest, run_identity_cid
 from marque.harbour.identity import authority_scope_cid, logical_request_scope
 from marque.token import issue_marque, make_proof, public_jwk
-from marque.token.service_tokens import issue_preview_token
+from marque.token.service_tokens import PreviewGrant, issue_preview_token
 
 
 def _request() -> EffectPreviewRequest:
@@ -40,8 +40,9 @@ def test_an_effect_set_previews_and_applies_over_http(world: World, service: Ser
     applies row by row over the execution stream; a statement preview is unaffected."""
     issuer: dict[str, Any] = json.loads(world.issuer_key.read_text())
     holder: dict[str, Any] = json.loads(world.holder_key.read_text())
-    token = issue_preview_token(issuer, pilot_id=world.pilot_id, incarnation=world.incarnation,
-                                target="bank", change=_request())
+    token = issue_preview_token(issuer, PreviewGrant(
+        pilot_id=world.pilot_id, incarnation=world.incarnation, target="bank",
+        change=_request()))
     response = httpx.post(f"{service.url}/v1/previews", json={"preview": token}, timeout=30)
     assert response.status_code == 200, response.text
     preview = response.json()

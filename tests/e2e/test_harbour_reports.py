@@ -259,7 +259,7 @@ def test_registration_is_logged_when_the_pilot_changed_not_every_minute(
 def rewrite_chain(store: Path, seq: int, edit: Any) -> None:
     """What whoever can write the store (but holds no Pilot's key) can do: edit entry ``seq``'s
     body with ``edit``, then recompute every hash from there and the head row."""
-    from marque.harbour.store.columns import dumps
+    from marque.harbour.store.columns import canonical_json
     from marque.logbook.chain import entry_hash
 
     conn = sqlite3.connect(store)
@@ -275,7 +275,7 @@ def rewrite_chain(store: Path, seq: int, edit: Any) -> None:
                      "subject": subject, "body": body, "prev_hash": prev}
             digest = entry_hash(entry)
             conn.execute("UPDATE logbook SET body = ?, prev_hash = ?, hash = ? WHERE seq = ?",
-                         (dumps(body), prev, digest, number))
+                         (canonical_json(body), prev, digest, number))
             prev = digest
         conn.execute("UPDATE logbook_head SET hash = ? WHERE id = 1", (prev,))
     conn.close()

@@ -286,12 +286,12 @@ def test_a_preview_over_http_counts_rows_and_changes_nothing(
         world: World, service: Service) -> None:
     """POST /v1/previews: exact rows of an UPDATE, rolled back; a replayed token is refused."""
     from marque.change import Change, Statement
-    from marque.token.service_tokens import issue_preview_token
+    from marque.token.service_tokens import PreviewGrant, issue_preview_token
 
     issuer = json.loads(world.issuer_key.read_text())
-    token = issue_preview_token(
-        issuer, pilot_id=world.pilot_id, incarnation=world.incarnation, target="bank",
-        change=Change((Statement("UPDATE accounts SET balance = balance + 1"),)), max_rows=1)
+    token = issue_preview_token(issuer, PreviewGrant(
+        pilot_id=world.pilot_id, incarnation=world.incarnation, target="bank",
+        change=Change((Statement("UPDATE accounts SET balance = balance + 1"),)), max_rows=1))
     response = httpx.post(f"{service.url}/v1/previews", json={"preview": token}, timeout=30)
     assert response.status_code == 200, response.text
     preview = response.json()

@@ -14,7 +14,7 @@ from e2e_support import EXIT, Result, World
 from marque.pilot import open_pilot
 from marque.pilot.preview import run_preview
 from marque.token import Change, Statement
-from marque.token.service_tokens import issue_preview_token
+from marque.token.service_tokens import PreviewGrant, issue_preview_token
 
 
 def error_of(res: Result) -> dict[str, Any]:
@@ -107,10 +107,9 @@ def test_the_pilot_previews_a_keyless_table_by_its_declared_key(world: World) ->
                      "ref,n").returncode == 0
     pilot = open_pilot(world.home)
     try:
-        token = issue_preview_token(
-            json.loads(world.issuer_key.read_text()), pilot_id=world.pilot_id,
-            incarnation=world.incarnation, target="bank",
-            change=Change((Statement("UPDATE lines SET amount = 0 WHERE n = 2"),)))
+        token = issue_preview_token(json.loads(world.issuer_key.read_text()), PreviewGrant(
+            pilot_id=world.pilot_id, incarnation=world.incarnation, target="bank",
+            change=Change((Statement("UPDATE lines SET amount = 0 WHERE n = 2"),))))
         preview = run_preview(pilot, token)
     finally:
         pilot.close()

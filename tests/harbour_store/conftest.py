@@ -160,14 +160,14 @@ def insert_old_principal(store: HarbourStore, name: str, roles: list[str], *,
     """A principal row as a store before schema 6 wrote it (name as key, no id, no
     thumbprint); returns its token."""
     from marque.harbour.principals import hash_token, mint_token
-    from marque.harbour.store.columns import dumps
+    from marque.harbour.store.columns import canonical_json
 
     token = mint_token()
     with raw_tx(store) as tx:
         tx.execute("INSERT INTO principals (name, token_hash, roles, public_jwk, created_at, "
                    "revoked_at) VALUES (?, ?, ?, ?, ?, ?)",
-                   (name, hash_token(token), dumps(sorted(roles)), dumps(public_jwk), now,
-                    revoked_at))
+                   (name, hash_token(token), canonical_json(sorted(roles)),
+                    canonical_json(public_jwk), now, revoked_at))
     return token
 
 

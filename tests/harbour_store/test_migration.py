@@ -10,7 +10,7 @@ from marque.errors import Conflict, HarbourUnavailable, NotFound
 from marque.harbour.lifecycle import IntentConflict
 from marque.harbour.store import schema
 from marque.harbour.store.base import HarbourStore
-from marque.harbour.store.columns import dumps
+from marque.harbour.store.columns import canonical_json
 from marque.harbour.store.sqlite import SqliteHarbourStore
 
 from .conftest import T0, HarbourEngine, StorePool, assert_chain_verifies, make_draft, raw_tx
@@ -34,9 +34,10 @@ def _insert_v1_row(store: HarbourStore, n: int, state: str, scope: str) -> None:
             f"INSERT INTO requests ({COLUMNS}) VALUES "
             f"({', '.join('?' for _ in schema.REQUEST_COLUMNS)})",
             (f"rq_old{n}", draft.request_id, draft.principal, "réason ✓", draft.pilot_id,
-             draft.target, dumps(draft.change), dumps(draft.budget), 600, draft.change_cid,
-             draft.authority_scope_cid, draft.logical_request_scope, draft.intent_fingerprint,
-             dumps({"outcome": "allow", "config_cid": "sha256:" + "e" * 64}),
+             draft.target, canonical_json(draft.change), canonical_json(draft.budget), 600,
+             draft.change_cid, draft.authority_scope_cid, draft.logical_request_scope,
+             draft.intent_fingerprint,
+             canonical_json({"outcome": "allow", "config_cid": "sha256:" + "e" * 64}),
              None, None, f"mq_old{n}", None, state, 3, T0 + n + 0.125, T0 + n + 0.5))
 
 
@@ -115,8 +116,8 @@ def test_migration_8_adds_the_pilots_report_key_and_keeps_every_pilot(
     with raw_tx(old) as tx:
         tx.execute("INSERT INTO pilots (pilot_id, url, incarnation, targets, registered_at, "
                    "last_seen, dialects) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   ("p-old", "http://127.0.0.1:1", "inc_1", dumps(["bank"]), T0, T0 + 1,
-                    dumps({"bank": "sqlite"})))
+                   ("p-old", "http://127.0.0.1:1", "inc_1", canonical_json(["bank"]), T0, T0 + 1,
+                    canonical_json({"bank": "sqlite"})))
     old.close()
     store = stores.open(location)
     assert store.schema_version == schema.LATEST >= 10

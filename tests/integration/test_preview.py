@@ -28,7 +28,7 @@ from marque.token import (
     issue_marque,
     new_key,
 )
-from marque.token.service_tokens import issue_preview_token, issue_query_token
+from marque.token.service_tokens import PreviewGrant, issue_preview_token, issue_query_token
 
 from .conftest import Env, marque_id_of
 
@@ -41,10 +41,11 @@ def change(*sql: str) -> Change:
 
 
 def preview_token(env: Env, *sql: str, issuer_key: dict[str, Any] | None = None,
-                  **kw: Any) -> str:
+                  now: float | None = None, **kw: Any) -> str:
     args: dict[str, Any] = {"pilot_id": env.pilot.pilot_id,
                             "incarnation": env.pilot.incarnation, "target": "bank", **kw}
-    return issue_preview_token(issuer_key or env.issuer, change=change(*sql), **args)
+    return issue_preview_token(issuer_key or env.issuer,
+                               PreviewGrant(change=change(*sql), **args), now=now)
 
 
 def nothing_claimed(env: Env) -> bool:

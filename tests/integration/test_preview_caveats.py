@@ -11,15 +11,15 @@ from marque.pilot.preview import run_preview
 from marque.preview_caveats import CAVEAT_CODES, caveat_codes, shape, statement_caveats
 from marque.target.caveat_catalog import SqliteCatalog
 from marque.token import Change, Statement
-from marque.token.service_tokens import issue_preview_token
+from marque.token.service_tokens import PreviewGrant, issue_preview_token
 
 from .conftest import Env
 
 
-def _preview(env: Env, *sql: str, **kw: Any) -> dict[str, Any]:
-    token = issue_preview_token(
-        env.issuer, change=Change(tuple(Statement(s) for s in sql)),
-        pilot_id=env.pilot.pilot_id, incarnation=env.pilot.incarnation, target="bank", **kw)
+def _preview(env: Env, *sql: str) -> dict[str, Any]:
+    token = issue_preview_token(env.issuer, PreviewGrant(
+        change=Change(tuple(Statement(s) for s in sql)),
+        pilot_id=env.pilot.pilot_id, incarnation=env.pilot.incarnation, target="bank"))
     return run_preview(env.pilot, token)
 
 
@@ -169,9 +169,9 @@ def test_caveat_codes_of_a_preview_are_distinct_and_closed() -> None:
 def test_an_explain_preview_names_caveats_too(env: Env) -> None:
     """In explain mode nothing runs, yet the catalog still tells of the table's triggers."""
     _bank(env, "CREATE TRIGGER t1 AFTER UPDATE ON accounts BEGIN SELECT 1; END")
-    token = issue_preview_token(
-        env.issuer, change=Change((Statement("UPDATE accounts SET balance = 1"),)),
-        pilot_id=env.pilot.pilot_id, incarnation=env.pilot.incarnation, target="bank")
+    token = issue_preview_token(env.issuer, PreviewGrant(
+        change=Change((Statement("UPDATE accounts SET balance = 1"),)),
+        pilot_id=env.pilot.pilot_id, incarnation=env.pilot.incarnation, target="bank"))
     result = run_preview(env.pilot, token, modes={"bank": "explain"})
     assert result["mode"] == "explain"
     assert result["caveats"] == ["triggers"]

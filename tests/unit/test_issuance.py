@@ -32,7 +32,11 @@ from marque.token import (
     thumbprint,
     verify_marque,
 )
-from marque.token.service_tokens import verify_preview_token, verify_query_token
+from marque.token.service_tokens import (
+    PreviewGrant,
+    verify_preview_token,
+    verify_query_token,
+)
 
 NOW = 1796100000
 SCOPE = "sha256:" + "1" * 64
@@ -233,8 +237,9 @@ def test_preview_and_query_tokens_verify_with_the_same_jwks(
     issuer: Issuer, trusted: TrustedKeys
 ) -> None:
     """One issuer key and name for all three kinds: a Pilot trusting the JWKS accepts them."""
-    preview = issuer.preview_token(pilot_id="pilot-a", incarnation="inc-1", target="shop",
-                                   change=CHANGE, sample_rows=5, max_rows=1, now=NOW)
+    preview = issuer.preview_token(PreviewGrant(pilot_id="pilot-a", incarnation="inc-1",
+                                                target="shop", change=CHANGE, sample_rows=5,
+                                                max_rows=1), now=NOW)
     read = verify_preview_token(preview, trusted, pilot_id="pilot-a", incarnation="inc-1",
                                 targets={"shop"}, remember_jti=None, now=NOW + 1)
     assert (read.issuer, read.change, read.sample_rows) == ("harbour-test", CHANGE, 5)

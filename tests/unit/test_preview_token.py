@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from marque.token import (
 )
 from marque.token.service_tokens import (
     PREVIEW_TYP,
+    PreviewGrant,
     issue_preview_token,
     issue_query_token,
     verify_preview_token,
@@ -63,9 +65,13 @@ def trusted(issuer: dict[str, Any]) -> TrustedKeys:
 
 
 def preview(issuer: dict[str, Any], **kw: Any) -> str:
+    """A preview token for p1/i1/bank; ``kw`` overrides grant fields and signing arguments."""
+    grant_names = {f.name for f in fields(PreviewGrant)}
     args: dict[str, Any] = {"pilot_id": "p1", "incarnation": "i1", "target": "bank",
                             "change": CHANGE, "sample_rows": 3, "max_rows": 7, "now": NOW, **kw}
-    return issue_preview_token(issuer, **args)
+    grant = PreviewGrant(**{k: v for k, v in args.items() if k in grant_names})
+    return issue_preview_token(issuer, grant,
+                               **{k: v for k, v in args.items() if k not in grant_names})
 
 
 def verify(token: str, trusted: TrustedKeys, seen: Any = None, now: float = NOW) -> Any:

@@ -24,7 +24,7 @@ from marque.token import (
     verify_proof,
 )
 from marque.token.header import pin_header, trusted_signer
-from marque.token.service_tokens import issue_preview_token, verify_preview_token
+from marque.token.service_tokens import PreviewGrant, issue_preview_token, verify_preview_token
 
 NOW = 1_800_000_000
 CHANGE = Change((Statement("UPDATE t SET x = 1"),))
@@ -97,8 +97,8 @@ def test_each_reader_keeps_its_own_order_class_and_words() -> None:
     marque = issue_marque(issuer, pilot_id="p", incarnation="i", target="t",
                           holder_jwk=public_jwk(holder), change=CHANGE, budget=Budget(1, 1),
                           ttl_seconds=60, now=NOW)
-    preview = issue_preview_token(issuer, pilot_id="p", incarnation="i", target="t",
-                                  change=CHANGE, now=NOW)
+    preview = issue_preview_token(
+        issuer, PreviewGrant(pilot_id="p", incarnation="i", target="t", change=CHANGE), now=NOW)
     proof = make_proof(holder, marque, nonce="n", pilot_id="p", now=NOW)
     head = sign_head({"seq": 1, "hash": "ab" * 32, "at": NOW}, issuer)
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marque.dsn import check_shape, resolve_sqlite
+from marque.dsn import check_shape
 from marque.errors import ConfigInvalid, HomeMismatch, InvalidInput, MarqueError, NotFound
+from marque.home import Home
 
 CONFIG_FILE = "harbour.json"
 ISSUER_KEY_FILE = "issuer.jwk"
@@ -64,15 +65,10 @@ class HarbourConfig:
         return cls(data["harbour_id"], data["store"], data["issuer"])
 
 
-class HarbourHome:
+class HarbourHome(Home):
     """The directory a Harbourmaster lives in."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
+    config_file = CONFIG_FILE
 
     @property
     def issuer_key_path(self) -> Path:
@@ -100,7 +96,7 @@ class HarbourHome:
 
     def store_dsn(self, config: HarbourConfig) -> str:
         """The store's DSN, a relative SQLite path made the home's."""
-        return resolve_sqlite(config.store, self.path.resolve())
+        return self.resolve(config.store)
 
     def issuer_key(self) -> dict[str, Any]:
         """The private issuer key; ``config_invalid`` if it is missing or not a private key."""

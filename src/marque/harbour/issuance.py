@@ -38,7 +38,6 @@ from typing import Any, Final
 
 from marque.change import AnyChange, Budget, Change, EffectSetChange, is_json_int
 from marque.cid import MAX_SAFE_INT, is_cid
-from marque.effects.request import EffectPreviewRequest
 from marque.errors import Forbidden, InvalidInput, MarqueInvalid, RevalidationFailed
 from marque.harbour.checkpoint import Checkpoint, Tally, TallyState
 from marque.token import (
@@ -50,7 +49,7 @@ from marque.token import (
     thumbprint,
     unverified_claims,
 )
-from marque.token.service_tokens import MAX_SHORT_TOKEN_SECONDS
+from marque.token.service_tokens import MAX_SHORT_TOKEN_SECONDS, PreviewGrant
 from marque.token.service_tokens import issue_preview_token as _issue_preview_token
 from marque.token.service_tokens import issue_query_token as _issue_query_token
 
@@ -335,22 +334,16 @@ class Issuer:
 
     def preview_token(
         self,
+        grant: PreviewGrant,
         *,
-        pilot_id: str,
-        incarnation: str,
-        target: str,
-        change: Change | EffectPreviewRequest,
-        sample_rows: int = 10,
-        max_rows: int | None = None,
         ttl_seconds: int = MAX_SHORT_TOKEN_SECONDS,
         now: float | None = None,
         jti: str | None = None,
     ) -> str:
-        """A preview token (DESIGN §10) for ``change`` on one Pilot ledger and target."""
-        return _issue_preview_token(
-            self.key, pilot_id=pilot_id, incarnation=incarnation, target=target, change=change,
-            sample_rows=sample_rows, max_rows=max_rows, ttl_seconds=ttl_seconds,
-            issuer=self.name, now=now, jti=jti)
+        """A preview token (DESIGN §10) for ``grant``'s change on one Pilot ledger and
+        target."""
+        return _issue_preview_token(self.key, grant, ttl_seconds=ttl_seconds,
+                                    issuer=self.name, now=now, jti=jti)
 
     def query_token(
         self,

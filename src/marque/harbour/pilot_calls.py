@@ -14,6 +14,7 @@ from marque.change import Budget
 from marque.harbour.context import HarbourContext
 from marque.harbour.request_change import RequestChange
 from marque.harbour.store.base import PilotRecord, StoredRequest
+from marque.token.service_tokens import PreviewGrant
 
 __all__ = ["PREVIEW_SAMPLE_ROWS", "ask_evidence", "ask_preview", "preview_token"]
 
@@ -24,10 +25,10 @@ PREVIEW_SAMPLE_ROWS = 5
 def preview_token(ctx: HarbourContext, request: StoredRequest, change: RequestChange,
                   pilot: PilotRecord, sample_rows: int = PREVIEW_SAMPLE_ROWS) -> str:
     """A preview token for ``request``'s change on ``pilot``, bounded by its budget."""
-    return ctx.issuer.preview_token(
+    return ctx.issuer.preview_token(PreviewGrant(
         pilot_id=pilot.pilot_id, incarnation=pilot.incarnation, target=request.target,
         change=change.preview_change(request.logical_request_scope),
-        sample_rows=sample_rows, max_rows=Budget.from_claim(request.budget).max_rows)
+        sample_rows=sample_rows, max_rows=Budget.from_claim(request.budget).max_rows))
 
 
 def ask_preview(ctx: HarbourContext, pilot: PilotRecord, token: str) -> Any:

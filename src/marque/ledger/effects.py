@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from marque.errors import Conflict
+from marque.ledger.statements import loads, sorted_json
 
 if TYPE_CHECKING:
     from marque.effects.dispatch import DispatchRecord
@@ -102,15 +103,6 @@ EXECUTION_TABLES = ("effect_receipts", "effect_dispatch", "effect_run_states", "
 
 _ROW_COLUMNS = ("member_index, row_index, row_preview_cid, effect_apply_key, row_idempotency_key, "
                 "state, attempt, fence, revision, was_unknown, outcome, outcome_receipt")
-_SORTED = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else _SORTED.encode(value)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
 
 
 @dataclass(frozen=True)
@@ -133,7 +125,7 @@ def _row(r: tuple[Any, ...]) -> DispatchRow:
     record = DispatchRecord(row_preview_cid=r[2], effect_apply_key=r[3], row_idempotency_key=r[4],
                             state=DispatchState(r[5]), attempt=r[6], fence=r[7], revision=r[8],
                             was_unknown=bool(r[9]))
-    return DispatchRow(r[0], r[1], record, _loads(r[10]), _loads(r[11]))
+    return DispatchRow(r[0], r[1], record, loads(r[10]), loads(r[11]))
 
 
 class EffectLedger(abc.ABC):
@@ -155,7 +147,7 @@ class EffectLedger(abc.ABC):
         with self.transaction() as tx:
             tx.execute("INSERT INTO effect_previews (effect_preview_cid, target, body, "
                        "created_at) VALUES (?, ?, ?, ?) ON CONFLICT (effect_preview_cid) "
-                       "DO NOTHING", (effect_preview_cid, target, _dumps(body), now))
+                       "DO NOTHING", (effect_preview_cid, target, sorted_json(body), now))
             row = tx.one("SELECT body FROM effect_previews WHERE effect_preview_cid = ?",
                          (effect_preview_cid,))
         assert row is not None
@@ -179,8 +171,8 @@ class EffectLedger(abc.ABC):
             fresh = tx.one(
                 "INSERT INTO effect_runs (marque_id, nonce, effect_preview_cid, auth_evidence, "
                 "created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (marque_id, nonce) DO NOTHING "
-                "RETURNING nonce", (marque_id, nonce, effect_preview_cid, _dumps(authorization),
-                                    now))
+                "RETURNING nonce",
+                (marque_id, nonce, effect_preview_cid, sorted_json(authorization), now))
             if fresh is None:
                 return False
             for member_index, row_index, record in rows:
@@ -229,7 +221,7 @@ class EffectLedger(abc.ABC):
                 "AND row_idempotency_key = ? AND state = ? AND revision = ? "
                 "AND COALESCE(fence, '') = ? RETURNING revision",
                 (after.state.value, after.attempt, after.fence, after.revision,
-                 int(after.was_unknown), _dumps(outcome), _dumps(outcome_receipt), now,
+                 int(after.was_unknown), sorted_json(outcome), sorted_json(outcome_receipt), now,
                  marque_id, nonce, before.effect_apply_key, before.row_idempotency_key,
                  before.state.value, before.revision, before.fence or ""))
         return moved is not None
@@ -247,7 +239,7 @@ class EffectLedger(abc.ABC):
                 "revision, record, bound, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (marque_id, nonce) DO NOTHING",
                 (marque_id, nonce, record["run_identity_cid"], record["state"],
-                 record["revision"], _dumps(record), _dumps(bound), now))
+                 record["revision"], sorted_json(record), sorted_json(bound), now))
             row = tx.one("SELECT record, bound FROM effect_run_states WHERE marque_id = ? "
                          "AND nonce = ?", (marque_id, nonce))
         assert row is not None
@@ -270,7 +262,7 @@ class EffectLedger(abc.ABC):
                 "UPDATE effect_run_states SET state = ?, revision = ?, record = ?, "
                 "updated_at = ? WHERE marque_id = ? AND nonce = ? AND state = ? "
                 "AND revision = ? RETURNING revision",
-                (after["state"], after["revision"], _dumps(after), now, marque_id, nonce,
+                (after["state"], after["revision"], sorted_json(after), now, marque_id, nonce,
                  before["state"], before["revision"]))
         return moved is not None
 
@@ -284,7 +276,7 @@ class EffectLedger(abc.ABC):
             kept = tx.one(
                 "UPDATE attempts SET result = ? WHERE marque_id = ? AND nonce = ? "
                 "AND attempt = ? AND status = 'indeterminate' AND result IS NULL "
-                "RETURNING attempt", (_dumps(result), marque_id, nonce, attempt))
+                "RETURNING attempt", (sorted_json(result), marque_id, nonce, attempt))
             if kept is None:
                 return False
             queued = tx.one("SELECT payload FROM outbox WHERE marque_id = ? AND nonce = ? "
@@ -295,7 +287,7 @@ class EffectLedger(abc.ABC):
                 payload["effect_set"] = result["effect_set"]
                 tx.execute("UPDATE outbox SET payload = ?, queued_at = ?, acked_at = NULL "
                            "WHERE marque_id = ? AND nonce = ? AND attempt = ?",
-                           (_dumps(payload), now, marque_id, nonce, attempt))
+                           (sorted_json(payload), now, marque_id, nonce, attempt))
         return True
 
     # -- receipts -----------------------------------------------------------------------
@@ -304,7 +296,7 @@ class EffectLedger(abc.ABC):
                            body: dict[str, Any], now: float) -> bool:
         """Keep a receipt; True if it is new, False for an exact redelivery. A different
         receipt under a taken ``(kind, subject)`` is :class:`Conflict` (receipts are immutable)."""
-        text = _dumps(body)
+        text = sorted_json(body)
         with self.transaction() as tx:
             added = tx.one(
                 "INSERT INTO effect_receipts (marque_id, nonce, kind, subject, receipt_cid, "

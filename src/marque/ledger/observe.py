@@ -21,8 +21,8 @@ from marque.ledger.statements import (
     ATTEMPT_COLUMNS_BARE,
     COMPACT,
     QUEUE_ONE,
-    dumps,
     row_record,
+    sorted_json,
 )
 from marque.outcome import SETTLED_RANK, Status
 from marque.storage.tx import Tx
@@ -49,14 +49,14 @@ def observe_txn(tx: Tx, item: Observed, reporter: Reporter) -> AttemptRecord:
         "WHERE marque_id = ? AND nonce = ? AND attempt = ? AND status_rank < ? "
         f"AND status_rank < {SETTLED_RANK} "
         f"RETURNING {ATTEMPT_COLUMNS_BARE}",
-        (status.value, status.rank, item.rows_affected, dumps(item.error), dumps(item.result),
-         item.now if status.settled else None, *key, status.rank),
+        (status.value, status.rank, item.rows_affected, sorted_json(item.error),
+         sorted_json(item.result), item.now if status.settled else None, *key, status.rank),
     )
     tx.execute(
         "INSERT INTO observations (id, marque_id, nonce, attempt, status, cause, "
         "detail, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (uuid.uuid4().hex, *key, status.value, item.cause,
-         dumps({"error": item.error, "rows_affected": item.rows_affected}), item.now),
+         sorted_json({"error": item.error, "rows_affected": item.rows_affected}), item.now),
     )
     if item.events:
         append_events_txn(tx, item.marque_id, item.nonce, item.events)
@@ -101,4 +101,4 @@ def report_row(item: Observed, record: AttemptRecord, reporter: Reporter) -> tup
         # report, so the Harbourmaster keeps the receipt with the request.
         payload["effect_set"] = effect_set
     return (item.marque_id, item.nonce, item.attempt, record.status.value,
-            dumps(payload), item.now)
+            sorted_json(payload), item.now)

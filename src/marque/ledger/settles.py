@@ -27,8 +27,8 @@ from marque.ledger.statements import (
     QUEUE_ONE,
     QUEUE_REPORT,
     QUEUE_ROW,
-    dumps,
     row_record,
+    sorted_json,
 )
 from marque.outcome import SETTLED_RANK, Status
 from marque.storage.tx import Tx
@@ -97,13 +97,13 @@ def _observe_chunk(tx: Tx, chunk: list[Observed], reporter: Reporter) -> list[At
         for row in tx.execute(advance, [
             value for item in chunk for value in (
                 item.marque_id, item.nonce, item.attempt, item.status.value,
-                item.status.rank, item.rows_affected, dumps(item.error),
-                dumps(item.result), item.now if item.status.settled else None)])
+                item.status.rank, item.rows_affected, sorted_json(item.error),
+                sorted_json(item.result), item.now if item.status.settled else None)])
     }
     tx.execute(observations, [
         value for item in chunk for value in (
             uuid.uuid4().hex, item.marque_id, item.nonce, item.attempt, item.status.value,
-            item.cause, dumps({"error": item.error, "rows_affected": item.rows_affected}),
+            item.cause, sorted_json({"error": item.error, "rows_affected": item.rows_affected}),
             item.now)])
     if all(item.events for item in chunk):
         tx.execute(events, [

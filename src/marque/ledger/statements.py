@@ -40,8 +40,14 @@ SORTED = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
-def dumps(value: Any) -> str | None:
-    """``value`` as sorted, compact JSON text; None stays None (SQL NULL)."""
+def sorted_json(value: Any) -> str | None:
+    """``value`` as sorted, compact JSON text; None stays None (SQL NULL).
+
+    Not RFC 8785 (:func:`marque.harbour.store.columns.canonical_json` is): Python's own
+    C encoder, built once, because every claim and outcome writes these columns and the
+    ledger only reads the values back, never re-hashing their text. Sorted keys still
+    make equal values equal text (a redelivered receipt is compared as text).
+    """
     return None if value is None else SORTED.encode(value)
 
 

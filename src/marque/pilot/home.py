@@ -14,22 +14,17 @@ import json
 import os
 from pathlib import Path
 
-from marque.dsn import resolve_sqlite
 from marque.errors import ConfigInvalid, InvalidInput, LedgerMissing, MarqueError
+from marque.home import Home
 from marque.pilot.config import CONFIG_FILE, LEDGER_FILE, LOGBOOK_FILE, PilotConfig
 
 __all__ = ["PilotHome"]
 
 
-class PilotHome:
-    """The directory a Pilot lives in."""
+class PilotHome(Home):
+    """The directory a Pilot lives in (its ``where()`` is how its ledger knows it)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
+    config_file = CONFIG_FILE
 
     @property
     def processes_dir(self) -> Path:
@@ -42,14 +37,6 @@ class PilotHome:
     @property
     def default_ledger_path(self) -> Path:
         return self.path / LEDGER_FILE
-
-    def where(self) -> str:
-        """The home's absolute path (symlinks resolved): how its ledger knows it."""
-        return str(self.path.resolve())
-
-    def resolve(self, dsn: str) -> str:
-        """A DSN from ``pilot.json`` made usable: a relative SQLite path is the home's."""
-        return resolve_sqlite(dsn, self.path.resolve())
 
     def ledger_dsn(self, config: PilotConfig) -> str:
         """The ledger's DSN, resolved against the home."""

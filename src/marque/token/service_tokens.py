@@ -41,6 +41,7 @@ from marque.token.proofs import MAX_POP_JTI_LENGTH, REPLAY_MARGIN_SECONDS
 __all__ = [
     "PREVIEW_TYP",
     "QUERY_TYP",
+    "PreviewGrant",
     "PreviewToken",
     "QueryToken",
     "issue_preview_token",
@@ -64,21 +65,39 @@ _PREVIEW_CLAIMS = frozenset(
 _QUERY_CLAIMS = frozenset({"iss", "jti", "iat", "exp", "pilot", "marque_id"})
 
 
-@dataclass(frozen=True)
-class PreviewToken:
-    """A verified preview token: what to preview, where, and how many sample rows."""
+@dataclass(frozen=True, kw_only=True)
+class PreviewGrant:
+    """What a preview token asks of a Pilot: which ledger and target, what change, how many
+    sample rows per statement and the row bound the preview is measured against.
 
-    jti: str
-    issuer: str
-    issued_at: int
-    expires_at: int
+    The one list of a preview's fields: the issuer signs it
+    (:func:`issue_preview_token`), a Pilot reads it back as a :class:`PreviewToken`.
+    """
+
     pilot_id: str
     incarnation: str
     target: str
     #: Statements to run and roll back, or an Effect Set to preview.
     change: Change | EffectPreviewRequest
-    sample_rows: int
-    max_rows: int | None
+    sample_rows: int = 10
+    #: The change's budget bound (None: unbounded); the preview says if it stays within.
+    max_rows: int | None = None
+
+    def to_claims(self) -> dict[str, Any]:
+        """The token's claims for this grant (the issuer's and the window's aside)."""
+        return {"pilot": {"id": self.pilot_id, "incarnation": self.incarnation},
+                "target": self.target, "change": self.change.to_claim(),
+                "sample_rows": self.sample_rows, "max_rows": self.max_rows}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreviewToken(PreviewGrant):
+    """A verified preview token: the grant it carries, who signed it, and its window."""
+
+    jti: str
+    issuer: str
+    issued_at: int
+    expires_at: int
 
 
 @dataclass(frozen=True)
@@ -112,32 +131,29 @@ def _issue_short(
 
 def issue_preview_token(
     issuer_key: dict[str, Any],
+    grant: PreviewGrant,
     *,
-    pilot_id: str,
-    incarnation: str,
-    target: str,
-    change: Change | EffectPreviewRequest,
-    sample_rows: int = 10,
-    max_rows: int | None = None,
     ttl_seconds: int = MAX_SHORT_TOKEN_SECONDS,
     issuer: str = "marque-local",
     now: float | None = None,
     jti: str | None = None,
 ) -> str:
-    """Sign a preview token (``typ`` marque-preview+jwt) asking a Pilot to preview ``change``
-    (statements, or an Effect Set's :class:`~marque.effects.request.EffectPreviewRequest`)."""
-    for name, value in (("pilot_id", pilot_id), ("incarnation", incarnation),
-                        ("target", target), ("issuer", issuer)):
+    """Sign a preview token (``typ`` marque-preview+jwt) asking a Pilot to preview the
+    grant's change (statements, or an Effect Set's
+    :class:`~marque.effects.request.EffectPreviewRequest`)."""
+    if not isinstance(grant, PreviewGrant):
+        raise InvalidInput("grant must be a PreviewGrant")
+    for name, value in (("pilot_id", grant.pilot_id), ("incarnation", grant.incarnation),
+                        ("target", grant.target), ("issuer", issuer)):
         nonempty_str(value, name, InvalidInput)
-    if not isinstance(change, Change | EffectPreviewRequest):
+    if not isinstance(grant.change, Change | EffectPreviewRequest):
         raise InvalidInput("change must be a Change or an EffectPreviewRequest")
+    sample_rows, max_rows = grant.sample_rows, grant.max_rows
     if not is_json_int(sample_rows) or not 0 <= sample_rows <= MAX_SAMPLE_ROWS:
         raise InvalidInput(f"sample_rows must be 0..{MAX_SAMPLE_ROWS}")
     if max_rows is not None and (not is_json_int(max_rows) or max_rows < 0):
         raise InvalidInput("max_rows must be a non-negative integer or None")
-    claims = {"iss": issuer, "pilot": {"id": pilot_id, "incarnation": incarnation},
-              "target": target, "change": change.to_claim(), "sample_rows": sample_rows,
-              "max_rows": max_rows}
+    claims = {"iss": issuer, **grant.to_claims()}
     return _issue_short(issuer_key, PREVIEW_TYP, claims, ttl_seconds, now, jti)
 
 

@@ -23,7 +23,7 @@ from marque.change import Budget, Change, Statement
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import issue_marque, make_proof, new_key, public_jwk
-from marque.token.service_tokens import issue_preview_token, issue_query_token
+from marque.token.service_tokens import PreviewGrant, issue_preview_token, issue_query_token
 
 MARQUE = Path(sys.executable).parent / "marque"
 PILOT_ID = "p1"
@@ -71,9 +71,9 @@ class TokenWorld:
 
     def preview(self, **kwargs: Any) -> str:
         """A real preview token from the trusted issuer for this Pilot."""
-        return issue_preview_token(self.issuer, pilot_id=self.pilot_id,
-                                   incarnation=self.incarnation, target=TARGET,
-                                   change=self.change(), **kwargs)
+        return issue_preview_token(self.issuer, PreviewGrant(
+            pilot_id=self.pilot_id, incarnation=self.incarnation, target=TARGET,
+            change=self.change()), **kwargs)
 
     def query(self, marque_id: str, **kwargs: Any) -> str:
         """A real query token from the trusted issuer for ``marque_id`` on this Pilot."""

@@ -25,7 +25,7 @@ from typing import Any
 from marque.errors import InvalidInput, OidcLoginRefused
 from marque.harbour.principals import hashes_equal
 from marque.harbour.store.base import OidcCheck, OidcLogin
-from marque.harbour.store.columns import dumps, loads
+from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
 
 _HEX = frozenset("0123456789abcdef")
@@ -42,7 +42,7 @@ class OidcRecords(StoreHooks):
     def set_oidc_settings(self, body: dict[str, Any], *, actor: str,
                           now: float | None = None) -> int:
         at = self._now(now)
-        text = dumps(body)
+        text = canonical_json(body)
         with self.transaction() as tx:
             tx.execute("INSERT INTO oidc_settings (id, body, updated_at) VALUES (1, ?, ?) "
                        "ON CONFLICT (id) DO UPDATE SET body = excluded.body, "

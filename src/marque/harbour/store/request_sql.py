@@ -45,7 +45,7 @@ from marque.harbour.store.base import (
     Resolution,
     StoredRequest,
 )
-from marque.harbour.store.columns import dumps, loads
+from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
 from marque.harbour.store.schema import ACTIVE_PREDICATE
 from marque.harbour.store.schema import CURRENT_REQUEST_COLUMNS as REQUEST_COLUMNS
@@ -129,7 +129,7 @@ class RequestRecords(StoreHooks):
                     f"({', '.join('?' for _ in REQUEST_COLUMNS)}) "
                     "ON CONFLICT DO NOTHING RETURNING id",
                     (new_id, draft.request_id, draft.principal, draft.reason, draft.pilot_id,
-                     draft.target, dumps(draft.change), dumps(draft.budget),
+                     draft.target, canonical_json(draft.change), canonical_json(draft.budget),
                      int(draft.ttl_seconds), draft.change_cid, draft.authority_scope_cid,
                      draft.logical_request_scope, draft.intent_fingerprint, None, None, None,
                      None, draft.rolls_back, S.PREPARING.value, 1, at, at, None, None, None,
@@ -283,7 +283,7 @@ class RequestRecords(StoreHooks):
         params: list[Any] = [to.value, now]
         for name in sorted(updates):
             sets.append(f"{name} = ?")
-            params.append(dumps(updates[name]) if name in _JSON_FIELDS else updates[name])
+            params.append(canonical_json(updates[name]) if name in _JSON_FIELDS else updates[name])
         moved = tx.execute(f"UPDATE requests SET {', '.join(sets)} WHERE id = ? AND version = ? "
                            "RETURNING version", (*params, current.id, expected_version))
         if not moved:
@@ -341,8 +341,8 @@ class RequestRecords(StoreHooks):
                 "UPDATE requests SET version = version + 1, updated_at = ?, "
                 "prepare_attempts = ?, prepare_due = ?, failure = ? "
                 "WHERE id = ? AND version = ? AND state = ? RETURNING version",
-                (at, int(attempts), float(due), dumps(failure), current.id, expected_version,
-                 S.PREPARING.value))
+                (at, int(attempts), float(due), canonical_json(failure), current.id,
+                 expected_version, S.PREPARING.value))
             if not moved:
                 raise _stale(current, expected_version)
             if kind is not None:
@@ -377,7 +377,7 @@ class RequestRecords(StoreHooks):
             stored = tx.execute(
                 "INSERT INTO checkpoints (checkpoint_cid, request, body, expires_at, created_at) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING checkpoint_cid",
-                (checkpoint_cid, current.id, dumps(body), float(expires_at), at))
+                (checkpoint_cid, current.id, canonical_json(body), float(expires_at), at))
             if not stored:
                 raise Conflict(f"Checkpoint {checkpoint_cid[:80]} is already sealed",
                                detail={"checkpoint_cid": checkpoint_cid})
@@ -422,7 +422,7 @@ class RequestRecords(StoreHooks):
             added = tx.execute(
                 f"INSERT INTO resolutions ({_RESOLUTION_COLUMNS}, approver_jkt) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING resolution_cid",
-                (resolution_cid, checkpoint_cid, approver, decision, dumps(body), at,
+                (resolution_cid, checkpoint_cid, approver, decision, canonical_json(body), at,
                  approver_jkt))
             if not added:
                 raced = tx.one(f"SELECT {_RESOLUTION_COLUMNS} FROM resolutions "
@@ -444,7 +444,7 @@ class RequestRecords(StoreHooks):
                 "checkpoint_cid": checkpoint_cid, "resolution_cid": resolution_cid,
                 "approver": approver, "decision": decision}, at)
         return Resolution(resolution_cid, checkpoint_cid, approver, decision,
-                          loads(dumps(body)), at), True
+                          loads(canonical_json(body)), at), True
 
     def resolutions(self, checkpoint_cid: str) -> list[Resolution]:
         with self.reading() as tx:
@@ -513,8 +513,8 @@ class RequestRecords(StoreHooks):
             added = tx.execute(
                 "INSERT INTO reports (marque_id, nonce, attempt, status, body, request, "
                 "received_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
-                "RETURNING marque_id", (marque_id, nonce, int(attempt), status, dumps(body),
-                                        request, at))
+                "RETURNING marque_id",
+                (marque_id, nonce, int(attempt), status, canonical_json(body), request, at))
             if not added:
                 return False
             self._append_tx(tx, f"execution.{status}", "pilot", request or marque_id, {
@@ -541,7 +541,7 @@ class RequestRecords(StoreHooks):
             added = tx.execute(
                 "INSERT INTO reports (marque_id, nonce, attempt, status, body, request, "
                 "received_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
-                "RETURNING marque_id", (marque_id, nonce, attempt, status, dumps(report),
+                "RETURNING marque_id", (marque_id, nonce, attempt, status, canonical_json(report),
                                         request.id, at))
             if not added:
                 self._effect_set_later_tx(tx, report)
@@ -591,7 +591,7 @@ class RequestRecords(StoreHooks):
         if held is None or isinstance(loads(held[0]).get("effect_set"), dict):
             return
         tx.execute("UPDATE reports SET body = ? WHERE marque_id = ? AND nonce = ? "
-                   "AND attempt = ? AND status = ?", (dumps(report), *key))
+                   "AND attempt = ? AND status = ?", (canonical_json(report), *key))
 
     def _report_moves_tx(self, tx: Tx, request: StoredRequest, report: dict[str, Any]) -> bool:
         """Whether a report may move its request: only from the request's own Pilot, and

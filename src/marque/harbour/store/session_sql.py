@@ -25,7 +25,7 @@ from typing import Any
 from marque.errors import InvalidInput, Unauthenticated
 from marque.harbour.principals import Principal, hashes_equal, parse_roles
 from marque.harbour.store.base import ConsoleSession
-from marque.harbour.store.columns import dumps, loads
+from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
 
 _SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
@@ -93,7 +93,7 @@ class SessionRecords(StoreHooks):
                 "oidc_sid) SELECT ?, name, id, ?, ?, ?, ?, ?, ?, ?, ? FROM principals "
                 "WHERE name = ? AND revoked_at IS NULL RETURNING session_hash",
                 (session_hash, csrf_secret, at, float(expires_at), via,
-                 None if roles is None else dumps(list(roles)), roles_from, oidc_subject,
+                 None if roles is None else canonical_json(list(roles)), roles_from, oidc_subject,
                  oidc_sid, principal))
         if row is None:
             raise Unauthenticated(f"no unrevoked principal named {str(principal)[:128]!r} can "

@@ -49,7 +49,7 @@ from marque.harbour.principals import (
 )
 from marque.harbour.store import schema
 from marque.harbour.store.base import AdoptedConfig, LogbookEntry, PilotRecord
-from marque.harbour.store.columns import dumps, loads
+from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.oidc_sql import OidcRecords
 from marque.harbour.store.request_sql import Journal, RequestRecords
 from marque.harbour.store.session_sql import SessionRecords
@@ -202,14 +202,14 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
                  "body": body, "prev_hash": prev_hash}
         digest = entry_hash(entry)
         tx.execute(f"INSERT INTO logbook ({_LOGBOOK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                   (seq, now, kind, actor, subject, dumps(body), prev_hash, digest))
+                   (seq, now, kind, actor, subject, canonical_json(body), prev_hash, digest))
         moved = tx.execute(
             "UPDATE logbook_head SET hash = ?, at = ? WHERE id = 1 AND seq = ? AND hash = ? "
             "RETURNING seq", (digest, now, seq, prev_hash))
         if not moved:  # cannot happen while the head row is locked; refuse rather than fork
             raise Conflict("the logbook head moved during an append; nothing was written")
         return LogbookEntry(seq=seq, at=now, kind=kind, actor=actor, subject=subject,
-                            body=loads(dumps(body)), prev_hash=prev_hash, hash=digest)
+                            body=loads(canonical_json(body)), prev_hash=prev_hash, hash=digest)
 
     def append(self, kind: str, actor: str, subject: str, body: dict[str, Any],
                now: float | None = None) -> LogbookEntry:
@@ -286,8 +286,8 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
                 "INSERT INTO principals (id, name, token_hash, roles, public_jwk, "
                 "key_thumbprint, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING RETURNING id",
-                (principal_id, name, hash_token(token), dumps(role_names), dumps(public_jwk),
-                 digest, at))
+                (principal_id, name, hash_token(token), canonical_json(role_names),
+                 canonical_json(public_jwk), digest, at))
             if not added:
                 if tx.one("SELECT 1 FROM principals WHERE name = ? AND revoked_at IS NULL",
                           (name,)) is not None:
@@ -333,7 +333,8 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
         token = mint_token()
         digest = key_thumbprint(public_jwk)
         key_sql = "" if public_jwk is None else ", public_jwk = ?, key_thumbprint = ?"
-        key_params: tuple[Any, ...] = () if public_jwk is None else (dumps(public_jwk), digest)
+        key_params: tuple[Any, ...] = (
+            () if public_jwk is None else (canonical_json(public_jwk), digest))
         try:
             with self.transaction() as tx:
                 row = tx.one(
@@ -368,7 +369,7 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
             if before is None:
                 raise self._no_live_principal(tx, name)
             row = tx.one(f"UPDATE principals SET roles = ? WHERE name = ? AND revoked_at IS NULL "
-                         f"RETURNING {_PRINCIPAL_COLUMNS}", (dumps(role_names), name))
+                         f"RETURNING {_PRINCIPAL_COLUMNS}", (canonical_json(role_names), name))
             assert row is not None  # the row is locked by this transaction
             previous = sorted(loads(before[0]))
             if previous != role_names:
@@ -418,7 +419,8 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
             with self.transaction() as tx:
                 row = tx.one(f"UPDATE principals SET public_jwk = ?, key_thumbprint = ? "
                              f"WHERE name = ? AND revoked_at IS NULL "
-                             f"RETURNING {_PRINCIPAL_COLUMNS}", (dumps(public_jwk), digest, name))
+                             f"RETURNING {_PRINCIPAL_COLUMNS}",
+                             (canonical_json(public_jwk), digest, name))
                 if row is None:
                     raise self._no_live_principal(tx, name)
                 self._append_tx(tx, "principal.key_set", actor, name,
@@ -526,8 +528,8 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
             "url = excluded.url, incarnation = excluded.incarnation, "
             "targets = excluded.targets, last_seen = excluded.last_seen, "
             "dialects = excluded.dialects, report_key = excluded.report_key",
-            (pilot_id, url, incarnation, dumps(list(targets)), at, at, dumps(dialects),
-             dumps(key)))
+            (pilot_id, url, incarnation, canonical_json(list(targets)), at, at,
+             canonical_json(dialects), canonical_json(key)))
         journal: Journal = [("pilot.registered", who, pilot_id, {
             "pilot_id": pilot_id, "url": url, "incarnation": incarnation,
             "targets": list(targets), "previous_incarnation": previous,
@@ -552,7 +554,7 @@ class SqlHarbourStore(OidcRecords, SessionRecords, WebhookRecords, RequestRecord
                 raise NotFound(f"no Pilot {str(pilot_id)[:128]!r} is registered")
             held = _pilot(row)
             tx.execute("UPDATE pilots SET report_key = ? WHERE pilot_id = ?",
-                       (dumps(report_key), pilot_id))
+                       (canonical_json(report_key), pilot_id))
             self._flush_tx(tx, [("pilot.report_key_accepted", actor, pilot_id, {
                 "pilot_id": pilot_id, "previous_report_key": held.report_key,
                 "report_key": report_key, "reason": reason})], at)
@@ -580,7 +582,7 @@ def _stored_thumbprint(jwk: Any) -> str | None:
     try:
         return key_thumbprint(jwk)
     except InvalidInput:
-        return "jwk:" + hashlib.sha256(str(dumps(jwk)).encode("utf-8")).hexdigest()
+        return "jwk:" + hashlib.sha256(str(canonical_json(jwk)).encode("utf-8")).hexdigest()
 
 
 def _key_taken(tx: Tx, digest: str | None) -> Conflict:

@@ -28,7 +28,7 @@ from marque.harbour.notifications.events import (
     may_approve,
     request_summary,
 )
-from marque.harbour.store.columns import dumps, loads
+from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
 from marque.harbour.store.outbox import (
     Delivery,
@@ -112,7 +112,7 @@ def record_events(tx: Tx, journal: JournalEntries, now: float, harbour_id: str |
         the_id = event_id(subject, int(body["version"]), kind)
         stored = tx.execute("INSERT INTO outbox_events (id, type, request, data, created_at) "
                             "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
-                            (the_id, kind, subject, dumps(data), now))
+                            (the_id, kind, subject, canonical_json(data), now))
         if not stored:
             continue  # this very move was announced already
         for endpoint in receivers:
@@ -184,8 +184,8 @@ class WebhookRecords(StoreHooks):
         with self.transaction() as tx:
             tx.execute(f"INSERT INTO webhook_endpoints ({_ENDPOINT_COLUMNS}) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                       (endpoint.id, url, format, dumps(endpoint.events), principal, secret,
-                        at, actor))
+                       (endpoint.id, url, format, canonical_json(endpoint.events), principal,
+                        secret, at, actor))
             self._append_tx(tx, "webhook.added", actor, endpoint.id, {
                 "id": endpoint.id, "origin": origin(url), "format": format,
                 "events": endpoint.events, "principal": principal}, at)
