@@ -32,6 +32,7 @@ from marque.errors import (
     NotFound,
 )
 from marque.ledger import AttemptRecord, Claim, ClaimTicket, Observed
+from marque.ledger.roles import OutcomesRole
 from marque.outcome import Outcome, Status
 from marque.pilot.context import PilotContext
 from marque.pilot.continuity import Continuity
@@ -418,7 +419,7 @@ class Execution:
         held = None if self.settler is None else self.settler.held(marque_id, nonce)
         if held is not None:  # answered applied, recorded just behind
             return self.outcome_of(held, replayed=True, recorded=False)
-        ledger = self._ctx.ledger
+        ledger: OutcomesRole = self._ctx.ledger
         record = ledger.outcome(marque_id, nonce)
         if record is not None:
             return self.outcome_of(record, replayed=True)

@@ -32,6 +32,7 @@ from typing import Any
 from marque.dsn import is_relative_sqlite, is_sqlite, redact, relative_to, sqlite_path
 from marque.errors import Conflict, HomeMismatch, InvalidInput, LedgerMissing, LedgerNotDurable
 from marque.ledger import Ledger, open_ledger
+from marque.ledger.roles import HomeRole
 from marque.pilot.config import DEFAULT_LEDGER_DSN, LEDGER_FILE, PilotConfig
 from marque.pilot.home import PilotHome
 
@@ -62,7 +63,7 @@ def open_bound_ledger(pilot_home: PilotHome, config: PilotConfig) -> Ledger:
     return ledger
 
 
-def check_durability(ledger: Ledger, config: PilotConfig, where: str) -> None:
+def check_durability(ledger: HomeRole, config: PilotConfig, where: str) -> None:
     """Refuse a ledger whose engine would not keep a commit through a crash (DESIGN §5).
 
     ``ledger_not_durable`` names every setting that falls short and how to fix
@@ -93,7 +94,7 @@ _FIX = {
 }
 
 
-def check_binding(pilot_home: PilotHome, config: PilotConfig, ledger: Ledger) -> None:
+def check_binding(pilot_home: PilotHome, config: PilotConfig, ledger: HomeRole) -> None:
     """Refuse a ledger that belongs to another Pilot or another home (``HomeMismatch``)."""
     here = pilot_home.where()
     _same_pilot(pilot_home, config, ledger)
@@ -179,7 +180,7 @@ def move_home(home: str | os.PathLike[str]) -> dict[str, Any]:
 # -- what went wrong, and what to do ---------------------------------------------------
 
 
-def _same_pilot(pilot_home: PilotHome, config: PilotConfig, ledger: Ledger) -> None:
+def _same_pilot(pilot_home: PilotHome, config: PilotConfig, ledger: HomeRole) -> None:
     if ledger.pilot_id != config.pilot_id:
         raise HomeMismatch(
             f"{pilot_home.config_path} is Pilot {config.pilot_id}'s, but its ledger "

@@ -15,6 +15,7 @@ from typing import Any
 
 from marque.errors import LedgerUnavailable
 from marque.ledger import AttemptRecord
+from marque.ledger.roles import OutcomesRole
 from marque.outcome import Status
 from marque.pilot.context import PilotContext
 from marque.pilot.stream import AttemptStream, Observation, recorded_event
@@ -39,6 +40,11 @@ class Recorder:
     def __bool__(self) -> bool:
         """Whether anything is kept unrecorded."""
         return bool(self._unrecorded)
+
+    @property
+    def _ledger(self) -> OutcomesRole:
+        # Read from the context on each use, like every part; recording needs only this role.
+        return self._ctx.ledger
 
     def holds(self, key: AttemptKey) -> bool:
         """Whether this process holds that attempt's observation unrecorded."""
@@ -79,8 +85,8 @@ class Recorder:
                 if index:
                     time.sleep(SETTLE_BACKOFF_SECONDS[index - 1])
                     # A write whose answer was lost may have landed: never write it twice.
-                    for held in self._ctx.ledger.attempts(target_attempt.marque_id,
-                                                          target_attempt.nonce):
+                    for held in self._ledger.attempts(target_attempt.marque_id,
+                                                      target_attempt.nonce):
                         if held.attempt == target_attempt.number and (
                                 held.status.rank >= observation.status.rank):
                             return held
@@ -95,7 +101,7 @@ class Recorder:
     ) -> AttemptRecord:
         """One ledger write of what this Pilot's own execution observed, with its events."""
         target_attempt = observation.target_attempt
-        return self._ctx.ledger.observe(
+        return self._ledger.observe(
             target_attempt.marque_id, target_attempt.nonce, target_attempt.number,
             observation.status, now=self._ctx.clock(), cause="execution", events=events,
             rows_affected=observation.rows_affected, error=observation.error,

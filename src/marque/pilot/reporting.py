@@ -19,6 +19,7 @@ from typing import Protocol
 from marque.crash import crash_point
 from marque.errors import LedgerUnavailable, MarqueError
 from marque.ledger import OutboxEntry
+from marque.ledger.roles import OutboxRole
 from marque.pilot.context import PilotContext
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class Reporting:
 
     def _report_batches(self) -> bool:
         logbook = self._ctx.logbook
-        ledger = self._ctx.ledger
+        ledger: OutboxRole = self._ctx.ledger
         while True:
             pending = ledger.outbox_pending(limit=REPORT_BATCH)
             if not pending:

@@ -38,6 +38,7 @@ from typing import Any
 from marque.crash import crash_point
 from marque.errors import MarqueError
 from marque.ledger import AttemptRecord, Observed
+from marque.ledger.roles import OutcomesRole
 from marque.outcome import Status
 from marque.pilot.context import PilotContext
 from marque.pilot.recording import Recorder
@@ -170,13 +171,14 @@ class SettleBehind:
     def flush(self) -> None:
         """Record everything held now, in one ledger transaction; raises what the ledger
         raised (the outcomes stay held)."""
+        ledger: OutcomesRole = self._ctx.ledger
         with self._flushing:
             taken, observed = self.carry()
             if not taken:
                 return
             try:
                 crash_point("settle_behind")
-                self._ctx.ledger.observe_all(list(observed))
+                ledger.observe_all(list(observed))
             except BaseException:
                 self.carried(taken, committed=False)
                 raise

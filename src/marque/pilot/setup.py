@@ -22,6 +22,7 @@ from marque.dsn import (
 )
 from marque.errors import HomeMismatch, InvalidInput, LedgerExists, NotFound, RowKeyInvalid
 from marque.ledger import Ledger, create_ledger, open_ledger
+from marque.ledger.roles import HomeRole
 from marque.madedirs import MadeDirectories
 from marque.pilot.config import (
     DEFAULT_LEDGER_DSN,
@@ -170,7 +171,7 @@ def _create_or_adopt(
     return ledger, True
 
 
-def _bind(ledger: Ledger, pilot_home: PilotHome, adopted: bool) -> str:
+def _bind(ledger: HomeRole, pilot_home: PilotHome, adopted: bool) -> str:
     """Bind the ledger to this home; returns the home id for pilot.json."""
     here = pilot_home.where()
     now = time.time()
