@@ -11,7 +11,7 @@ How a world is made is its tier's own, on purpose:
 * ``tests/e2e`` (``e2e_support.World``) makes keys, home and target through the
   real ``marque`` CLI and issues with ``marque issue``, over SQLite files;
 * ``tests/pg`` (``pg.pgworld.World``) makes them with the Python API
-  (:meth:`PilotWorld.make_keys`, ``init_home`` …) and signs with
+  (:func:`make_keys`, ``init_home`` …) and signs with
   ``issue_marque``, over a real PostgreSQL target.
 
 Nothing here is mocked. The PostgreSQL driver is imported only when a
@@ -38,11 +38,28 @@ EXECUTIONS = 1
 MAX_ROWS = 1
 ATTEMPTS = 3
 TTL_SECONDS = 900
+#: Where a world's keys live under its root, as the CLI reads them (`--issuer-key`,
+#: `--key`, `pilot trust`): each one's private JWK, and its public half.
+KEY_FILES = {"issuer": ("issuer.jwk", "issuer.pub.jwk"),
+             "holder": ("holder.jwk", "holder.pub.jwk")}
 #: Every account's balance in a fresh bank.
 OPENING_BALANCE = 100
 #: The ``marque.stamps`` columns a PostgreSQL bank's :meth:`~Bank.stamps` returns.
 STAMP_COLUMNS = ("marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation",
                  "rows_affected")
+
+
+def make_keys(root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """New (issuer, holder) Ed25519 keys made in-process, each written to its
+    :data:`KEY_FILES` under ``root``."""
+    made = []
+    for who in ("issuer", "holder"):
+        jwk = new_key()
+        private, public = KEY_FILES[who]
+        (root / private).write_text(json.dumps(jwk))
+        (root / public).write_text(json.dumps(public_jwk(jwk)))
+        made.append(jwk)
+    return made[0], made[1]
 
 
 def claims_of(marque: str | Path) -> dict[str, Any]:
@@ -170,34 +187,23 @@ class PilotWorld(ABC):
 
     marque_id = staticmethod(marque_id_of)
 
-    # -- keys -----------------------------------------------------------------------
-    # Where the CLI reads them (`--issuer-key`, `--key`, `pilot trust`): a private JWK
-    # and, beside it, its public half.
+    # -- keys (see KEY_FILES) -------------------------------------------------------
 
     @property
     def issuer_key(self) -> Path:
-        return self.root / "issuer.jwk"
+        return self.root / KEY_FILES["issuer"][0]
 
     @property
     def issuer_pub(self) -> Path:
-        return self.root / "issuer.pub.jwk"
+        return self.root / KEY_FILES["issuer"][1]
 
     @property
     def holder_key(self) -> Path:
-        return self.root / "holder.jwk"
+        return self.root / KEY_FILES["holder"][0]
 
     @property
     def holder_pub(self) -> Path:
-        return self.root / "holder.pub.jwk"
-
-    def make_keys(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """New (issuer, holder) Ed25519 keys made in-process, written to their files."""
-        issuer, holder = new_key(), new_key()
-        for jwk, private, public in ((issuer, self.issuer_key, self.issuer_pub),
-                                     (holder, self.holder_key, self.holder_pub)):
-            private.write_text(json.dumps(jwk))
-            public.write_text(json.dumps(public_jwk(jwk)))
-        return issuer, holder
+        return self.root / KEY_FILES["holder"][1]
 
     # -- the bank ---------------------------------------------------------------------
 
