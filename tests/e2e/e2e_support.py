@@ -170,10 +170,10 @@ class World(PilotWorld):
         res = self.run("pilot", "trust", "--home", self.home, self.issuer_pub, "--json")
         assert res.returncode == 0, res
         assert isinstance(res.json["kid"], str)
-        res = self.run("pilot", "target", "add", "--home", self.home, "bank",
+        res = self.run("pilot", "target", "add", "--home", self.home, self.target,
                        f"sqlite:///{self.bank.resolve()}", "--json")
         assert res.returncode == 0, res
-        assert res.json["target"] == "bank"
+        assert res.json["target"] == self.target
         return self
 
     def copy_to(self, root: Path) -> World:
@@ -232,7 +232,7 @@ class World(PilotWorld):
         """Issue a marque with ``marque issue``; returns the file holding it."""
         args: list[Any] = [
             "issue", "--issuer-key", self.issuer_key, "--pilot-id", self.pilot_id,
-            "--incarnation", incarnation or self.incarnation, "--target", "bank",
+            "--incarnation", incarnation or self.incarnation, "--target", self.target,
             "--holder-key", self.holder_pub, "--executions", executions, "--max-rows", max_rows,
         ]
         for text in sql:

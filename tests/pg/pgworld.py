@@ -132,8 +132,8 @@ class World(PilotWorld):
             statement_timeout_ms=statement_timeout_ms,
         )
         return issue_marque(
-            self.issuer, pilot_id=PILOT_ID, incarnation=self.incarnation, target=TARGET,
-            holder_jwk=public_jwk(self.holder), change=change,
+            self.issuer, pilot_id=self.pilot_id, incarnation=self.incarnation,
+            target=self.target, holder_jwk=public_jwk(self.holder), change=change,
             budget=Budget(executions, max_rows, attempts), ttl_seconds=TTL_SECONDS,
         )
 
