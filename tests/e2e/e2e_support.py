@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from support.harbour import PilotServe
-
-from marque.token import unverified_claims
+from support.world import EXECUTIONS, MAX_ROWS, PilotWorld, SqliteBank
+from support.world import claims_of as claims_of  # the tests import them from here
+from support.world import marque_id_of as marque_id_of
 
 MARQUE = Path(sys.executable).parent / "marque"
 TIMEOUT = 30  # seconds, for any single CLI call
@@ -108,20 +109,9 @@ def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = TIME
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def claims_of(token_file: Path) -> dict[str, Any]:
-    """The claims of a marque file (read without verifying; tests only)."""
-    claims = unverified_claims(token_file.read_text())
-    assert claims is not None, f"{token_file} holds no compact JWS"
-    return claims
-
-
-def marque_id_of(token_file: Path) -> str:
-    """The ``jti`` (marque id) of a marque file."""
-    return claims_of(token_file)["jti"]
-
-
-class World:
-    """A Pilot home, a bank target and issuer/holder keys, all made by the CLI."""
+class World(PilotWorld):
+    """A Pilot home, a bank target and issuer/holder keys, all made by the CLI (the
+    shared :class:`support.world.PilotWorld`, over SQLite files)."""
 
     pilot_id = "p1"
 
@@ -129,10 +119,6 @@ class World:
         self.root = root
         self.home = root / "pilot"
         self.bank = root / "bank.db"
-        self.issuer_key = root / "issuer.jwk"
-        self.issuer_pub = root / "issuer.pub.jwk"
-        self.holder_key = root / "holder.jwk"
-        self.holder_pub = root / "holder.pub.jwk"
         self.incarnation = ""
         self._issued = 0
         # Tokens issued for this incarnation, by their `marque issue` arguments. Copies
@@ -143,11 +129,11 @@ class World:
 
     # -- setup ----------------------------------------------------------------
 
+    def bank_reader(self) -> SqliteBank:
+        return SqliteBank(self.bank)
+
     def build(self) -> World:
-        with sqlite3.connect(self.bank) as conn:
-            conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
-            conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
-        conn.close()
+        self.bank_reader().create([1, 2])
 
         # Independent steps run side by side: two keys and the ledger.
         env = cli_env()
@@ -184,10 +170,10 @@ class World:
         res = self.run("pilot", "trust", "--home", self.home, self.issuer_pub, "--json")
         assert res.returncode == 0, res
         assert isinstance(res.json["kid"], str)
-        res = self.run("pilot", "target", "add", "--home", self.home, "bank",
+        res = self.run("pilot", "target", "add", "--home", self.home, self.target,
                        f"sqlite:///{self.bank.resolve()}", "--json")
         assert res.returncode == 0, res
-        assert res.json["target"] == "bank"
+        assert res.json["target"] == self.target
         return self
 
     def copy_to(self, root: Path) -> World:
@@ -228,8 +214,6 @@ class World:
 
     # -- CLI --------------------------------------------------------------------
 
-    marque_id = staticmethod(marque_id_of)
-
     def run(self, *args: Any, env: dict[str, str] | None = None,
             timeout: float = TIMEOUT) -> Result:
         return run_cli(*args, env=env, timeout=timeout, cwd=self.root)
@@ -239,16 +223,16 @@ class World:
         sql: Sequence[str],
         params: Sequence[str] = (),
         *,
-        executions: int = 1,
-        max_rows: int = 1,
-        attempts: int | None = None,
+        executions: int = EXECUTIONS,
+        max_rows: int = MAX_ROWS,
+        attempts: int | None = None,  # None: the CLI's default (support.world.ATTEMPTS)
         ttl: str | None = None,
         incarnation: str | None = None,
     ) -> Path:
         """Issue a marque with ``marque issue``; returns the file holding it."""
         args: list[Any] = [
             "issue", "--issuer-key", self.issuer_key, "--pilot-id", self.pilot_id,
-            "--incarnation", incarnation or self.incarnation, "--target", "bank",
+            "--incarnation", incarnation or self.incarnation, "--target", self.target,
             "--holder-key", self.holder_pub, "--executions", executions, "--max-rows", max_rows,
         ]
         for text in sql:
@@ -296,26 +280,7 @@ class World:
         assert res.returncode == 0, res
         return res.json
 
-    # -- direct reads of the SQLite files -------------------------------------------
-
-    def balances(self) -> dict[int, int]:
-        conn = sqlite3.connect(self.bank)
-        try:
-            return dict(conn.execute("SELECT id, balance FROM accounts ORDER BY id"))
-        finally:
-            conn.close()
-
-    def stamps(self) -> list[dict[str, Any]]:
-        conn = sqlite3.connect(self.bank)
-        conn.row_factory = sqlite3.Row
-        try:
-            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'marque_stamps'"
-                                ).fetchone():
-                return []
-            return [dict(r) for r in conn.execute(
-                "SELECT * FROM marque_stamps ORDER BY marque_id, nonce")]
-        finally:
-            conn.close()
+    # -- direct reads of the ledger and logbook files (the bank's are PilotWorld's) ----
 
     def ledger_rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         conn = sqlite3.connect(self.home / "ledger.sqlite3")

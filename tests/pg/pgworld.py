@@ -25,6 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from support.world import (
+    ATTEMPTS,
+    EXECUTIONS,
+    MAX_ROWS,
+    TARGET,
+    TTL_SECONDS,
+    PilotWorld,
+    PostgresBank,
+    make_keys,
+)
+from support.world import STAMP_COLUMNS as STAMP_COLUMNS  # the tests import them from here
+from support.world import marque_id_of as marque_id_of
 
 from marque.errors import MarqueError
 from marque.outcome import Outcome
@@ -37,31 +49,17 @@ from marque.token import (
     Statement,
     issue_marque,
     make_proof,
-    new_key,
     public_jwk,
-    unverified_claims,
 )
 
 PILOT_ID = "pg-pilot"
-TARGET = "bank"
 MARQUE = Path(sys.executable).parent / "marque"
-STAMP_COLUMNS = ("marque_id", "nonce", "attempt", "kind", "pilot_id", "incarnation",
-                 "rows_affected")
 LATTICE = {"in_progress", "indeterminate", "aborted_not_applied", "applied"}
-
-
-def marque_id_of(token: str) -> str:
-    """The ``jti`` of a compact marque, read without verifying it."""
-    claims = unverified_claims(token)
-    assert claims is not None, "not a compact JWS"
-    return str(claims["jti"])
 
 
 def make_accounts(dsn: str) -> None:
     """``accounts(id int primary key, balance int)`` with (1,100), (2,100), (3,100)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
-        conn.execute("INSERT INTO accounts VALUES (1, 100), (2, 100), (3, 100)")
+    PostgresBank(dsn).create([1, 2, 3])
 
 
 def run_outcome(pilot: Pilot, holder: dict[str, Any], token: str, nonce: str,
@@ -75,8 +73,11 @@ def run_outcome(pilot: Pilot, holder: dict[str, Any], token: str, nonce: str,
 
 
 @dataclass
-class World:
-    """A Pilot home, a PostgreSQL target ``bank`` and issuer/holder keys."""
+class World(PilotWorld):
+    """A Pilot home, a PostgreSQL target ``bank`` and issuer/holder keys, made with the
+    Python API (the shared :class:`support.world.PilotWorld`)."""
+
+    pilot_id = PILOT_ID
 
     root: Path
     target_dsn: str  # the target, direct (for reading back); the Pilot may go via a proxy
@@ -116,9 +117,9 @@ class World:
     def issue(
         self,
         *statements: str | Statement,
-        executions: int = 1,
-        max_rows: int = 1,
-        attempts: int = 3,
+        executions: int = EXECUTIONS,
+        max_rows: int = MAX_ROWS,
+        attempts: int = ATTEMPTS,
         isolation: str = "read_committed",
         statement_timeout_ms: int | None = None,
         guards: tuple[Guard, ...] = (),
@@ -131,9 +132,9 @@ class World:
             statement_timeout_ms=statement_timeout_ms,
         )
         return issue_marque(
-            self.issuer, pilot_id=PILOT_ID, incarnation=self.incarnation, target=TARGET,
-            holder_jwk=public_jwk(self.holder), change=change,
-            budget=Budget(executions, max_rows, attempts), ttl_seconds=900,
+            self.issuer, pilot_id=self.pilot_id, incarnation=self.incarnation,
+            target=self.target, holder_jwk=public_jwk(self.holder), change=change,
+            budget=Budget(executions, max_rows, attempts), ttl_seconds=TTL_SECONDS,
         )
 
     def execute(self, token: str, nonce: str,
@@ -148,36 +149,18 @@ class World:
     # -- files for the CLI --------------------------------------------------------
 
     def holder_file(self) -> Path:
-        path = self.root / "holder.jwk"
-        if not path.exists():
-            path.write_text(json.dumps(self.holder))
-        return path
+        """The holder's private key file (written with the world's keys)."""
+        return self.holder_key
 
     def marque_file(self, token: str) -> Path:
         path = self.root / f"{marque_id_of(token)}.marque"
         path.write_text(token + "\n")
         return path
 
-    # -- the target, read directly -------------------------------------------------
+    # -- the target, read directly (balances and stamps are PilotWorld's) --------------
 
-    def balances(self) -> dict[int, int]:
-        with psycopg.connect(self.target_dsn, autocommit=True) as conn:
-            rows = conn.execute("SELECT id, balance FROM accounts ORDER BY id").fetchall()
-        return {r[0]: r[1] for r in rows}
-
-    def stamps(self, marque_id: str | None = None) -> list[dict[str, Any]]:
-        """``marque.stamps`` rows (all, or one marque's), oldest first."""
-        with psycopg.connect(self.target_dsn, autocommit=True) as conn:
-            exists = conn.execute("SELECT to_regclass('marque.stamps')").fetchone()
-            if not exists or exists[0] is None:
-                return []
-            sql = f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque.stamps"
-            params: tuple[Any, ...] = ()
-            if marque_id is not None:
-                sql += " WHERE marque_id = %s"
-                params = (marque_id,)
-            rows = conn.execute(sql + " ORDER BY created_at", params).fetchall()
-        return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+    def bank_reader(self) -> PostgresBank:
+        return PostgresBank(self.target_dsn)
 
     def close(self) -> None:
         self.close_pilot()
@@ -191,7 +174,7 @@ def build_world(root: Path, target_dsn: str, *, ledger: str = "sqlite",
     if accounts:
         make_accounts(target_dsn)
     root.mkdir(parents=True, exist_ok=True)
-    issuer, holder = new_key(), new_key()
+    issuer, holder = make_keys(root)
     ident = init_home(root / "home", PILOT_ID, ledger_dsn)
     trust_issuer(root / "home", public_jwk(issuer))
     add_target(root / "home", TARGET, pilot_target_dsn or target_dsn)

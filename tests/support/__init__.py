@@ -8,6 +8,8 @@
 * :mod:`support.harbour` — Harbourmaster homes, ``harbour serve`` and ``pilot serve``
   processes, and :class:`~support.harbour.HarbourWorld`, a Harbourmaster with a Pilot
   joined to it (the stack the Harbourmaster's end-to-end and browser tests share);
+* :mod:`support.world` — :class:`~support.world.PilotWorld`, what the end-to-end and
+  PostgreSQL tiers' Pilot worlds share (keys, issuing defaults, reading the bank);
 * :mod:`support.effects_world` — an in-process Pilot world for Effect Sets.
 
 Nothing here imports a tier's own helpers, so every tier (and the soak and the
