@@ -178,6 +178,19 @@ def an_oidc_session(store: HarbourStore, name: str, who: str = "dave") -> str:
     return session
 
 
+def test_a_session_is_read_with_its_last_check(store: HarbourStore) -> None:
+    """get_session answers when the session was last checked at the provider, in the
+    same read (None before any check is recorded, and for a token session)."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = an_oidc_session(store, "read with its check")
+    assert store.get_session(session, now=T0 + 1)[0].oidc_checked_at is None
+    store.note_oidc_check(session, refresh_token="r1", checked_at=T0 + 2)
+    assert store.get_session(session, now=T0 + 3)[0].oidc_checked_at == T0 + 2
+    token = digest("a token session")
+    store.create_session(token, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    assert store.get_session(token, now=T0 + 3)[0].oidc_checked_at is None
+
+
 def test_a_sessions_check_is_claimed_once_when_due(stores: StorePool) -> None:
     """Through two stores on one location (two processes): a check not yet due is claimed
     by neither; once due, by one only, which gets the refresh token; a session with no

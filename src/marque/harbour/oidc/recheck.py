@@ -81,6 +81,8 @@ class Rechecks:
         except MarqueError:
             config = None  # settings that cannot be read confirm nothing
         due_before = now - (config.recheck_seconds if config is not None else 0)
+        if session.oidc_checked_at is not None and session.oidc_checked_at > due_before:
+            return  # read with the session: not due, so no claim (no second query)
         claim = self.store.claim_oidc_check(session.session_hash, due_before=due_before,
                                             now=now)
         if claim is None:

@@ -217,6 +217,9 @@ class ConsoleSession:
     #: The provider's subject and session id (``sid``) it was opened for, if any.
     oidc_subject: str | None = None
     oidc_sid: str | None = None
+    #: When it was last checked at the provider (``oidc_session_checks``), as read with
+    #: the session; None when no check is recorded (or the session was not read back).
+    oidc_checked_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -574,7 +577,8 @@ class HarbourStore(NotificationStore, abc.ABC):
         (``unknown``, ``expired``, ``revoked``, ``principal_revoked``, and
         ``role_revoked`` for a sign-in granted a role its principal no longer holds).
         A session whose roles came from the provider's groups returns the principal
-        with those roles.
+        with those roles; one opened through the provider carries when it was last checked
+        there (``oidc_checked_at``), read in the same statement.
         """
 
     @abc.abstractmethod
