@@ -38,7 +38,7 @@ from urllib.parse import urlencode
 
 from marque.errors import NotFound, OidcConfigInvalid, OidcLoginRefused, OidcSubjectUnknown
 from marque.harbour.oidc.config import OidcConfig, read_secret
-from marque.harbour.oidc.provider import Provider, Providers, fetch_userinfo, post_token
+from marque.harbour.oidc.provider import Provider, Providers
 from marque.harbour.oidc.tokens import refuse, verify_id_token
 from marque.harbour.principals import Principal, Role
 from marque.harbour.store.base import HarbourStore, OidcLogin
@@ -140,11 +140,11 @@ class SignIn:
                                    f"({(error or 'no code')[:80]})",
                                    detail={"check": "provider", "error": (error or "")[:80]})
         provider = self.providers.get(config.issuer)
-        answer = post_token(provider.discovery().token_endpoint, {
+        answer = provider.post_token({
             "grant_type": "authorization_code", "code": code,
             "redirect_uri": config.redirect_uri or redirect_uri,
             "code_verifier": login.code_verifier},
-            auth=(config.client_id, read_secret(config.client_secret_file)))
+            (config.client_id, read_secret(config.client_secret_file)))
         token = answer.get("id_token")
         if "error" in answer or not isinstance(token, str):
             raise OidcLoginRefused("the identity provider would not redeem the sign-in's code "
@@ -169,10 +169,11 @@ class SignIn:
         ID token carries."""
         wanted = {config.subject_claim, *([config.groups_claim] if config.groups_claim else []),
                   *(["email_verified"] if config.subject_claim == "email" else [])}
-        endpoint = provider.discovery().userinfo_endpoint
-        if wanted <= set(claims) or endpoint is None or not isinstance(access_token, str):
+        if wanted <= set(claims) or not isinstance(access_token, str):
             return claims
-        info = fetch_userinfo(endpoint, access_token)
+        info = provider.fetch_userinfo(access_token)
+        if info is None:  # the provider has no UserInfo endpoint
+            return claims
         if info.get("sub") != claims["sub"]:
             raise refuse("subject", "the provider's UserInfo answer is for another subject")
         return {**info, **claims}
