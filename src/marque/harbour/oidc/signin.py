@@ -13,7 +13,12 @@ and verifies the ID token (:mod:`.tokens`) against the nonce it stored.
 token from the provider itself (the device authorization grant, for its own public client
 ``cli_client_id``) and posts it here. It is accepted only if its audience is that client —
 an ID token issued to any other application is refused — if it was issued in the last
-:data:`EXCHANGE_FRESH_SECONDS`, and only once (its SHA-256 is recorded in the store).
+:data:`EXCHANGE_FRESH_SECONDS`, and only once (its SHA-256 is recorded in the store, with
+the session it opened). The one exception is a renewal: a refresh grant in the same
+second as the sign-in it renews can answer the very same ID token, which is accepted
+when the renewal comes with that sign-in's own (live) token, and then ends that sign-in
+and lasts no longer than it would have: a copy of an ID token alone is still worth
+nothing after its first use.
 
 **Who it is** (:meth:`SignIn.identify`). The configured claim (``sub`` by default, or e.g.
 ``email``, which must then be ``email_verified``) is the name of a principal, which must
@@ -178,10 +183,13 @@ class SignIn:
             raise refuse("subject", "the provider's UserInfo answer is for another subject")
         return {**info, **claims}
 
-    def exchange(self, id_token: str, now: float,
-                 access_token: str | None = None) -> tuple[Identity, float]:
+    def exchange(self, id_token: str, now: float, access_token: str | None = None, *,
+                 opens: str | None = None,
+                 renewing: str | None = None) -> tuple[Identity, float, float | None]:
         """A command line's ID token (for ``cli_client_id``), checked and used once: who it
-        is, and when the token expires."""
+        is, when the token expires, and — for a renewal that got back the very token the
+        session ``renewing`` was opened with — when that session would have expired (None
+        otherwise). ``opens`` is the SHA-256 of the session this exchange opens."""
         config = self.required()
         if config.cli_client_id is None:
             raise NotFound("this Harbourmaster does not let the command line sign in through "
@@ -191,11 +199,20 @@ class SignIn:
                                  nonce=None)
         if float(claims["iat"]) < now - EXCHANGE_FRESH_SECONDS:
             raise refuse("issued_at", "it was issued too long ago to be exchanged: sign in again")
-        if not self.store.note_exchanged_token(sha256_hex(id_token),
-                                               expires_at=float(claims["exp"]), now=now):
-            raise refuse("replayed", "it was exchanged before")
+        token_hash = sha256_hex(id_token)
+        until: float | None = None
+        if not self.store.note_exchanged_token(token_hash, expires_at=float(claims["exp"]),
+                                               now=now, session_hash=opens):
+            # Seen before. A refresh in the second the token was issued answers the same
+            # token (its claims are whole seconds, its signature deterministic): accepted
+            # only as the renewal of the live session it opened, which it replaces.
+            if renewing is not None and opens is not None:
+                until = self.store.renew_exchanged_token(token_hash, renewing=renewing,
+                                                         session_hash=opens, now=now)
+            if until is None:
+                raise refuse("replayed", "it was exchanged before")
         claims = self.with_userinfo(config, provider, claims, access_token)
-        return self.identify(config, claims), float(claims["exp"])
+        return self.identify(config, claims), float(claims["exp"]), until
 
     # -- who it is -------------------------------------------------------------------
 

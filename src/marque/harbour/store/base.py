@@ -616,8 +616,17 @@ class HarbourStore(NotificationStore, abc.ABC):
 
     @abc.abstractmethod
     def note_exchanged_token(self, token_hash: str, *, expires_at: float,
-                             now: float | None = None) -> bool:
-        """Record that an ID token was exchanged; False if it already was (a replay)."""
+                             now: float | None = None, session_hash: str | None = None) -> bool:
+        """Record that an ID token was exchanged (for the session ``session_hash``, about
+        to be opened); False if it already was (a replay)."""
+
+    @abc.abstractmethod
+    def renew_exchanged_token(self, token_hash: str, *, renewing: str, session_hash: str,
+                              now: float | None = None) -> float | None:
+        """Accept an ID token exchanged before as the renewal of the session it opened: only
+        when ``renewing`` is that session, live and a command line's, in one compare-and-set
+        that moves the token to ``session_hash`` and ends ``renewing``. The ended session's
+        expiry (the renewal must not outlast it); None when refused (a replay)."""
 
     @abc.abstractmethod
     def end_oidc_sessions(self, *, subject: str | None = None, sid: str | None = None,
