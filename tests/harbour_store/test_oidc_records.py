@@ -246,6 +246,17 @@ def test_a_session_is_read_with_its_last_check(store: HarbourStore) -> None:
     assert store.get_session(token, now=T0 + 3)[0].oidc_checked_at is None
 
 
+def test_a_sessions_refresh_token_is_taken_once(store: HarbourStore) -> None:
+    """At logout the refresh token a session kept is taken from the store: answered once,
+    then gone (a second logout has nothing to revoke)."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = an_oidc_session(store, "logged out")
+    store.note_oidc_check(session, refresh_token="r1", checked_at=T0)
+    assert store.take_oidc_refresh_token(session) == "r1"
+    assert store.take_oidc_refresh_token(session) is None
+    assert store.take_oidc_refresh_token(digest("never noted")) is None
+
+
 def test_a_sessions_check_is_claimed_once_when_due(stores: StorePool) -> None:
     """Through two stores on one location (two processes): a check not yet due is claimed
     by neither; once due, by one only, which gets the refresh token; a session with no

@@ -222,6 +222,20 @@ class ConsoleOidc:
         if viewer.session.via == "oidc":
             await self.console._run(self.rechecks.check, viewer.session, self.console._now())
 
+    async def logged_out(self, viewer: Viewer) -> None:
+        """After a logout (the session already ended here): revoke the refresh token a
+        session opened through the provider kept, at the provider. A failure is logged;
+        the user is signed out of the console either way."""
+        if viewer.session.via != "oidc":
+            return
+        try:
+            await self.console._run(self.signin.revoke_refresh_token,
+                                    viewer.session.session_hash)
+        except MarqueError as exc:
+            log.warning("logout of %s: the identity provider's refresh token was not revoked "
+                        "(%s: %s); the console session has ended", viewer.name, exc.code,
+                        exc.message)
+
     # -- the command line ------------------------------------------------------------
 
     async def api_settings(self, request: Request) -> Response:

@@ -51,6 +51,8 @@ class Discovery:
     code_challenge_methods: tuple[str, ...] | None
     signing_algs: tuple[str, ...]
     scopes_supported: tuple[str, ...] = ()
+    #: Where tokens are revoked (RFC 7009), if the provider says.
+    revocation_endpoint: str | None = None
 
     @classmethod
     def parse(cls, issuer: str, data: Any) -> Discovery:
@@ -76,7 +78,8 @@ class Discovery:
                    else tuple(str(m) for m in methods),
                    signing_algs=tuple(str(a) for a in algs if isinstance(a, str)),
                    scopes_supported=tuple(str(s) for s in data.get("scopes_supported") or ()
-                                          if isinstance(s, str)))
+                                          if isinstance(s, str)),
+                   revocation_endpoint=_optional(data, "revocation_endpoint"))
 
 
 def _optional(data: dict[str, Any], member: str) -> str | None:
@@ -142,6 +145,28 @@ def post_token(endpoint: str, form: dict[str, str], auth: tuple[str, str] | None
     return body
 
 
+def revoke_token(endpoint: str, token: str, hint: str, auth: tuple[str, str], *,
+                 client: httpx.Client | None = None) -> None:
+    """Revoke ``token`` at a revocation endpoint (RFC 7009 §2.1: 200, also for a token it
+    no longer knows); anything else is ``OidcProviderUnavailable``."""
+    try:
+        response = _request(client, "POST", endpoint, auth=auth,
+                            data={"token": token, "token_type_hint": hint},
+                            headers={"Accept": "application/json"})
+    except httpx.HTTPError as exc:
+        raise OidcProviderUnavailable(f"cannot reach the provider's revocation endpoint: "
+                                      f"{type(exc).__name__}") from None
+    if response.status_code != 200:
+        said = ""
+        try:
+            body = response.json()
+            said = f" ({str(body.get('error'))[:80]})" if isinstance(body, dict) else ""
+        except ValueError:
+            pass
+        raise OidcProviderUnavailable(f"the provider's revocation endpoint answered HTTP "
+                                      f"{response.status_code}{said}")
+
+
 def fetch_userinfo(endpoint: str, access_token: str, *,
                    client: httpx.Client | None = None) -> dict[str, Any]:
     """The UserInfo endpoint's claims for ``access_token`` (OpenID Connect Core §5.3)."""
@@ -201,6 +226,15 @@ class Provider:
     def post_token(self, form: dict[str, str], auth: tuple[str, str]) -> dict[str, Any]:
         """:func:`post_token` to this provider's token endpoint, on the kept client."""
         return post_token(self.discovery().token_endpoint, form, auth, client=self.client())
+
+    def revoke_refresh_token(self, token: str, auth: tuple[str, str]) -> bool:
+        """Revoke a refresh token at this provider (:func:`revoke_token`); False when the
+        provider names no revocation endpoint."""
+        endpoint = self.discovery().revocation_endpoint
+        if endpoint is None:
+            return False
+        revoke_token(endpoint, token, "refresh_token", auth, client=self.client())
+        return True
 
     def fetch_userinfo(self, access_token: str) -> dict[str, Any] | None:
         """:func:`fetch_userinfo` on the kept client; None when the provider has no

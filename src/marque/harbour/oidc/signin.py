@@ -164,6 +164,20 @@ class SignIn:
                         identity.subject, identity.sid, login.next_path,
                         refresh if isinstance(refresh, str) and refresh else None)
 
+    def revoke_refresh_token(self, session_hash: str) -> None:
+        """At logout: the refresh token the session kept for its checks, taken from the
+        store and revoked at the provider (RFC 7009), when the provider names a revocation
+        endpoint, so the provider's grant ends with the session. Logout has already ended
+        the session here; a revocation that fails raises (for the caller to log) and
+        changes nothing of that."""
+        refresh = self.store.take_oidc_refresh_token(session_hash)
+        config = self.config()
+        if refresh is None or config is None:
+            return
+        provider = self.providers.get(config.issuer)
+        provider.revoke_refresh_token(refresh, (config.client_id,
+                                                read_secret(config.client_secret_file)))
+
     # -- the command line's exchange ------------------------------------------------
 
     def with_userinfo(self, config: OidcConfig, provider: Provider, claims: dict[str, Any],

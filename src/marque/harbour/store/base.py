@@ -641,6 +641,11 @@ class HarbourStore(NotificationStore, abc.ABC):
         (at sign-in, or at a check), with the refresh token its next check uses."""
 
     @abc.abstractmethod
+    def take_oidc_refresh_token(self, session_hash: str) -> str | None:
+        """Remove a session's check and answer the refresh token it kept (at logout, for
+        the provider to revoke); None when it kept none."""
+
+    @abc.abstractmethod
     def claim_oidc_check(self, session_hash: str, *, due_before: float,
                          now: float | None = None) -> OidcCheck | None:
         """Claim a session's check if it was last checked at or before ``due_before`` (one

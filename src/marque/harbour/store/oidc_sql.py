@@ -180,6 +180,14 @@ class OidcRecords(StoreHooks):
                        "checked_at = excluded.checked_at",
                        (session_hash, refresh_token, float(checked_at)))
 
+    def take_oidc_refresh_token(self, session_hash: str) -> str | None:
+        _check_hash(session_hash, "a console session")
+        with self.transaction() as tx:
+            # Taken, not read: of two logouts of one session, one revokes the token.
+            row = tx.one("DELETE FROM oidc_session_checks WHERE session_hash = ? "
+                         "RETURNING refresh_token", (session_hash,))
+        return None if row is None or row[0] is None else str(row[0])
+
     def claim_oidc_check(self, session_hash: str, *, due_before: float,
                          now: float | None = None) -> OidcCheck | None:
         _check_hash(session_hash, "a console session")
