@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,16 +96,6 @@ def make_oidc_world(root: Path, **provider_args: Any) -> Iterator[OidcWorld]:
             provider.stop()
 
 
-def next_issue_second(since: float) -> None:
-    """Wait until the provider's clock has passed the whole second ``since`` was in.
-
-    ID tokens carry their issue time in whole seconds and are signed deterministically,
-    so a refresh grant in the same second as the sign-in can give back the very ID token
-    already exchanged, which the Harbourmaster rightly refuses as a replay. A real renewal
-    comes at least a minute later; a test that renews at once waits this out first."""
-    time.sleep(max(0.0, int(since) + 1.05 - time.time()))
-
-
 def sign_in(page: Any, who: str, *, next_path: str = "/") -> None:
     """Sign in through the provider's own page as ``who`` (from the console's login page),
     and wait to be back at the console."""
@@ -146,19 +135,29 @@ def confirm_device(browser: Any, url: str, who: str) -> None:
         context.close()
 
 
-def device_tokens(provider: OidcProvider, client_id: str, browser: Any,
-                  who: str) -> dict[str, Any]:
+def device_confirmed(provider: OidcProvider, client_id: str, browser: Any, who: str,
+                     scope: str = "openid email") -> tuple[dict[str, Any], str]:
     """The device authorization grant for ``client_id``, confirmed in a browser as ``who``,
-    done by hand (as any other application would): the provider's token answer."""
+    done by hand (as any other application would): the provider's discovery document and
+    the device code, ready to be redeemed at its token endpoint."""
     import httpx
 
     settings = httpx.get(provider.issuer + "/.well-known/openid-configuration").json()
     grant = httpx.post(settings["device_authorization_endpoint"],
-                       data={"client_id": client_id, "scope": "openid email"}).json()
+                       data={"client_id": client_id, "scope": scope}).json()
     confirm_device(browser, grant["verification_uri_complete"], who)
+    return settings, str(grant["device_code"])
+
+
+def device_tokens(provider: OidcProvider, client_id: str, browser: Any,
+                  who: str) -> dict[str, Any]:
+    """:func:`device_confirmed`, redeemed: the provider's token answer."""
+    import httpx
+
+    settings, device_code = device_confirmed(provider, client_id, browser, who)
     answer = httpx.post(settings["token_endpoint"], data={
         "grant_type": "urn:ietf:params:oauth:grant-type:device_code",
-        "device_code": grant["device_code"], "client_id": client_id})
+        "device_code": device_code, "client_id": client_id})
     assert answer.status_code == 200, answer.text
     tokens: dict[str, Any] = answer.json()
     return tokens

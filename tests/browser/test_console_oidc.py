@@ -26,6 +26,7 @@ from .conftest import Console, World
 from .oidc_world import (
     CONSOLE_CLIENT,
     OTHER_CLIENT,
+    SECRET,
     OidcWorld,
     back_at_console,
     make_oidc_world,
@@ -137,6 +138,67 @@ def test_logout_ends_the_signed_in_session(oidc: OidcWorld, consoles: Consoles) 
     dave.page.wait_for_url(f"{oidc.world.url}/login**")
     dave.page.get_by_test_id("oidc-sign-in").click()
     dave.page.locator("input[name=password]").wait_for()
+
+
+def refresh_token_of(world: World, who: str) -> str | None:
+    """The refresh token ``who``'s latest session opened through the provider keeps."""
+    with sqlite3.connect(world.store_path) as db:
+        row = db.execute("SELECT c.refresh_token FROM console_sessions s LEFT JOIN "
+                         "oidc_session_checks c ON c.session_hash = s.session_hash WHERE "
+                         "s.principal = ? AND s.via = 'oidc' ORDER BY s.created_at DESC",
+                         (who,)).fetchone()
+    return None if row is None else row[0]
+
+
+def refresh_at_provider(oidc: OidcWorld, refresh_token: str) -> httpx.Response:
+    """The console client's refresh grant at the provider, as the Harbourmaster makes it."""
+    settings = httpx.get(oidc.provider.issuer + "/.well-known/openid-configuration").json()
+    return httpx.post(settings["token_endpoint"], auth=(CONSOLE_CLIENT, SECRET), data={
+        "grant_type": "refresh_token", "refresh_token": refresh_token})
+
+
+def test_logout_revokes_the_refresh_token_at_the_provider(
+        oidc: OidcWorld, consoles: Consoles) -> None:
+    """Logging out revokes the session's refresh token at the provider (RFC 7009): the
+    provider then refuses it, while another sign-in's refresh token still works there;
+    the store keeps it no longer."""
+    carol, dave = consoles(None), consoles(None)
+    for console, who in ((carol, "carol"), (dave, "dave")):
+        sign_in(console.page, who)
+        back_at_console(console.page, oidc.world.url)
+    kept = refresh_token_of(oidc.world, "carol")
+    other = refresh_token_of(oidc.world, "dave")
+    assert kept and other
+    carol.page.get_by_role("button", name="Log out").click()
+    carol.page.wait_for_url("**/login?why=logged_out")
+    refused = refresh_at_provider(oidc, kept)
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant", \
+        refused.text
+    assert refresh_token_of(oidc.world, "carol") is None
+    assert refresh_at_provider(oidc, other).status_code == 200  # not revoked: not logged out
+    dave.page.get_by_role("button", name="Log out").click()  # leaves no session behind
+    dave.page.wait_for_url("**/login?why=logged_out")
+
+
+def test_a_revocation_that_fails_still_logs_out(own_oidc: OidcWorld, browser: Any) -> None:
+    """With the provider down, logging out still ends the console session (the old cookie
+    opens nothing), and the failure to revoke is logged."""
+    carol = Console(browser, own_oidc.world, None)
+    try:
+        sign_in(carol.page, "carol")
+        back_at_console(carol.page, own_oidc.world.url)
+        cookie = session_cookie(carol)
+        assert cookie is not None
+        own_oidc.provider.stop()
+        carol.page.get_by_role("button", name="Log out").click()
+        carol.page.wait_for_url("**/login?why=logged_out")
+        carol.context.add_cookies([cookie])
+        carol.page.goto("/")
+        assert "/login" in carol.page.url
+        assert sessions(own_oidc.world)[-1][4] is not None
+        assert "refresh token was not revoked" in own_oidc.world.server.logged()
+    finally:
+        carol.close()
 
 
 def test_a_role_revoked_ends_the_session_at_the_next_request(

@@ -18,7 +18,7 @@ from e2e.oidc_support import OidcProvider, device_client, web_client
 from support.harbour import MARQUE, TIMEOUT, Harbour, cli_env
 
 from marque.errors import OidcLoginRefused
-from marque.harbour.oidc.provider import Provider
+from marque.harbour.oidc.provider import Provider, Providers
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +229,17 @@ def test_init_refuses_what_oidc_set_refuses_and_makes_nothing(
         same = oidc("set", "--home", Harbour(tmp_path / "h").home,
                     *[str(a).replace("--oidc-", "--") for a in given])
         assert json.loads(same.stdout)["error"]["detail"]["setting"] == setting
+
+
+def test_a_providers_calls_share_one_kept_client_closed_with_the_service(
+        provider: OidcProvider) -> None:
+    """Discovery, the JWKS and later calls go through one httpx client per provider, made
+    at the first call; closing the providers (as the service closes) closes it."""
+    providers = Providers()
+    kept = providers.get(provider.issuer)
+    assert kept.discovery().issuer == provider.issuer
+    client = kept.client()
+    assert kept.key("k1")["kid"] == "k1"
+    assert providers.get(provider.issuer).client() is client and not client.is_closed
+    providers.close()
+    assert client.is_closed

@@ -170,12 +170,91 @@ def test_a_state_used_through_one_process_is_used_for_all(stores: StorePool) -> 
     assert not second.note_exchanged_token(token, expires_at=T0 + 300, now=T0)
 
 
+def a_cli_session(store: HarbourStore, name: str, *, expires_at: float = T0 + HOUR) -> str:
+    session = digest(name)
+    store.create_session(session, "dave", csrf_secret="c" * 43, expires_at=expires_at,
+                         now=T0, via="cli", roles=("approver",), roles_from="principal",
+                         oidc_subject="dave")
+    return session
+
+
+def test_an_exchanged_token_renews_only_the_live_session_it_opened(
+        stores: StorePool) -> None:
+    """Through two stores on one location: an ID token seen before is refused as a login
+    (no session renewed), and as the renewal of any session but the one it opened; as
+    that one's renewal it is accepted once (the renewed session ends, its expiry is
+    answered), after which renewing the ended session again is refused."""
+    location = stores.location()
+    first = stores.create(location)
+    second = stores.open(location)
+    first.add_principal("dave", ["approver"], actor="root", now=T0)
+    token = digest("an id token renewed")
+    opened = a_cli_session(first, "opened", expires_at=T0 + 300)
+    other = a_cli_session(first, "another sign-in")
+    assert first.note_exchanged_token(token, expires_at=T0 + 300, now=T0 + 1,
+                                      session_hash=opened)
+    assert not second.note_exchanged_token(token, expires_at=T0 + 300, now=T0 + 1,
+                                           session_hash=digest("replay"))
+    assert second.renew_exchanged_token(token, renewing=other, session_hash=digest("n1"),
+                                        now=T0 + 1) is None
+    renewed = digest("renewed")
+    assert second.renew_exchanged_token(token, renewing=opened, session_hash=renewed,
+                                        now=T0 + 1) == T0 + 300
+    with pytest.raises(Unauthenticated) as ended:
+        first.get_session(opened, now=T0 + 2)
+    assert ended.value.detail["reason"] == "revoked"
+    assert first.renew_exchanged_token(token, renewing=opened, session_hash=digest("n2"),
+                                       now=T0 + 2) is None
+    first.get_session(other, now=T0 + 2)  # a refused renewal ends nothing
+
+
+def test_a_token_renews_no_expired_session_nor_one_it_did_not_open(
+        store: HarbourStore) -> None:
+    """The renewed session must be live: an expired one renews nothing; a token recorded
+    with no session (exchanged before sessions were recorded) renews none."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    short = a_cli_session(store, "short", expires_at=T0 + 10)
+    token = digest("a token of an expired sign-in")
+    assert store.note_exchanged_token(token, expires_at=T0 + 300, now=T0, session_hash=short)
+    assert store.renew_exchanged_token(token, renewing=short, session_hash=digest("n"),
+                                       now=T0 + 10) is None
+    old = digest("a token from before")
+    live = a_cli_session(store, "live")
+    assert store.note_exchanged_token(old, expires_at=T0 + 300, now=T0)
+    assert store.renew_exchanged_token(old, renewing=live, session_hash=digest("m"),
+                                       now=T0 + 1) is None
+
+
 def an_oidc_session(store: HarbourStore, name: str, who: str = "dave") -> str:
     session = digest(name)
     store.create_session(session, who, csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0,
                          via="oidc", roles=("approver",), roles_from="principal",
                          oidc_subject=who, oidc_sid=f"sid-{name}")
     return session
+
+
+def test_a_session_is_read_with_its_last_check(store: HarbourStore) -> None:
+    """get_session answers when the session was last checked at the provider, in the
+    same read (None before any check is recorded, and for a token session)."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = an_oidc_session(store, "read with its check")
+    assert store.get_session(session, now=T0 + 1)[0].oidc_checked_at is None
+    store.note_oidc_check(session, refresh_token="r1", checked_at=T0 + 2)
+    assert store.get_session(session, now=T0 + 3)[0].oidc_checked_at == T0 + 2
+    token = digest("a token session")
+    store.create_session(token, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    assert store.get_session(token, now=T0 + 3)[0].oidc_checked_at is None
+
+
+def test_a_sessions_refresh_token_is_taken_once(store: HarbourStore) -> None:
+    """At logout the refresh token a session kept is taken from the store: answered once,
+    then gone (a second logout has nothing to revoke)."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    session = an_oidc_session(store, "logged out")
+    store.note_oidc_check(session, refresh_token="r1", checked_at=T0)
+    assert store.take_oidc_refresh_token(session) == "r1"
+    assert store.take_oidc_refresh_token(session) is None
+    assert store.take_oidc_refresh_token(digest("never noted")) is None
 
 
 def test_a_sessions_check_is_claimed_once_when_due(stores: StorePool) -> None:

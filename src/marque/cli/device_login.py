@@ -13,9 +13,9 @@ grant (RFC 8628), for a terminal that may have no browser (an SSH session).
    lasting its recheck interval (an hour at most). That token is what is stored, with —
    when the provider offers ``offline_access`` — the provider's refresh token, so that a
    command run after that signs in again by itself (:func:`refresh_sign_in`): a fresh ID
-   token from the refresh grant, exchanged the same way, where the Harbourmaster maps
-   its claims again (the sign-in's check). The provider's ID and access tokens are never
-   stored.
+   token from the refresh grant, exchanged the same way (naming the token it renews),
+   where the Harbourmaster maps its claims again (the sign-in's check). The provider's
+   ID and access tokens are never stored.
 """
 
 from __future__ import annotations
@@ -119,20 +119,26 @@ def device_sign_in(harbour_url: str, *, sleep: Any = time.sleep) -> dict[str, An
     return _exchange(base, tokens)
 
 
-def _exchange(base: str, tokens: dict[str, Any]) -> dict[str, Any]:
-    """The provider's tokens exchanged at the Harbourmaster; its answer, with the provider's
-    refresh token (if any) to keep."""
+def _exchange(base: str, tokens: dict[str, Any], renews: str | None = None) -> dict[str, Any]:
+    """The provider's tokens exchanged at the Harbourmaster (a renewal naming the token it
+    replaces); its answer, with the provider's refresh token (if any) to keep."""
     body = {"id_token": tokens["id_token"]}
     if isinstance(tokens.get("access_token"), str):
         body["access_token"] = tokens["access_token"]
+    if renews:
+        body["renews"] = renews
     answer = _harbour("POST", f"{base}/v1/oidc/exchange", json=body)
     refresh = tokens.get("refresh_token")
     return {**answer, "refresh_token": refresh if isinstance(refresh, str) else None}
 
 
-def refresh_sign_in(harbour_url: str, refresh_token: str) -> dict[str, Any]:
+def refresh_sign_in(harbour_url: str, refresh_token: str,
+                    renews: str | None = None) -> dict[str, Any]:
     """Sign in again without a person: the refresh grant at the provider for a new ID token,
-    exchanged at the Harbourmaster. A refusal is ``OidcLoginRefused`` (sign in again)."""
+    exchanged at the Harbourmaster with ``renews``, the Harbourmaster's token it replaces
+    (a refresh within the second of the last one may answer the same ID token, which the
+    Harbourmaster accepts again only from that sign-in). A refusal is ``OidcLoginRefused``
+    (sign in again)."""
     base = harbour_url.rstrip("/")
     settings = _harbour("GET", f"{base}/v1/oidc")
     status, tokens = _provider(settings["token_endpoint"], {
@@ -144,4 +150,4 @@ def refresh_sign_in(harbour_url: str, refresh_token: str) -> dict[str, Any]:
                                "`marque login --oidc` again", detail={"check": "refresh"})
     if not isinstance(tokens.get("refresh_token"), str):
         tokens["refresh_token"] = refresh_token  # a provider that does not rotate it
-    return _exchange(base, tokens)
+    return _exchange(base, tokens, renews)

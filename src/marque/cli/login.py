@@ -174,7 +174,8 @@ def _renewed(key: str) -> str:
                                   "expired: run `marque login --oidc` again",
                                   detail={"reason": "expired"})
         try:
-            signed = refresh_sign_in(key, refresh)
+            current = entry.get("token")
+            signed = refresh_sign_in(key, refresh, current if isinstance(current, str) else None)
         except (OidcLoginRefused, OidcSubjectUnknown, Unauthenticated):
             # Refused (not merely unreachable): the kept sign-in is dropped, never sent again.
             del harbours[key]

@@ -172,8 +172,10 @@ class HarbourService:
         )
 
     def close(self) -> None:
-        """Let calls in progress finish, then release the threads."""
+        """Let calls in progress finish, then release the threads and the identity
+        provider's kept HTTP clients."""
         self._threads.close()
+        self.console.oidc.providers.close()
 
     # -- plumbing --------------------------------------------------------------------
 

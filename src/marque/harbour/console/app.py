@@ -312,11 +312,13 @@ class Console:
 
     @page
     async def logout(self, request: Request) -> Response:
-        """``POST /logout``: the session ends in the store, everywhere."""
+        """``POST /logout``: the session ends in the store, everywhere (and a sign-in
+        through the provider's refresh token is revoked there)."""
         viewer = await self.viewer(request)
         await self.form(request, viewer)
         await self._run(self.sessions.end, request.cookies.get(SESSION_COOKIE, ""),
                         self._now())
+        await self.oidc.logged_out(viewer)  # the provider's refresh token revoked there
         response = RedirectResponse("/login?why=logged_out", status_code=303,
                                     headers=_HEADERS)
         clear_cookie(response, SESSION_COOKIE, secure=is_secure(request))

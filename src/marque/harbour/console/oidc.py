@@ -197,17 +197,19 @@ class ConsoleOidc:
                                secure=is_secure(request))
         return response
 
-    def _open(self, identity: Identity, via: str = "oidc",
-              seconds: float | None = None) -> str:
-        """A session for a signed-in identity; its id. A console session's first check at
-        the provider is due ``recheck_seconds`` from now (:mod:`marque.harbour.oidc.recheck`)."""
+    def _open(self, identity: Identity, via: str = "oidc", expires_at: float | None = None,
+              session_id: str | None = None) -> str:
+        """A session for a signed-in identity (with id ``session_id``, else a new one); its
+        id. A console session's first check at the provider is due ``recheck_seconds``
+        from now (:mod:`marque.harbour.oidc.recheck`)."""
         now = self.console._now()
-        session_id = (CLI_TOKEN_PREFIX if via == "cli" else "") + new_secret()
+        session_id = session_id or new_secret()
         store = self.console.hm.store
         hashed = session_hash(session_id)
         store.create_session(
             hashed, identity.principal.name, csrf_secret=new_secret(),
-            expires_at=expiry(now, seconds or self.console.sessions.seconds), now=now, via=via,
+            expires_at=expires_at or expiry(now, self.console.sessions.seconds), now=now,
+            via=via,
             roles=identity.roles, roles_from=identity.roles_from,
             oidc_subject=identity.subject, oidc_sid=identity.sid)
         if via == "oidc":
@@ -219,6 +221,20 @@ class ConsoleOidc:
         (``Unauthenticated`` with the reason) if the provider no longer vouches for it."""
         if viewer.session.via == "oidc":
             await self.console._run(self.rechecks.check, viewer.session, self.console._now())
+
+    async def logged_out(self, viewer: Viewer) -> None:
+        """After a logout (the session already ended here): revoke the refresh token a
+        session opened through the provider kept, at the provider. A failure is logged;
+        the user is signed out of the console either way."""
+        if viewer.session.via != "oidc":
+            return
+        try:
+            await self.console._run(self.signin.revoke_refresh_token,
+                                    viewer.session.session_hash)
+        except MarqueError as exc:
+            log.warning("logout of %s: the identity provider's refresh token was not revoked "
+                        "(%s: %s); the console session has ended", viewer.name, exc.code,
+                        exc.message)
 
     # -- the command line ------------------------------------------------------------
 
@@ -243,27 +259,40 @@ class ConsoleOidc:
                 "token_endpoint": discovery.token_endpoint}
 
     async def api_exchange(self, request: Request) -> Response:
-        """``POST /v1/oidc/exchange`` ``{id_token, access_token?}``: the command line's ID
-        token (for its own client, fresh, never exchanged before) for a short-lived bearer
-        token of this Harbourmaster: ``{token, expires_at, principal, roles}``."""
-        body = json_body(await request.body(), "{id_token, access_token?}")
+        """``POST /v1/oidc/exchange`` ``{id_token, access_token?, renews?}``: the command
+        line's ID token (for its own client, fresh, never exchanged before — or, when
+        ``renews`` is the live bearer token the renewal replaces, the one that token was
+        opened with) for a short-lived bearer token of this Harbourmaster:
+        ``{token, expires_at, principal, roles}``."""
+        body = json_body(await request.body(), "{id_token, access_token?, renews?}")
         if not isinstance(body, dict) or not isinstance(body.get("id_token"), str):
-            raise InvalidInput("the body must be a JSON object {id_token, access_token?}")
-        access = body.get("access_token")
+            raise InvalidInput("the body must be a JSON object {id_token, access_token?, "
+                               "renews?}")
+        access, renews = body.get("access_token"), body.get("renews")
         found = await self.console._run(self._exchange, body["id_token"],
-                                        access if isinstance(access, str) else None)
+                                        access if isinstance(access, str) else None,
+                                        renews if isinstance(renews, str) and renews else None)
         return JSONResponse(found, headers={"Cache-Control": "no-store"})
 
-    def _exchange(self, id_token: str, access_token: str | None) -> dict[str, Any]:
+    def _exchange(self, id_token: str, access_token: str | None,
+                  renews: str | None = None) -> dict[str, Any]:
         now = self.console._now()
-        identity, _ = self.signin.exchange(id_token, now, access_token)
+        token = CLI_TOKEN_PREFIX + new_secret()
+        identity, _, until = self.signin.exchange(
+            id_token, now, access_token, opens=session_hash(token),
+            renewing=None if renews is None else session_hash(renews))
         # No longer than the recheck interval: the command line's renewal (a fresh ID token
-        # from the provider, exchanged again) is how its sign-in is checked again.
-        seconds = min(CLI_TOKEN_SECONDS, self.signin.required().recheck_seconds)
-        token = self._open(identity, via="cli", seconds=seconds)
-        log.info("command-line sign-in for %s through the identity provider",
-                 identity.principal.name)
-        return {"token": token, "expires_at": now + seconds,
+        # from the provider, exchanged again) is how its sign-in is checked again. A renewal
+        # answered the very token it had already exchanged brings no new word from the
+        # provider, so it lasts no longer than the sign-in it replaces.
+        expires_at = now + min(CLI_TOKEN_SECONDS, self.signin.required().recheck_seconds)
+        if until is not None:
+            expires_at = min(expires_at, until)
+        self._open(identity, via="cli", expires_at=expires_at, session_id=token)
+        log.info("command-line sign-in for %s through the identity provider%s",
+                 identity.principal.name, " (renewed with the same ID token)"
+                 if until is not None else "")
+        return {"token": token, "expires_at": expires_at,
                 "principal": identity.principal.name, "roles": list(identity.roles)}
 
     async def backchannel_logout(self, request: Request) -> Response:

@@ -3,7 +3,8 @@ the command line (docs/console.md, "Signing in with OIDC").
 
     config.py    the settings `harbour oidc set` checks and the store keeps
     admin.py     `harbour oidc set|show|clear`, checked against the provider's discovery
-    provider.py  discovery, the JWKS (one rate-limited refetch on an unknown kid), token calls
+    provider.py  discovery, the JWKS (one rate-limited refetch on an unknown kid), token and
+                 revocation calls, on one kept HTTP client per provider
     tokens.py    ID token and logout token checks (joserfc for the signature)
     signin.py    the code flow with PKCE, the command line's exchange, who signed in
     recheck.py   a console session checked again at the provider every recheck interval

@@ -9,6 +9,10 @@ refetch (a provider that rotated its key), and refetches are rate-limited
 hammer the provider. Every call has a timeout; anything else than a well-formed answer
 is :class:`~marque.errors.OidcProviderUnavailable`, never a guess.
 
+Each :class:`Provider` keeps one ``httpx.Client`` (made at its first call, closed with
+:meth:`Providers.close` when the service closes), so a session's check at the provider
+reuses a kept connection rather than opening one (and a TLS handshake) per call.
+
 Blocking (httpx): call from a worker thread.
 """
 
@@ -18,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -46,6 +51,8 @@ class Discovery:
     code_challenge_methods: tuple[str, ...] | None
     signing_algs: tuple[str, ...]
     scopes_supported: tuple[str, ...] = ()
+    #: Where tokens are revoked (RFC 7009), if the provider says.
+    revocation_endpoint: str | None = None
 
     @classmethod
     def parse(cls, issuer: str, data: Any) -> Discovery:
@@ -71,7 +78,8 @@ class Discovery:
                    else tuple(str(m) for m in methods),
                    signing_algs=tuple(str(a) for a in algs if isinstance(a, str)),
                    scopes_supported=tuple(str(s) for s in data.get("scopes_supported") or ()
-                                          if isinstance(s, str)))
+                                          if isinstance(s, str)),
+                   revocation_endpoint=_optional(data, "revocation_endpoint"))
 
 
 def _optional(data: dict[str, Any], member: str) -> str | None:
@@ -89,10 +97,20 @@ def _json(response: httpx.Response, what: str) -> Any:
                                       f"(HTTP {response.status_code})") from None
 
 
-def fetch_json(url: str, what: str) -> Any:
+def _request(client: httpx.Client | None, method: str, url: str,
+             **kwargs: Any) -> httpx.Response:
+    """One call, on the kept ``client``; without one (a one-off, as `harbour oidc set`
+    checking discovery), on a client made for it and closed after."""
+    if client is not None:
+        return client.request(method, url, timeout=TIMEOUT, follow_redirects=False, **kwargs)
+    with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as once:
+        return once.request(method, url, **kwargs)
+
+
+def fetch_json(url: str, what: str, *, client: httpx.Client | None = None) -> Any:
     """GET ``url`` as JSON (200 only)."""
     try:
-        response = httpx.get(url, timeout=TIMEOUT, follow_redirects=False)
+        response = _request(client, "GET", url)
     except httpx.HTTPError as exc:
         raise OidcProviderUnavailable(f"cannot reach the provider's {what} at {url}: "
                                       f"{type(exc).__name__}") from None
@@ -102,20 +120,21 @@ def fetch_json(url: str, what: str) -> Any:
     return _json(response, what)
 
 
-def discover(issuer: str) -> Discovery:
+def discover(issuer: str, *, client: httpx.Client | None = None) -> Discovery:
     """The provider's discovery document, fetched and checked."""
     url = issuer.rstrip("/") + "/.well-known/openid-configuration"
-    return Discovery.parse(issuer, fetch_json(url, "discovery document"))
+    return Discovery.parse(issuer, fetch_json(url, "discovery document", client=client))
 
 
-def post_token(endpoint: str, form: dict[str, str],
-               auth: tuple[str, str] | None = None) -> dict[str, Any]:
+def post_token(endpoint: str, form: dict[str, str], auth: tuple[str, str] | None = None, *,
+               client: httpx.Client | None = None) -> dict[str, Any]:
     """POST to a token endpoint; its JSON answer. An OAuth error answer (400 with
     ``error``) is returned as it is, for the caller to read; anything else unexpected is
     ``OidcProviderUnavailable``."""
     try:
-        response = httpx.post(endpoint, data=form, auth=auth, timeout=TIMEOUT,
-                              headers={"Accept": "application/json"}, follow_redirects=False)
+        response = _request(client, "POST", endpoint, data=form,
+                            headers={"Accept": "application/json"},
+                            auth=httpx.USE_CLIENT_DEFAULT if auth is None else auth)
     except httpx.HTTPError as exc:
         raise OidcProviderUnavailable(f"cannot reach the provider's token endpoint: "
                                       f"{type(exc).__name__}") from None
@@ -126,12 +145,35 @@ def post_token(endpoint: str, form: dict[str, str],
     return body
 
 
-def fetch_userinfo(endpoint: str, access_token: str) -> dict[str, Any]:
+def revoke_token(endpoint: str, token: str, hint: str, auth: tuple[str, str], *,
+                 client: httpx.Client | None = None) -> None:
+    """Revoke ``token`` at a revocation endpoint (RFC 7009 §2.1: 200, also for a token it
+    no longer knows); anything else is ``OidcProviderUnavailable``."""
+    try:
+        response = _request(client, "POST", endpoint, auth=auth,
+                            data={"token": token, "token_type_hint": hint},
+                            headers={"Accept": "application/json"})
+    except httpx.HTTPError as exc:
+        raise OidcProviderUnavailable(f"cannot reach the provider's revocation endpoint: "
+                                      f"{type(exc).__name__}") from None
+    if response.status_code != 200:
+        said = ""
+        try:
+            body = response.json()
+            said = f" ({str(body.get('error'))[:80]})" if isinstance(body, dict) else ""
+        except ValueError:
+            pass
+        raise OidcProviderUnavailable(f"the provider's revocation endpoint answered HTTP "
+                                      f"{response.status_code}{said}")
+
+
+def fetch_userinfo(endpoint: str, access_token: str, *,
+                   client: httpx.Client | None = None) -> dict[str, Any]:
     """The UserInfo endpoint's claims for ``access_token`` (OpenID Connect Core §5.3)."""
     try:
-        response = httpx.get(endpoint, timeout=TIMEOUT, follow_redirects=False,
-                             headers={"Authorization": f"Bearer {access_token}",
-                                      "Accept": "application/json"})
+        response = _request(client, "GET", endpoint,
+                            headers={"Authorization": f"Bearer {access_token}",
+                                     "Accept": "application/json"})
     except httpx.HTTPError as exc:
         raise OidcProviderUnavailable(f"cannot reach the provider's UserInfo endpoint: "
                                       f"{type(exc).__name__}") from None
@@ -157,20 +199,62 @@ class Provider:
         self._discovered_at = 0.0
         self._keys: dict[str, dict[str, Any]] | None = None
         self._last_refetch: float | None = None
+        # Its own lock: discovery() calls client() while holding self._lock.
+        self._client_lock = threading.Lock()
+        self._client: httpx.Client | None = None
         #: How many times the JWKS was fetched (the first time included).
         self.jwks_fetches = 0
+
+    def client(self) -> httpx.Client:
+        """This provider's kept HTTP client (made at first use; thread-safe to share)."""
+        with self._client_lock:
+            if self._client is None:
+                # No cookie jar to speak of: one session's call must carry nothing a provider
+                # set on another's (as the one-off calls before, which kept none).
+                jar = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+                self._client = httpx.Client(timeout=TIMEOUT, follow_redirects=False,
+                                            cookies=jar)
+            return self._client
+
+    def close(self) -> None:
+        """Close the kept client and its connections (a later call makes a new one)."""
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def post_token(self, form: dict[str, str], auth: tuple[str, str]) -> dict[str, Any]:
+        """:func:`post_token` to this provider's token endpoint, on the kept client."""
+        return post_token(self.discovery().token_endpoint, form, auth, client=self.client())
+
+    def revoke_refresh_token(self, token: str, auth: tuple[str, str]) -> bool:
+        """Revoke a refresh token at this provider (:func:`revoke_token`); False when the
+        provider names no revocation endpoint."""
+        endpoint = self.discovery().revocation_endpoint
+        if endpoint is None:
+            return False
+        revoke_token(endpoint, token, "refresh_token", auth, client=self.client())
+        return True
+
+    def fetch_userinfo(self, access_token: str) -> dict[str, Any] | None:
+        """:func:`fetch_userinfo` on the kept client; None when the provider has no
+        UserInfo endpoint."""
+        endpoint = self.discovery().userinfo_endpoint
+        if endpoint is None:
+            return None
+        return fetch_userinfo(endpoint, access_token, client=self.client())
 
     def discovery(self) -> Discovery:
         """The discovery document (read again after :data:`DISCOVERY_SECONDS`)."""
         with self._lock:
             now = self._clock()
             if self._discovery is None or now - self._discovered_at > DISCOVERY_SECONDS:
-                self._discovery = discover(self.issuer)
+                self._discovery = discover(self.issuer, client=self.client())
                 self._discovered_at = now
             return self._discovery
 
     def _fetch_keys(self) -> dict[str, dict[str, Any]]:
-        data = fetch_json(self.discovery().jwks_uri, "JWKS")
+        data = fetch_json(self.discovery().jwks_uri, "JWKS", client=self.client())
         keys = data.get("keys") if isinstance(data, dict) else None
         if not isinstance(keys, list):
             raise OidcProviderUnavailable("the provider's JWKS holds no keys")
@@ -221,3 +305,10 @@ class Providers:
             if found is None:
                 found = self._by_issuer[issuer] = Provider(issuer)
             return found
+
+    def close(self) -> None:
+        """Close every kept provider's HTTP client (when the service closes)."""
+        with self._lock:
+            kept = list(self._by_issuer.values())
+        for provider in kept:
+            provider.close()

@@ -40,7 +40,6 @@ from marque.errors import (
     Unauthenticated,
 )
 from marque.harbour.oidc.config import OidcConfig, read_secret
-from marque.harbour.oidc.provider import fetch_userinfo, post_token
 from marque.harbour.oidc.signin import SignIn
 from marque.harbour.oidc.tokens import verify_id_token
 from marque.harbour.store.base import ConsoleSession
@@ -81,6 +80,8 @@ class Rechecks:
         except MarqueError:
             config = None  # settings that cannot be read confirm nothing
         due_before = now - (config.recheck_seconds if config is not None else 0)
+        if session.oidc_checked_at is not None and session.oidc_checked_at > due_before:
+            return  # read with the session: not due, so no claim (no second query)
         claim = self.store.claim_oidc_check(session.session_hash, due_before=due_before,
                                             now=now)
         if claim is None:
@@ -114,10 +115,9 @@ class Rechecks:
         """The refresh grant, and the claims it answers checked; the refresh token to keep."""
         provider = self.signin.providers.get(config.issuer)
         try:
-            endpoint = provider.discovery().token_endpoint
-            answer = post_token(endpoint, {"grant_type": "refresh_token",
-                                           "refresh_token": refresh_token},
-                                auth=(config.client_id, read_secret(config.client_secret_file)))
+            answer = provider.post_token({"grant_type": "refresh_token",
+                                          "refresh_token": refresh_token},
+                                         (config.client_id, read_secret(config.client_secret_file)))
         except OidcProviderUnavailable as exc:
             raise _Ended("provider_unreachable", exc.message) from None
         if "error" in answer:
@@ -150,8 +150,8 @@ class Rechecks:
             claims = verify_id_token(token, provider, client_id=config.client_id, now=now,
                                      nonce=None)
             return self.signin.with_userinfo(config, provider, claims, access)
-        endpoint = provider.discovery().userinfo_endpoint
-        if endpoint is None or not isinstance(access, str):
+        info = provider.fetch_userinfo(access) if isinstance(access, str) else None
+        if info is None:
             raise OidcLoginRefused("the provider renewed the sign-in without an ID token or "
                                    "a UserInfo endpoint to say who it is")
-        return fetch_userinfo(endpoint, access)
+        return info

@@ -13,7 +13,12 @@ and verifies the ID token (:mod:`.tokens`) against the nonce it stored.
 token from the provider itself (the device authorization grant, for its own public client
 ``cli_client_id``) and posts it here. It is accepted only if its audience is that client —
 an ID token issued to any other application is refused — if it was issued in the last
-:data:`EXCHANGE_FRESH_SECONDS`, and only once (its SHA-256 is recorded in the store).
+:data:`EXCHANGE_FRESH_SECONDS`, and only once (its SHA-256 is recorded in the store, with
+the session it opened). The one exception is a renewal: a refresh grant in the same
+second as the sign-in it renews can answer the very same ID token, which is accepted
+when the renewal comes with that sign-in's own (live) token, and then ends that sign-in
+and lasts no longer than it would have: a copy of an ID token alone is still worth
+nothing after its first use.
 
 **Who it is** (:meth:`SignIn.identify`). The configured claim (``sub`` by default, or e.g.
 ``email``, which must then be ``email_verified``) is the name of a principal, which must
@@ -38,7 +43,7 @@ from urllib.parse import urlencode
 
 from marque.errors import NotFound, OidcConfigInvalid, OidcLoginRefused, OidcSubjectUnknown
 from marque.harbour.oidc.config import OidcConfig, read_secret
-from marque.harbour.oidc.provider import Provider, Providers, fetch_userinfo, post_token
+from marque.harbour.oidc.provider import Provider, Providers
 from marque.harbour.oidc.tokens import refuse, verify_id_token
 from marque.harbour.principals import Principal, Role
 from marque.harbour.store.base import HarbourStore, OidcLogin
@@ -140,11 +145,11 @@ class SignIn:
                                    f"({(error or 'no code')[:80]})",
                                    detail={"check": "provider", "error": (error or "")[:80]})
         provider = self.providers.get(config.issuer)
-        answer = post_token(provider.discovery().token_endpoint, {
+        answer = provider.post_token({
             "grant_type": "authorization_code", "code": code,
             "redirect_uri": config.redirect_uri or redirect_uri,
             "code_verifier": login.code_verifier},
-            auth=(config.client_id, read_secret(config.client_secret_file)))
+            (config.client_id, read_secret(config.client_secret_file)))
         token = answer.get("id_token")
         if "error" in answer or not isinstance(token, str):
             raise OidcLoginRefused("the identity provider would not redeem the sign-in's code "
@@ -159,6 +164,20 @@ class SignIn:
                         identity.subject, identity.sid, login.next_path,
                         refresh if isinstance(refresh, str) and refresh else None)
 
+    def revoke_refresh_token(self, session_hash: str) -> None:
+        """At logout: the refresh token the session kept for its checks, taken from the
+        store and revoked at the provider (RFC 7009), when the provider names a revocation
+        endpoint, so the provider's grant ends with the session. Logout has already ended
+        the session here; a revocation that fails raises (for the caller to log) and
+        changes nothing of that."""
+        refresh = self.store.take_oidc_refresh_token(session_hash)
+        config = self.config()
+        if refresh is None or config is None:
+            return
+        provider = self.providers.get(config.issuer)
+        provider.revoke_refresh_token(refresh, (config.client_id,
+                                                read_secret(config.client_secret_file)))
+
     # -- the command line's exchange ------------------------------------------------
 
     def with_userinfo(self, config: OidcConfig, provider: Provider, claims: dict[str, Any],
@@ -169,18 +188,22 @@ class SignIn:
         ID token carries."""
         wanted = {config.subject_claim, *([config.groups_claim] if config.groups_claim else []),
                   *(["email_verified"] if config.subject_claim == "email" else [])}
-        endpoint = provider.discovery().userinfo_endpoint
-        if wanted <= set(claims) or endpoint is None or not isinstance(access_token, str):
+        if wanted <= set(claims) or not isinstance(access_token, str):
             return claims
-        info = fetch_userinfo(endpoint, access_token)
+        info = provider.fetch_userinfo(access_token)
+        if info is None:  # the provider has no UserInfo endpoint
+            return claims
         if info.get("sub") != claims["sub"]:
             raise refuse("subject", "the provider's UserInfo answer is for another subject")
         return {**info, **claims}
 
-    def exchange(self, id_token: str, now: float,
-                 access_token: str | None = None) -> tuple[Identity, float]:
+    def exchange(self, id_token: str, now: float, access_token: str | None = None, *,
+                 opens: str | None = None,
+                 renewing: str | None = None) -> tuple[Identity, float, float | None]:
         """A command line's ID token (for ``cli_client_id``), checked and used once: who it
-        is, and when the token expires."""
+        is, when the token expires, and — for a renewal that got back the very token the
+        session ``renewing`` was opened with — when that session would have expired (None
+        otherwise). ``opens`` is the SHA-256 of the session this exchange opens."""
         config = self.required()
         if config.cli_client_id is None:
             raise NotFound("this Harbourmaster does not let the command line sign in through "
@@ -190,11 +213,20 @@ class SignIn:
                                  nonce=None)
         if float(claims["iat"]) < now - EXCHANGE_FRESH_SECONDS:
             raise refuse("issued_at", "it was issued too long ago to be exchanged: sign in again")
-        if not self.store.note_exchanged_token(sha256_hex(id_token),
-                                               expires_at=float(claims["exp"]), now=now):
-            raise refuse("replayed", "it was exchanged before")
+        token_hash = sha256_hex(id_token)
+        until: float | None = None
+        if not self.store.note_exchanged_token(token_hash, expires_at=float(claims["exp"]),
+                                               now=now, session_hash=opens):
+            # Seen before. A refresh in the second the token was issued answers the same
+            # token (its claims are whole seconds, its signature deterministic): accepted
+            # only as the renewal of the live session it opened, which it replaces.
+            if renewing is not None and opens is not None:
+                until = self.store.renew_exchanged_token(token_hash, renewing=renewing,
+                                                         session_hash=opens, now=now)
+            if until is None:
+                raise refuse("replayed", "it was exchanged before")
         claims = self.with_userinfo(config, provider, claims, access_token)
-        return self.identify(config, claims), float(claims["exp"])
+        return self.identify(config, claims), float(claims["exp"]), until
 
     # -- who it is -------------------------------------------------------------------
 

@@ -217,6 +217,9 @@ class ConsoleSession:
     #: The provider's subject and session id (``sid``) it was opened for, if any.
     oidc_subject: str | None = None
     oidc_sid: str | None = None
+    #: When it was last checked at the provider (``oidc_session_checks``), as read with
+    #: the session; None when no check is recorded (or the session was not read back).
+    oidc_checked_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -574,7 +577,8 @@ class HarbourStore(NotificationStore, abc.ABC):
         (``unknown``, ``expired``, ``revoked``, ``principal_revoked``, and
         ``role_revoked`` for a sign-in granted a role its principal no longer holds).
         A session whose roles came from the provider's groups returns the principal
-        with those roles.
+        with those roles; one opened through the provider carries when it was last checked
+        there (``oidc_checked_at``), read in the same statement.
         """
 
     @abc.abstractmethod
@@ -612,8 +616,17 @@ class HarbourStore(NotificationStore, abc.ABC):
 
     @abc.abstractmethod
     def note_exchanged_token(self, token_hash: str, *, expires_at: float,
-                             now: float | None = None) -> bool:
-        """Record that an ID token was exchanged; False if it already was (a replay)."""
+                             now: float | None = None, session_hash: str | None = None) -> bool:
+        """Record that an ID token was exchanged (for the session ``session_hash``, about
+        to be opened); False if it already was (a replay)."""
+
+    @abc.abstractmethod
+    def renew_exchanged_token(self, token_hash: str, *, renewing: str, session_hash: str,
+                              now: float | None = None) -> float | None:
+        """Accept an ID token exchanged before as the renewal of the session it opened: only
+        when ``renewing`` is that session, live and a command line's, in one compare-and-set
+        that moves the token to ``session_hash`` and ends ``renewing``. The ended session's
+        expiry (the renewal must not outlast it); None when refused (a replay)."""
 
     @abc.abstractmethod
     def end_oidc_sessions(self, *, subject: str | None = None, sid: str | None = None,
@@ -626,6 +639,11 @@ class HarbourStore(NotificationStore, abc.ABC):
                         checked_at: float) -> None:
         """Record that a session opened through the provider was checked at ``checked_at``
         (at sign-in, or at a check), with the refresh token its next check uses."""
+
+    @abc.abstractmethod
+    def take_oidc_refresh_token(self, session_hash: str) -> str | None:
+        """Remove a session's check and answer the refresh token it kept (at logout, for
+        the provider to revoke); None when it kept none."""
 
     @abc.abstractmethod
     def claim_oidc_check(self, session_hash: str, *, due_before: float,

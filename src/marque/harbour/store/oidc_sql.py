@@ -8,7 +8,13 @@ and compare-and-sets, never in one process's memory:
   used_at IS NULL RETURNING``: a replayed callback, through this process or another,
   finds it used and is refused;
 * an ID token the command line exchanged is a row keyed by its SHA-256, inserted with
-  ``ON CONFLICT DO NOTHING``: the second exchange of one token inserts nothing.
+  ``ON CONFLICT DO NOTHING``: the second exchange of one token inserts nothing. The row
+  names the session the token opened; a refresh at the provider within the same second
+  can answer that very token, and it is accepted again only as the renewal of that
+  session — one ``UPDATE … WHERE session_hash = <the renewed session>`` that moves it to
+  the new session while the renewed one is live, ending the renewed one in the same
+  transaction. So each exchanged token opens one live session at a time, and a login
+  (which renews nothing) with a token seen before is refused, as always.
 
 * a session's check at the provider is claimed by one ``UPDATE … WHERE checked_at <= ?``:
   of several processes seeing it due, one makes the call (a refresh token may be used
@@ -107,15 +113,39 @@ class OidcRecords(StoreHooks):
         return login
 
     def note_exchanged_token(self, token_hash: str, *, expires_at: float,
-                             now: float | None = None) -> bool:
+                             now: float | None = None, session_hash: str | None = None) -> bool:
         _check_hash(token_hash, "an exchanged ID token")
+        if session_hash is not None:
+            _check_hash(session_hash, "a console session")
         at = self._now(now)
         with self.transaction() as tx:
             tx.execute("DELETE FROM oidc_exchanged WHERE expires_at < ?", (at - 3600,))
-            fresh = tx.execute("INSERT INTO oidc_exchanged (token_hash, expires_at) "
-                               "VALUES (?, ?) ON CONFLICT (token_hash) DO NOTHING "
-                               "RETURNING token_hash", (token_hash, float(expires_at)))
+            fresh = tx.execute("INSERT INTO oidc_exchanged (token_hash, expires_at, "
+                               "session_hash) VALUES (?, ?, ?) ON CONFLICT (token_hash) "
+                               "DO NOTHING RETURNING token_hash",
+                               (token_hash, float(expires_at), session_hash))
         return bool(fresh)
+
+    def renew_exchanged_token(self, token_hash: str, *, renewing: str, session_hash: str,
+                              now: float | None = None) -> float | None:
+        _check_hash(token_hash, "an exchanged ID token")
+        _check_hash(renewing, "a console session")
+        _check_hash(session_hash, "a console session")
+        at = self._now(now)
+        with self.transaction() as tx:
+            # The compare-and-set: the token moves only from the session it opened, and only
+            # while that one is a live command line's sign-in. Of two renewals of one
+            # session with one token, the second finds the token moved and is refused.
+            moved = tx.one("UPDATE oidc_exchanged SET session_hash = ? WHERE token_hash = ? "
+                           "AND session_hash = ? AND EXISTS (SELECT 1 FROM console_sessions "
+                           "WHERE session_hash = ? AND via = 'cli' AND revoked_at IS NULL "
+                           "AND expires_at > ?) RETURNING token_hash",
+                           (session_hash, token_hash, renewing, renewing, at))
+            if moved is None:
+                return None
+            ended = tx.one("UPDATE console_sessions SET revoked_at = ? WHERE session_hash = ? "
+                           "AND revoked_at IS NULL RETURNING expires_at", (at, renewing))
+        return None if ended is None else float(ended[0])
 
     def end_oidc_sessions(self, *, subject: str | None = None, sid: str | None = None,
                           now: float | None = None) -> int:
@@ -149,6 +179,14 @@ class OidcRecords(StoreHooks):
                        "SET refresh_token = excluded.refresh_token, "
                        "checked_at = excluded.checked_at",
                        (session_hash, refresh_token, float(checked_at)))
+
+    def take_oidc_refresh_token(self, session_hash: str) -> str | None:
+        _check_hash(session_hash, "a console session")
+        with self.transaction() as tx:
+            # Taken, not read: of two logouts of one session, one revokes the token.
+            row = tx.one("DELETE FROM oidc_session_checks WHERE session_hash = ? "
+                         "RETURNING refresh_token", (session_hash,))
+        return None if row is None or row[0] is None else str(row[0])
 
     def claim_oidc_check(self, session_hash: str, *, due_before: float,
                          now: float | None = None) -> OidcCheck | None:

@@ -381,14 +381,24 @@ _V11 = [
     "SELECT session_hash, NULL, created_at FROM console_sessions WHERE via = 'oidc'",
 ]
 
+# Version 12: an exchanged ID token names the session it opened, so that a refresh at the
+# provider answering that very token (it can, within the same second) is accepted as that
+# session's renewal and nothing else (store/oidc_sql.py). Tokens exchanged before name no
+# session: they can renew none, and are refused again as they were.
+_V12 = [
+    "ALTER TABLE oidc_exchanged ADD COLUMN session_hash TEXT",
+]
+
 #: Every column of ``requests`` this code reads and writes, in table order.
 CURRENT_REQUEST_COLUMNS: tuple[str, ...] = (*REQUEST_COLUMNS_V3, "requester_jkt",
                                             "prepare_attempts", "prepare_due")
 
 MIGRATIONS: dict[str, list[Sequence[str | Step]]] = {
-    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9, _V10, _V11],
-    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9, _V10, _V11],
+    "sqlite": [_V1, _V2_SQLITE, _V3, _V4, _V5, _V6_SQLITE, _V7, _V8, _V9, _V10, _V11,
+               _V12],
+    "postgres": [_V1, _V2_POSTGRES, _V3, _V4, _V5, _V6_POSTGRES, _V7, _V8, _V9, _V10, _V11,
+                 _V12],
 }
 
 #: The schema version this code writes and reads.
-LATEST = 11
+LATEST = 12

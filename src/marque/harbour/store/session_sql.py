@@ -7,12 +7,13 @@ random session id; the store keeps only its SHA-256 (``session_hash``), so
 whoever reads the store cannot open a session.
 
 Whether a session still works is decided by one ``SELECT`` joining the
-session to its principal: unknown, expired, logged out, or belonging to a
-principal revoked since are each ``Unauthenticated`` with a ``reason``, so
-revoking a principal ends its console sessions at once, with no sweep. A
-session points at its principal's row (``principal_id``), not its name: a
-revoked name added again is a new principal, and the old one's sessions stay
-dead; rotating a token ends the principal's sessions in the same transaction.
+session to its principal (and to its last check at the identity provider, if
+any): unknown, expired, logged out, or belonging to a principal revoked since
+are each ``Unauthenticated`` with a ``reason``, so revoking a principal ends
+its console sessions at once, with no sweep. A session points at its
+principal's row (``principal_id``), not its name: a revoked name added again
+is a new principal, and the old one's sessions stay dead; rotating a token
+ends the principal's sessions in the same transaction.
 Nothing here writes the logbook: a session changes no request, no Pilot and
 no principal.
 """
@@ -29,8 +30,9 @@ from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
 
 _SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
-                   "s.revoked_at, s.via, s.roles, s.roles_from, s.oidc_subject, s.oidc_sid"
-_SESSION_WIDTH = 11
+                   "s.revoked_at, s.via, s.roles, s.roles_from, s.oidc_subject, s.oidc_sid, " \
+                   "c.checked_at"
+_SESSION_WIDTH = 12
 _VIA = frozenset({"token", "oidc", "cli"})
 _HEX64 = frozenset("0123456789abcdef")
 
@@ -40,7 +42,8 @@ def _session(row: tuple[Any, ...]) -> ConsoleSession:
     return ConsoleSession(session_hash=row[0], principal=row[1], csrf_secret=row[2],
                           created_at=row[3], expires_at=row[4], revoked_at=row[5],
                           via=row[6] or "token", roles=None if roles is None else tuple(roles),
-                          roles_from=row[8], oidc_subject=row[9], oidc_sid=row[10])
+                          roles_from=row[8], oidc_subject=row[9], oidc_sid=row[10],
+                          oidc_checked_at=None if row[11] is None else float(row[11]))
 
 
 def _check_hash(session_hash: str) -> None:
@@ -114,6 +117,9 @@ class SessionRecords(StoreHooks):
                 f"SELECT {_SESSION_COLUMNS}, p.name, p.roles, p.public_jwk, p.revoked_at, "
                 "p.created_at, p.id, p.key_thumbprint FROM console_sessions s "
                 "JOIN principals p ON p.id = s.principal_id "
+                # Its last check at the provider comes in the same read, so a page whose
+                # check is not due makes no second query (oidc/recheck.py).
+                "LEFT JOIN oidc_session_checks c ON c.session_hash = s.session_hash "
                 "WHERE s.session_hash = ?", (session_hash,))
         # The index found the row; the constant-time comparison is what decides.
         if row is None or not hashes_equal(row[0], session_hash):
