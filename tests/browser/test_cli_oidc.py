@@ -38,6 +38,17 @@ def oidc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcWorld]:
     yield from make_oidc_world(tmp_path_factory.mktemp("oidc-cli"))
 
 
+def test_the_settings_name_the_providers_endpoints(oidc: OidcWorld) -> None:
+    """`GET /v1/oidc` names the provider's device, token and revocation endpoints, as its
+    discovery document does (the last is where `marque logout` revokes)."""
+    discovery = httpx.get(oidc.provider.issuer + "/.well-known/openid-configuration").json()
+    settings = httpx.get(oidc.world.url + "/v1/oidc").json()
+    assert settings["client_id"] == CLI_CLIENT and settings["refresh"] is True
+    for member in ("device_authorization_endpoint", "token_endpoint", "revocation_endpoint"):
+        assert settings[member] == discovery[member], member
+    assert settings["revocation_endpoint"].startswith(oidc.provider.issuer)
+
+
 def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
         oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
     """`marque login --oidc` prints a URL and a code; once Carol confirms them in a browser

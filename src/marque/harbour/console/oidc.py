@@ -239,8 +239,9 @@ class ConsoleOidc:
     # -- the command line ------------------------------------------------------------
 
     async def api_settings(self, request: Request) -> Response:
-        """``GET /v1/oidc``: what ``marque login --oidc`` needs to sign in at the provider
-        (public, like the JWKS: it holds no secret)."""
+        """``GET /v1/oidc``: what ``marque login --oidc`` needs to sign in at the provider,
+        and ``marque logout`` to revoke its refresh token there (public, like the JWKS: it
+        holds no secret)."""
         found = await self.console._run(self._cli_settings)
         return JSONResponse(found, headers={"Cache-Control": "no-store"})
 
@@ -256,7 +257,10 @@ class ConsoleOidc:
                 "scopes": list(config.scopes),
                 "refresh": "offline_access" in discovery.scopes_supported,
                 "device_authorization_endpoint": discovery.device_authorization_endpoint,
-                "token_endpoint": discovery.token_endpoint}
+                "token_endpoint": discovery.token_endpoint,
+                # Where `marque logout` revokes the refresh token it kept (RFC 7009); null
+                # when the provider names none.
+                "revocation_endpoint": discovery.revocation_endpoint}
 
     async def api_exchange(self, request: Request) -> Response:
         """``POST /v1/oidc/exchange`` ``{id_token, access_token?, renews?}``: the command
