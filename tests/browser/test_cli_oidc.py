@@ -2,9 +2,10 @@
 at a real OpenID provider (oidc-provider on loopback), confirmed in Chromium (issue 27).
 
 What it stores is the Harbourmaster's own short-lived token (``mqs_…``), in a 0600 file;
-it authenticates API calls as the principal; ``marque logout`` removes it. The exchange
-refuses an ID token issued to another application (audience), and one exchanged twice.
-Nothing is mocked.
+it authenticates API calls as the principal; ``marque logout`` removes it and revokes the
+provider's refresh token (and, with the provider down, still removes it, saying so). The
+exchange refuses an ID token issued to another application (audience), and one exchanged
+twice. Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -49,6 +50,29 @@ def test_the_settings_name_the_providers_endpoints(oidc: OidcWorld) -> None:
     assert settings["revocation_endpoint"].startswith(oidc.provider.issuer)
 
 
+def cli_login(oidc: OidcWorld, browser: Any, env: dict[str, str],
+              who: str) -> dict[str, Any]:
+    """`marque login --oidc --json` in ``env``, its device code confirmed in a browser as
+    ``who``; its answer."""
+    proc = subprocess.Popen([str(MARQUE), "login", "--harbour", oidc.world.url, "--oidc",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL, env=env)
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()
+        assert "To sign in, open" in said, said
+        verification = said.split("open ", 1)[1].split(" and confirm", 1)[0].strip()
+        assert verification.startswith(oidc.provider.issuer + "/device")
+        confirm_device(browser, verification, who)
+        out, rest = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (out, rest)
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
 def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
         oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
     """`marque login --oidc` prints a URL and a code; once Carol confirms them in a browser
@@ -57,22 +81,7 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     config = tmp_path / "config"
     env = cli_env({"XDG_CONFIG_HOME": str(config)})
     url = oidc.world.url
-    proc = subprocess.Popen([str(MARQUE), "login", "--harbour", url, "--oidc", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, env=env)
-    try:
-        assert proc.stderr is not None
-        said = proc.stderr.readline()
-        assert "To sign in, open" in said, said
-        verification = said.split("open ", 1)[1].split(" and confirm", 1)[0].strip()
-        assert verification.startswith(oidc.provider.issuer + "/device")
-        confirm_device(browser, verification, "carol")
-        out, rest = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, (out, rest)
-    result = json.loads(out)
+    result = cli_login(oidc, browser, env, "carol")
     assert (result["principal"], result["roles"]) == ("carol", ["approver"])
     stored = config / "marque" / "credentials.json"
     assert stat.S_IMODE(os.stat(stored).st_mode) == 0o600
@@ -100,10 +109,85 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     assert renewed["expires_at"] > entry["expires_at"] - 5
     assert oidc.world.server.call("GET", "/v1/whoami", renewed["token"]).json()["name"] \
         == "carol"
-    logout = subprocess.run([str(MARQUE), "logout", "--harbour", url, "--json"],
-                            capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    assert json.loads(logout.stdout)["removed"] == [url]
+    answer = json.loads(logout(env, url, "--json").stdout)
+    assert answer["removed"] == [url] and answer["revocations"][0]["revoked"] is True
     assert url not in json.loads(stored.read_text())["harbours"]
+
+
+def stored_entry(config: Path, url: str) -> dict[str, Any] | None:
+    """What `marque login` keeps for ``url`` under the configuration directory ``config``."""
+    found: dict[str, Any] | None = json.loads(
+        (config / "marque" / "credentials.json").read_text())["harbours"].get(url)
+    return found
+
+
+def refresh_at_provider(oidc: OidcWorld, refresh_token: str) -> httpx.Response:
+    """The command line's refresh grant at the provider (the public client: no secret)."""
+    settings = httpx.get(oidc.provider.issuer + "/.well-known/openid-configuration").json()
+    return httpx.post(settings["token_endpoint"], data={
+        "grant_type": "refresh_token", "refresh_token": refresh_token,
+        "client_id": CLI_CLIENT})
+
+
+def logout(env: dict[str, str], url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`marque logout --harbour URL` in ``env`` (it must exit 0)."""
+    proc = subprocess.run([str(MARQUE), "logout", "--harbour", url, *extra],
+                          capture_output=True, text=True, timeout=TIMEOUT, env=env,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    return proc
+
+
+def test_logout_revokes_the_refresh_token_at_the_provider(
+        oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
+    """`marque logout` of a sign-in through the provider revokes its refresh token there
+    (RFC 7009): the provider then refuses it (`invalid_grant`), and the entry is gone."""
+    config = tmp_path / "config"
+    env = cli_env({"XDG_CONFIG_HOME": str(config)})
+    url = oidc.world.url
+    cli_login(oidc, browser, env, "dave")
+    entry = stored_entry(config, url)
+    assert entry is not None and entry["refresh_token"]
+    answer = json.loads(logout(env, url, "--json").stdout)
+    assert answer == {"removed": [url], "revocations": [
+        {"harbour": url, "revoked": True, "code": None, "message": None}]}, answer
+    assert stored_entry(config, url) is None
+    refused = refresh_at_provider(oidc, entry["refresh_token"])
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant", \
+        refused.text
+
+
+@pytest.fixture
+def own_oidc(tmp_path: Path) -> Iterator[OidcWorld]:
+    """A world of its own, whose provider a test may stop."""
+    yield from make_oidc_world(tmp_path / "world")
+
+
+def test_logout_with_the_provider_down_still_forgets_the_sign_in(
+        own_oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
+    """With the provider stopped, `marque logout` still removes the entry and exits 0; it
+    says the refresh token was not revoked: `revoked: false` and the reason in `--json`
+    (and a warning event on stderr), a warning on stderr otherwise."""
+    url = own_oidc.world.url
+    configs = [tmp_path / "json", tmp_path / "human"]
+    envs = [cli_env({"XDG_CONFIG_HOME": str(config)}) for config in configs]
+    for env in envs:
+        cli_login(own_oidc, browser, env, "carol")
+    own_oidc.provider.stop()
+    proc = logout(envs[0], url, "--json")
+    answer = json.loads(proc.stdout)
+    assert answer["removed"] == [url]
+    [revocation] = answer["revocations"]
+    assert revocation["harbour"] == url and revocation["revoked"] is False
+    assert revocation["code"] == "oidc_provider_unavailable", revocation
+    assert revocation["message"]
+    [warning] = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert warning["event"] == "warning" and warning["code"] == "oidc_provider_unavailable"
+    assert stored_entry(configs[0], url) is None
+    proc = logout(envs[1], url)
+    assert proc.stdout.splitlines() == [f"logged out of {url}"], proc.stdout
+    assert "warning" in proc.stderr and "was not revoked" in proc.stderr, proc.stderr
+    assert stored_entry(configs[1], url) is None
 
 
 def test_an_id_token_for_another_audience_is_refused(oidc: OidcWorld, browser: Any) -> None:

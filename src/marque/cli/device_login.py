@@ -16,6 +16,9 @@ grant (RFC 8628), for a terminal that may have no browser (an SSH session).
    token from the refresh grant, exchanged the same way (naming the token it renews),
    where the Harbourmaster maps its claims again (the sign-in's check). The provider's
    ID and access tokens are never stored.
+5. ``marque logout`` revokes that refresh token at the provider (RFC 7009,
+   :func:`revoke_sign_in`), at the revocation endpoint ``GET /v1/oidc`` names, with a
+   short timeout: the local sign-out has happened already and must not wait on it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from marque.cli.common import err, literal
 from marque.errors import (
     HarbourUnavailable,
     MarqueError,
+    NotFound,
     OidcLoginRefused,
     OidcProviderUnavailable,
     lookup,
@@ -36,6 +40,9 @@ from marque.errors import (
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 TIMEOUT = httpx.Timeout(15.0)
+#: Each call of a logout's revocation waits no longer than this (the Harbourmaster's
+#: settings, then the provider): an unreachable one must not hold a logout up.
+REVOKE_TIMEOUT = httpx.Timeout(4.0)
 
 
 def _problem(response: httpx.Response) -> MarqueError:
@@ -51,9 +58,10 @@ def _problem(response: httpx.Response) -> MarqueError:
         return HarbourUnavailable(f"the Harbourmaster answered HTTP {response.status_code}")
 
 
-def _harbour(method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+def _harbour(method: str, url: str, *, timeout: httpx.Timeout = TIMEOUT,
+             **kwargs: Any) -> dict[str, Any]:
     try:
-        response = httpx.request(method, url, timeout=TIMEOUT, **kwargs)
+        response = httpx.request(method, url, timeout=timeout, **kwargs)
     except httpx.HTTPError as exc:
         raise HarbourUnavailable(f"cannot reach the Harbourmaster at {url}: "
                                  f"{type(exc).__name__}") from None
@@ -151,3 +159,41 @@ def refresh_sign_in(harbour_url: str, refresh_token: str,
     if not isinstance(tokens.get("refresh_token"), str):
         tokens["refresh_token"] = refresh_token  # a provider that does not rotate it
     return _exchange(base, tokens, renews)
+
+
+def revoke_sign_in(harbour_url: str, refresh_token: str) -> None:
+    """Revoke the provider's refresh token a sign-in kept (RFC 7009 §2.1, as the public
+    command-line client: ``client_id`` in the body, ``token_type_hint=refresh_token``) at
+    the revocation endpoint the Harbourmaster's ``GET /v1/oidc`` names; each call waits
+    :data:`REVOKE_TIMEOUT` at most. ``NotFound`` when it names none; the Harbourmaster's
+    refusal as the error it names; a provider that cannot be reached, or answers anything
+    but 200 (which it answers for a token it no longer knows, too), is
+    ``OidcProviderUnavailable``."""
+    base = harbour_url.rstrip("/")
+    try:
+        settings = _harbour("GET", f"{base}/v1/oidc", timeout=REVOKE_TIMEOUT)
+    except ValueError:
+        raise HarbourUnavailable(f"the Harbourmaster at {base} did not answer JSON") from None
+    endpoint = settings.get("revocation_endpoint") if isinstance(settings, dict) else None
+    client_id = settings.get("client_id") if isinstance(settings, dict) else None
+    if not isinstance(endpoint, str) or not endpoint.startswith("http") \
+            or not isinstance(client_id, str):
+        raise NotFound("the Harbourmaster names no revocation endpoint of its identity "
+                       "provider (the provider offers none, or this Harbourmaster is older)")
+    try:
+        response = httpx.post(endpoint, timeout=REVOKE_TIMEOUT,
+                              headers={"Accept": "application/json"},
+                              data={"token": refresh_token, "token_type_hint": "refresh_token",
+                                    "client_id": client_id})
+    except httpx.HTTPError as exc:
+        raise OidcProviderUnavailable(f"cannot reach the identity provider's revocation "
+                                      f"endpoint at {endpoint}: {type(exc).__name__}") from None
+    if response.status_code != 200:
+        said = ""
+        try:
+            body = response.json()
+            said = f" ({str(body.get('error'))[:80]})" if isinstance(body, dict) else ""
+        except ValueError:
+            pass
+        raise OidcProviderUnavailable(f"the identity provider's revocation endpoint answered "
+                                      f"HTTP {response.status_code}{said}")

@@ -13,6 +13,11 @@ default port, no trailing slash).
 The file is rewritten whole through a temporary file and a rename, under an
 advisory lock, so two logins at once never leave half a file. A file others
 can read is refused rather than used: the token in it may have leaked.
+
+``marque logout`` forgets the entry first, then revokes at the identity provider the
+refresh token a sign-in through it kept (:func:`~marque.cli.device_login.revoke_sign_in`):
+a provider or Harbourmaster that cannot be reached, or refuses, is a warning, never a
+reason to keep the entry.
 """
 
 from __future__ import annotations
@@ -31,8 +36,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 
-from marque.cli.common import emit_json, guarded, json_option, literal, out
-from marque.errors import InvalidInput, OidcLoginRefused, OidcSubjectUnknown, Unauthenticated
+from marque.cli.common import emit_event_json, emit_json, err, guarded, json_option, literal, out
+from marque.errors import (
+    InvalidInput,
+    MarqueError,
+    OidcLoginRefused,
+    OidcSubjectUnknown,
+    Unauthenticated,
+)
 
 VERSION = "marque-credentials/0.1"
 FILE_NAME = "credentials.json"
@@ -253,6 +264,21 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
             f"({literal(', '.join(who.get('roles') or []))}); token kept in {literal(path)}")
 
 
+def _revoked(key: str, entry: Any) -> dict[str, Any] | None:
+    """Revoke the provider's refresh token a forgotten sign-in kept (None when it kept
+    none): ``{harbour, revoked, code, message}``, the reason when it was not."""
+    refresh = entry.get("refresh_token") if isinstance(entry, dict) else None
+    if not isinstance(refresh, str) or not refresh:
+        return None
+    from marque.cli.device_login import revoke_sign_in
+
+    try:
+        revoke_sign_in(key, refresh)
+    except MarqueError as exc:  # logged out here all the same: the caller warns
+        return {"harbour": key, "revoked": False, "code": exc.code, "message": exc.message}
+    return {"harbour": key, "revoked": True, "code": None, "message": None}
+
+
 @click.command("logout")
 @click.option("--harbour", "harbour_url", envvar="MARQUE_HARBOUR", default=None,
               metavar="URL", help="The Harbourmaster to forget (default: $MARQUE_HARBOUR; "
@@ -260,21 +286,37 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
 @json_option
 @guarded
 def logout(harbour_url: str | None, as_json: bool) -> None:
-    """Forget the token `marque login` kept (the token itself stays valid until an admin
-    rotates or revokes it)."""
+    """Forget the token `marque login` kept; a sign-in through the identity provider also
+    has its refresh token revoked at the provider (if that fails, a warning: the login is
+    forgotten all the same). A principal's token itself stays valid until an admin
+    rotates or revokes it."""
     key = None if harbour_url is None else normalise_url(harbour_url)
-    removed: list[str] = []
+    forgotten: dict[str, Any] = {}
     if _path().exists():
         with _locked() as path:
             harbours = _read(path)
-            removed = sorted(harbours) if key is None else [k for k in harbours if k == key]
-            for name in removed:
-                del harbours[name]
+            names = sorted(harbours) if key is None else [k for k in harbours if k == key]
+            forgotten = {name: harbours.pop(name) for name in names}
             _write(path, harbours)
+    removed = sorted(forgotten)
+    # Only once forgotten here (and outside the file's lock): being logged out must never
+    # depend on the Harbourmaster or the provider answering.
+    revocations = [found for name in removed
+                   if (found := _revoked(name, forgotten[name])) is not None]
+    warnings = [(r["code"], f"the identity provider's refresh token for {r['harbour']} was "
+                             f"not revoked ({r['code']}: {r['message']}); you are logged out "
+                             "here all the same") for r in revocations if not r["revoked"]]
     if as_json:
-        emit_json({"removed": removed})
+        for code, warning in warnings:
+            emit_event_json({"event": "warning", "code": code, "message": warning})
+        emit_json({"removed": removed, "revocations": revocations})
         return
     if removed:
         out.say(f"logged out of {literal(', '.join(removed))}")
-    else:
+        for done in (r for r in revocations if r["revoked"]):
+            out.say(f"the identity provider's refresh token for {literal(done['harbour'])} "
+                    "is revoked")
+    for _, warning in warnings:
+        err.say(f"[bold yellow]warning[/]: {literal(warning)}")
+    if not removed:
         out.say("no stored login" + ("" if key is None else f" for {literal(key)}"))
