@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -188,6 +189,39 @@ def test_logout_with_the_provider_down_still_forgets_the_sign_in(
     assert proc.stdout.splitlines() == [f"logged out of {url}"], proc.stdout
     assert "warning" in proc.stderr and "was not revoked" in proc.stderr, proc.stderr
     assert stored_entry(configs[1], url) is None
+
+
+def test_logout_with_the_harbourmaster_silent_forgets_the_sign_in_in_seconds(
+        tmp_path: Path) -> None:
+    """A Harbourmaster that takes the connection and never answers holds a logout up a few
+    seconds at most: both logins are removed (a principal's token, which has nothing to
+    revoke, and a sign-in through the provider, `revoked: false`, `harbour_unavailable`)."""
+    config = tmp_path / "config"
+    (config / "marque").mkdir(parents=True, mode=0o700)
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts nor answers
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        stored = config / "marque" / "credentials.json"
+        stored.write_text(json.dumps({"version": "marque-credentials/0.1", "harbours": {
+            url: {"token": "mqs_x", "via": "oidc", "expires_at": time.time() + 300,
+                  "saved_at": time.time(), "refresh_token": "a-refresh-token"},
+            "http://127.0.0.1:9": {"token": "mqp_x", "saved_at": time.time()}}}))
+        os.chmod(stored, 0o600)
+        env = cli_env({"XDG_CONFIG_HOME": str(config)})
+        began = time.monotonic()
+        proc = subprocess.run([str(MARQUE), "logout", "--json"], capture_output=True,
+                              text=True, timeout=TIMEOUT, env=env, stdin=subprocess.DEVNULL)
+        took = time.monotonic() - began
+    finally:
+        silent.close()
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert took < 10, took
+    answer = json.loads(proc.stdout)
+    assert answer["removed"] == sorted([url, "http://127.0.0.1:9"])
+    [revocation] = answer["revocations"]
+    assert (revocation["harbour"], revocation["revoked"], revocation["code"]) \
+        == (url, False, "harbour_unavailable"), revocation
+    assert json.loads(stored.read_text())["harbours"] == {}
 
 
 def test_an_id_token_for_another_audience_is_refused(oidc: OidcWorld, browser: Any) -> None:
