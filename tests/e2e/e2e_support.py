@@ -1,33 +1,32 @@
 """End-to-end support: a real Pilot world built through the real ``marque`` CLI.
 
-Every helper runs the console script as a subprocess (with a timeout) against
-real SQLite files under ``tmp_path``: the bank target, the Pilot's ledger and
-its logbook. Nothing is mocked.
+Every helper runs the console script as a subprocess (with a timeout, in the
+environment :func:`support.cli.cli_env` builds; ``run_cli``, ``one_json`` and
+``Result`` are :mod:`support.cli`'s, re-exported here) against real SQLite files
+under ``tmp_path``: the bank target, the Pilot's ledger and its logbook. Nothing
+is mocked.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from support.cli import MARQUE, TIMEOUT, Result, cli_env, one_json, run_cli
+from support.cli import json_lines as json_lines  # the tests import them from here
 from support.harbour import PilotServe
 from support.world import EXECUTIONS, MAX_ROWS, PilotWorld, SqliteBank
 from support.world import claims_of as claims_of  # the tests import them from here
 from support.world import marque_id_of as marque_id_of
 
-MARQUE = Path(sys.executable).parent / "marque"
-TIMEOUT = 30  # seconds, for any single CLI call
 #: How long a cached default-TTL marque (15 minutes) is reused before a fresh one is issued.
 TOKEN_REUSE_S = 300.0
 
@@ -37,76 +36,6 @@ OUTCOME_KEYS = {
 }
 EXIT = {"applied": 0, "usage": 2, "refused": 3, "aborted_not_applied": 4,
         "indeterminate": 5, "in_progress": 6}
-
-
-#: A config directory no test writes to (tests that log in name their own).
-NO_CONFIG = os.path.join(tempfile.gettempdir(), "marque-tests-no-config")
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a CLI subprocess: no stray crash point, wide rich output."""
-    env = {k: v for k, v in os.environ.items() if k != "MARQUE_CRASH_AT"}
-    env["COLUMNS"] = "200"
-    # Never the user's own `marque login` tokens: a test that logs in names its own config.
-    env["XDG_CONFIG_HOME"] = NO_CONFIG
-    env.update(extra or {})
-    return env
-
-
-def one_json(stdout: str) -> dict[str, Any]:
-    """stdout must be exactly one line holding one JSON object."""
-    assert stdout.endswith("\n"), f"stdout is not one terminated line: {stdout!r}"
-    lines = stdout.splitlines()
-    assert len(lines) == 1, f"stdout must be exactly one JSON line, got {stdout!r}"
-    obj = json.loads(lines[0])
-    assert isinstance(obj, dict), f"stdout JSON is not an object: {obj!r}"
-    return obj
-
-
-def json_lines(stderr: str) -> list[dict[str, Any]]:
-    """stderr as JSON lines (every non-empty line must parse as an object)."""
-    events = []
-    for line in stderr.splitlines():
-        if not line.strip():
-            continue
-        event = json.loads(line)
-        assert isinstance(event, dict), line
-        events.append(event)
-    return events
-
-
-class Result(NamedTuple):
-    """(returncode, stdout, stderr) of one CLI run, with parsing helpers."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def json(self) -> dict[str, Any]:
-        return one_json(self.stdout)
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return json_lines(self.stderr)
-
-    def kinds(self) -> list[str]:
-        return [e["event"] for e in self.events]
-
-
-def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = TIMEOUT,
-            cwd: Path | None = None) -> Result:
-    """Run ``marque ARGS`` to completion and return (returncode, stdout, stderr)."""
-    proc = subprocess.run(
-        [str(MARQUE), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=cli_env(env),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-    )
-    return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 class World(PilotWorld):

@@ -14,18 +14,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from support.cli import MARQUE, cli_env
 
 from marque.change import Budget, Change, Statement
 from marque.pilot import open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import issue_marque, make_proof, new_key, public_jwk
 
-MARQUE = Path(sys.executable).parent / "marque"
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 DEBIT = "UPDATE accounts SET balance = balance - 10 WHERE id = 1"
 
@@ -59,7 +58,7 @@ def test_a_lease_from_a_clock_ahead_does_not_hold_a_nonce_whose_owner_is_unseen(
     died = subprocess.run([str(MARQUE), "exec", "--home", str(home), "--marque",
                            str(tmp_path / "marque.jws"), "--key", str(tmp_path / "holder.jwk"),
                            "--nonce", "n-1", "--json"], capture_output=True, text=True,
-                          timeout=60, env={**_env(), **ahead}, stdin=subprocess.DEVNULL)
+                          timeout=60, env=cli_env(ahead), stdin=subprocess.DEVNULL)
     assert died.returncode == -9, died.stderr
     with sqlite3.connect(home / "ledger.sqlite3") as ledger:
         [(status, started_at)] = ledger.execute("SELECT status, started_at FROM attempts")
@@ -87,10 +86,3 @@ def _mid(token: str) -> str:
     from marque.token import unverified_claims
 
     return str((unverified_claims(token) or {})["jti"])
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items()
-            if k not in ("MARQUE_CRASH_AT", "MARQUE_HARBOUR", "MARQUE_TOKEN")}

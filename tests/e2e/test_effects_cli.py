@@ -8,20 +8,16 @@ stamps, never resending a row.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-BIN = Path(sys.executable).parent
+from support.cli import Result, run_cli
 
 
-def marque(cwd: Path, *args: str, env: dict[str, str] | None = None
-           ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "marque"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+def marque(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Result:
+    """``marque ARGS`` in ``cwd``, in support.cli's environment plus ``env``."""
+    return run_cli(*args, env=env, timeout=120, cwd=cwd)
 
 
 def _setup(root: Path, rows: list[dict[str, Any]], policy: str = "halt") -> str:

@@ -2,8 +2,8 @@
 
 Nothing here is mocked: the Pilot is wired by :func:`open_pilot` from a home
 made by ``init_home`` / ``trust_issuer`` / ``add_target``; marques and proofs
-are signed with real Ed25519 keys; the target is a SQLite file read back with
-plain :mod:`sqlite3`.
+are signed with real Ed25519 keys; the target is a SQLite file made and read back
+by the shared :class:`support.world.SqliteBank`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.world import SqliteBank
 
 from marque.outcome import Outcome
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
-from marque.target.base import STAMP_COLUMNS
 from marque.target.stamps import migrate_sqlite
 from marque.token import (
     Budget,
@@ -109,13 +109,13 @@ class Env:
     def _bank(self) -> sqlite3.Connection:
         return sqlite3.connect(self.bank_path, isolation_level=None)
 
+    def bank_reader(self) -> SqliteBank:
+        """The shared reader of bank.db (:class:`support.world.SqliteBank`)."""
+        return SqliteBank(self.bank_path)
+
     def balances(self) -> dict[int, int]:
         """``{id: balance}`` straight from bank.db."""
-        conn = self._bank()
-        try:
-            return dict(conn.execute("SELECT id, balance FROM accounts ORDER BY id").fetchall())
-        finally:
-            conn.close()
+        return self.bank_reader().balances()
 
     def set_balance(self, account: int, balance: int) -> None:
         """Change a balance behind the Pilot's back."""
@@ -126,20 +126,9 @@ class Env:
             conn.close()
 
     def stamps(self) -> list[dict[str, Any]]:
-        """Every row of ``marque_stamps`` (empty if the table does not exist yet)."""
-        conn = self._bank()
-        try:
-            exists = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'marque_stamps'"
-            ).fetchone()
-            if not exists:
-                return []
-            rows = conn.execute(
-                f"SELECT {', '.join(STAMP_COLUMNS)} FROM marque_stamps ORDER BY created_at"
-            ).fetchall()
-        finally:
-            conn.close()
-        return [dict(zip(STAMP_COLUMNS, row, strict=True)) for row in rows]
+        """Every row of ``marque_stamps`` (empty if the table does not exist yet), ordered by
+        (marque_id, nonce)."""
+        return self.bank_reader().stamps()
 
     def plant_stamp(
         self, marque_id: str, nonce: str, *, kind: str, attempt: int = 1,
@@ -174,14 +163,7 @@ class Env:
 
 def make_bank(path: Path) -> None:
     """bank.db with accounts 1, 2 and 3 holding 100 each."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
-        conn.executemany(
-            "INSERT INTO accounts (id, balance) VALUES (?, ?)", [(1, 100), (2, 100), (3, 100)]
-        )
-    finally:
-        conn.close()
+    SqliteBank(path).create([1, 2, 3])
 
 
 @pytest.fixture

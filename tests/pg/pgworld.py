@@ -6,6 +6,9 @@ psycopg; the Pilot is wired by ``open_pilot`` from a home made by
 signed with real Ed25519 keys. The ledger is the home's default SQLite file or
 a second, fresh PostgreSQL database.
 
+CLI subprocesses run in :func:`support.cli.cli_env`'s environment (``cli_env``,
+``one_json`` and ``MARQUE`` are re-exported here).
+
 This module is importable from spawned worker processes (``pg.pgworld``), so
 it holds no pytest fixtures.
 """
@@ -16,7 +19,6 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from support import cli
+from support.cli import MARQUE, Result, cli_env
+from support.cli import one_json as one_json  # the tests import it from here
 from support.world import (
     ATTEMPTS,
     EXECUTIONS,
@@ -53,7 +58,6 @@ from marque.token import (
 )
 
 PILOT_ID = "pg-pilot"
-MARQUE = Path(sys.executable).parent / "marque"
 LATTICE = {"in_progress", "indeterminate", "aborted_not_applied", "applied"}
 
 
@@ -184,29 +188,15 @@ def build_world(root: Path, target_dsn: str, *, ledger: str = "sqlite",
 # -- the real CLI ------------------------------------------------------------------
 
 
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "MARQUE_CRASH_AT"}
-    env["COLUMNS"] = "200"
-    env.update(extra or {})
-    return env
+#: The pg tier gives a CLI call 120 s, not support.cli's 30: its runs may meet a
+#: PostgreSQL server a fault test stalls or cuts (kept as it was).
+PG_TIMEOUT = 120.0
 
 
 def run_cli(*args: Any, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``marque ARGS`` to completion."""
-    return subprocess.run(
-        [str(MARQUE), *map(str, args)], capture_output=True, text=True, timeout=timeout,
-        env=cli_env(env), stdin=subprocess.DEVNULL,
-    )
-
-
-def one_json(stdout: str) -> dict[str, Any]:
-    """stdout must be exactly one JSON object line."""
-    lines = stdout.splitlines()
-    assert len(lines) == 1, f"stdout must be one JSON line, got {stdout!r}"
-    obj = json.loads(lines[0])
-    assert isinstance(obj, dict)
-    return obj
+            timeout: float = PG_TIMEOUT) -> Result:
+    """:func:`support.cli.run_cli`, with :data:`PG_TIMEOUT` as its default timeout."""
+    return cli.run_cli(*args, env=env, timeout=timeout)
 
 
 class StreamingCli:

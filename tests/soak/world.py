@@ -16,30 +16,26 @@ helper, :class:`support.harbour.PilotServe`).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from support.cli import MARQUE as MARQUE  # the scenarios import it from here
+from support.cli import cli_env
 from support.harbour import DiedAtStart, PilotServe  # noqa: F401 - scenarios import both
 
 from marque.change import Budget, Change, Statement
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import issue_marque, make_proof, new_key, public_jwk, unverified_claims
 
-MARQUE = Path(sys.executable).parent / "marque"
 TARGET = "t"
 
 
-def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MARQUE_CRASH_AT", "MARQUE_HARBOUR", "MARQUE_TOKEN")}
-    env.update(extra or {})
-    return env
+#: The environment of a CLI child (the scenarios' name for support.cli's cli_env).
+_env = cli_env
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from marque.outcome import Outcome
 from marque.pilot import Pilot, open_pilot
 from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import issue_marque, make_proof, new_key, public_jwk, unverified_claims
+from support.world import bank_at
 
 PILOT_ID = "pilot-fx"
 TABLE_DDL = ("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
@@ -141,14 +142,8 @@ class EffectWorld:
 
     def row_stamps(self) -> list[tuple[Any, ...]]:
         """``(kind, rows_affected, action)`` of every row stamp, oldest first."""
-        table = "marque.row_stamps" if not self.dsn.startswith("sqlite") else "marque_row_stamps"
-        exists = ("SELECT to_regclass('marque.row_stamps') IS NOT NULL" if table[6] == "."
-                  else "SELECT count(*) FROM sqlite_master WHERE name = 'marque_row_stamps'")
-        with _connect(self.dsn) as db:
-            if not db.execute(exists)[0][0]:
-                return []
-            return db.execute(f"SELECT kind, rows_affected, action FROM {table} "
-                              "ORDER BY created_at")
+        return [(s["kind"], s["rows_affected"], s["action"])
+                for s in bank_at(self.dsn).row_stamps()]
 
     def reopen(self) -> Pilot:
         """Close and open the Pilot again from its home (start-up recovery included)."""

@@ -13,18 +13,19 @@ home (made by the functions the ``pilot init|trust|target add`` commands wrap)
 serving a SQLite bank target and trusting a Harbourmaster's issuer key, run as
 a :class:`PilotServe`. Nothing is mocked.
 
-This module imports nothing from the other test helpers, so a test anywhere
-(``tests/pg`` included, as ``support.harbour``) can use it.
+Every child gets the environment :func:`support.cli.cli_env` builds (``MARQUE``,
+``TIMEOUT`` and ``cli_env`` are re-exported here for the tests that import them
+from this module). This module imports no test helper but :mod:`support.cli`,
+:mod:`support.net` and :mod:`support.wait`, so a test anywhere (``tests/pg``
+included, as ``support.harbour``) can use it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,36 +35,17 @@ from typing import Any
 
 import httpx
 
+from support.cli import MARQUE, TIMEOUT, cli_env, run_cli
 from support.net import free_port
 from support.wait import wait_until
-
-MARQUE = Path(sys.executable).parent / "marque"
-TIMEOUT = 30  # seconds, for any single CLI call or HTTP call
-
-
-#: A config directory no test writes to (tests that log in name their own).
-NO_CONFIG = os.path.join(tempfile.gettempdir(), "marque-tests-no-config")
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a CLI subprocess: no stray crash point, no Harbourmaster defaults."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MARQUE_CRASH_AT", "MARQUE_HARBOUR", "MARQUE_TOKEN")}
-    env["COLUMNS"] = "200"
-    # Never the user's own `marque login` tokens: a test that logs in names its own config.
-    env["XDG_CONFIG_HOME"] = NO_CONFIG
-    env.update(extra or {})
-    return env
 
 
 def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
     """Run ``marque ARGS --json``, which must succeed; its one JSON object."""
-    proc = subprocess.run([str(MARQUE), *map(str, args), "--json"], capture_output=True,
-                          text=True, timeout=TIMEOUT, env=cli_env(), cwd=cwd,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
-    body = json.loads(proc.stdout)
-    assert isinstance(body, dict), proc.stdout
+    done = run_cli(*args, "--json", cwd=cwd)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    body = json.loads(done.stdout)
+    assert isinstance(body, dict), done.stdout
     return body
 
 

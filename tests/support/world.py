@@ -1,5 +1,8 @@
 """One Pilot world: the parts the end-to-end and PostgreSQL tiers' worlds share.
 
+Its :class:`Bank` readers also serve the in-process worlds (``tests/integration``'s
+``Env``, :mod:`support.effects_world`), so every tier reads a target's stamps one way.
+
 A world is a folder (``root``) holding an issuer's and a holder's Ed25519 keys,
 a Pilot home that trusts the issuer, and a target named ``bank`` whose
 ``accounts (id, balance)`` rows start at 100. Its marques get one set of
@@ -95,6 +98,19 @@ class Bank(ABC):
     def stamps(self, marque_id: str | None = None) -> list[dict[str, Any]]:
         """The stamp rows (all, or one marque's); none before the first execution."""
 
+    @abstractmethod
+    def row_stamps(self) -> list[dict[str, Any]]:
+        """Every column of every Effect Set row stamp, oldest first; none before the
+        first Effect Set row is applied."""
+
+
+def bank_at(dsn: str) -> Bank:
+    """The reader of the target behind a Pilot's target DSN (``sqlite:///PATH`` or a
+    PostgreSQL DSN)."""
+    if dsn.startswith("sqlite:///"):
+        return SqliteBank(Path(dsn.removeprefix("sqlite:///")))
+    return PostgresBank(dsn)
+
 
 @dataclass(frozen=True)
 class SqliteBank(Bank):
@@ -128,6 +144,19 @@ class SqliteBank(Bank):
             if marque_id is not None:
                 sql, params = sql + " WHERE marque_id = ?", (marque_id,)
             return [dict(r) for r in conn.execute(sql + " ORDER BY marque_id, nonce", params)]
+        finally:
+            conn.close()
+
+    def row_stamps(self) -> list[dict[str, Any]]:
+        """Every column of ``marque_row_stamps``, ordered by created_at."""
+        conn = sqlite3.connect(self.path)
+        conn.row_factory = sqlite3.Row
+        try:
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'marque_row_stamps'"
+                                ).fetchone():
+                return []
+            return [dict(r) for r in conn.execute(
+                "SELECT * FROM marque_row_stamps ORDER BY created_at")]
         finally:
             conn.close()
 
@@ -167,6 +196,16 @@ class PostgresBank(Bank):
                 params = (marque_id,)
             rows = conn.execute(sql + " ORDER BY created_at", params).fetchall()
         return [dict(zip(STAMP_COLUMNS, r, strict=True)) for r in rows]
+
+    def row_stamps(self) -> list[dict[str, Any]]:
+        """Every column of ``marque.row_stamps``, ordered by created_at."""
+        with self._connect() as conn:
+            exists = conn.execute("SELECT to_regclass('marque.row_stamps')").fetchone()
+            if not exists or exists[0] is None:
+                return []
+            cur = conn.execute("SELECT * FROM marque.row_stamps ORDER BY created_at")
+            names = [column.name for column in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 # -- the world ------------------------------------------------------------------------

@@ -13,10 +13,10 @@ nothing. Nothing here is a mock.
 from __future__ import annotations
 
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any
 
+from support.cli import MARQUE as MARQUE  # the scenarios import it from here
 from support.harbour import PilotServe
 
 from marque.change import Budget, Change, Statement
@@ -25,7 +25,6 @@ from marque.pilot.setup import add_target, init_home, trust_issuer
 from marque.token import issue_marque, make_proof, new_key, public_jwk
 from marque.token.service_tokens import PreviewGrant, issue_preview_token, issue_query_token
 
-MARQUE = Path(sys.executable).parent / "marque"
 PILOT_ID = "p1"
 TARGET = "bank"
 DEBIT = "UPDATE accounts SET balance = balance - 1 WHERE id = 1"

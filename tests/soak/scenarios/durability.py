@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from support.cli import cli_env
 
 from marque.errors import LedgerNotDurable
 from marque.pilot.home import PilotHome
@@ -47,7 +48,7 @@ def serve_once(home: Path, cwd: Path) -> dict[str, Any]:
     proc = subprocess.Popen(
         [str(MARQUE), "pilot", "serve", "--home", str(home), "--listen", "127.0.0.1:0",
          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        text=True, cwd=cwd)
+        text=True, cwd=cwd, env=cli_env())
     assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     body = json.loads(line) if line.strip() else {}

@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from support.cli import cli_env
 from support.pgcluster import PgCluster, create_database
 from support.wait import wait_until
 
@@ -180,7 +181,7 @@ class _Run:
         """``marque reconcile --home`` in a process of its own, as an operator would."""
         done = subprocess.run([str(MARQUE), "reconcile", "--home", str(self.world.home),
                                "--json"], capture_output=True, text=True, timeout=120,
-                              cwd=self.world.root)
+                              cwd=self.world.root, env=cli_env())
         self.ctx.history.record("note", reconcile=done.returncode, out=done.stdout[-2000:])
         self.figures["operator_reconciles"] += 1
 

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 
+from support.cli import cli_env
 from support.wait import wait_until
 
 from soak.harness import finish, invoke
@@ -109,7 +110,7 @@ class _Run:
     def _reconcile_by_cli(self, name: str, marque_id: str, nonce: str) -> None:
         done = subprocess.run([str(MARQUE), "reconcile", "--home", str(self.world.home),
                                "--json"], capture_output=True, text=True, timeout=120,
-                              cwd=self.world.root)
+                              cwd=self.world.root, env=cli_env())
         try:
             body = json.loads(done.stdout)
         except ValueError:

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.cli import cli_env
+
 from marque.cli.logbook_homes import head_of, saved_head, verify_home
 from marque.errors import LogbookBroken, MarqueError
 from marque.harbour.home import HarbourHome, open_home_store
@@ -298,7 +300,7 @@ def cli_break(book: RawLogbook, head_file: Path | None) -> tuple[int, int | None
     if head_file is not None:
         args += ["--head", str(head_file)]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env=cli_env())
     try:
         body = json.loads(proc.stdout)
     except ValueError:
