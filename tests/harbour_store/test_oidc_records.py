@@ -225,6 +225,32 @@ def test_a_token_renews_no_expired_session_nor_one_it_did_not_open(
                                        now=T0 + 1) is None
 
 
+def test_a_command_lines_sign_in_is_ended_once_and_nothing_else_is(
+        stores: StorePool) -> None:
+    """end_cli_session ends a live command line's sign-in once, through any store on the
+    location (the second finds none); an expired one, a console session (opened through
+    the provider or with a token) and a hash nobody stored are not ended."""
+    location = stores.location()
+    first = stores.create(location)
+    second = stores.open(location)
+    first.add_principal("dave", ["approver"], actor="root", now=T0)
+    live = a_cli_session(first, "live")
+    assert first.end_cli_session(live, now=T0 + 1)
+    assert not second.end_cli_session(live, now=T0 + 2)
+    with pytest.raises(Unauthenticated) as ended:
+        second.get_session(live, now=T0 + 2)
+    assert ended.value.detail["reason"] == "revoked"
+    short = a_cli_session(first, "short", expires_at=T0 + 10)
+    assert not second.end_cli_session(short, now=T0 + 10)
+    console = an_oidc_session(first, "console")
+    token = digest("a token session")
+    first.create_session(token, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    for other in (console, token, digest("nobody's"), "not a hash"):
+        assert not second.end_cli_session(other, now=T0 + 1), other
+    for kept in (console, token):
+        second.get_session(kept, now=T0 + 1)
+
+
 def an_oidc_session(store: HarbourStore, name: str, who: str = "dave") -> str:
     session = digest(name)
     store.create_session(session, who, csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0,

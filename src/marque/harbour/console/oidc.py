@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from marque.errors import InvalidInput, MarqueError, NotFound, OidcConfigInvalid
+from marque.errors import InvalidInput, MarqueError, NotFound, OidcConfigInvalid, Unauthenticated
 from marque.harbour.console.sessions import (
     SESSION_COOKIE,
     Sessions,
@@ -47,7 +47,7 @@ from marque.harbour.oidc.signin import (
 )
 from marque.harbour.oidc.tokens import verify_logout_token
 from marque.harbour.store.base import HarbourStore
-from marque.httpcommon import json_body
+from marque.httpcommon import bearer_token, json_body
 
 __all__ = ["ConsoleHost", "ConsoleOidc", "OIDC_COOKIE", "OIDC_WHY"]
 
@@ -124,6 +124,7 @@ class ConsoleOidc:
         self.api_routes: list[BaseRoute] = [
             Route("/v1/oidc", self.api_settings, methods=["GET"]),
             Route("/v1/oidc/exchange", self.api_exchange, methods=["POST"]),
+            Route("/v1/oidc/logout", self.api_logout, methods=["POST"]),
         ]
 
     async def offer(self) -> dict[str, Any] | None:
@@ -298,6 +299,19 @@ class ConsoleOidc:
                  if until is not None else "")
         return {"token": token, "expires_at": expires_at,
                 "principal": identity.principal.name, "roles": list(identity.roles)}
+
+    async def api_logout(self, request: Request) -> Response:
+        """``POST /v1/oidc/logout``, authenticated by the very ``mqs_…`` bearer token it
+        ends: ``{ended}``, true when this call ended that sign-in, false when there was
+        none left to end (idempotent). A principal's token is ``input_invalid``."""
+        token = bearer_token(request)
+        if token is None:
+            raise Unauthenticated("send `Authorization: Bearer <token>`: the command line's "
+                                  "sign-in to end")
+        ended = await self.console._run(self.signin.sign_out, token, self.console._now())
+        if ended:
+            log.info("command-line sign-in ended by its logout")
+        return JSONResponse({"ended": ended}, headers={"Cache-Control": "no-store"})
 
     async def backchannel_logout(self, request: Request) -> Response:
         """``POST /oidc/backchannel-logout`` (``logout_token``): the provider ended a session;

@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from marque.errors import NotFound, OidcConfigInvalid, OidcLoginRefused, OidcSubjectUnknown
+from marque.errors import (
+    InvalidInput,
+    NotFound,
+    OidcConfigInvalid,
+    OidcLoginRefused,
+    OidcSubjectUnknown,
+)
 from marque.harbour.oidc.config import OidcConfig, read_secret
 from marque.harbour.oidc.provider import Provider, Providers
 from marque.harbour.oidc.tokens import refuse, verify_id_token
@@ -227,6 +233,21 @@ class SignIn:
                 raise refuse("replayed", "it was exchanged before")
         claims = self.with_userinfo(config, provider, claims, access_token)
         return self.identify(config, claims), float(claims["exp"]), until
+
+    def sign_out(self, bearer: str, now: float) -> bool:
+        """End the command line's sign-in whose bearer token is ``bearer`` (``marque
+        logout``): True when this ended it, False when there was none to end (ended
+        already, expired, or never issued: the token authenticates nobody either way, so
+        a retried logout is answered alike). A principal's token is no sign-in: an
+        unknown one is ``Unauthenticated``, a valid one ``InvalidInput`` (only an admin's
+        rotation or revocation ends it)."""
+        if not bearer.startswith(CLI_TOKEN_PREFIX):
+            principal = self.store.authenticate(bearer)
+            raise InvalidInput(f"this is principal {principal.name}'s own token, not a "
+                               "sign-in through the identity provider: logging out does not "
+                               "end it (an admin rotates or revokes it: `marque harbour "
+                               "principal rotate`)", detail={"token": "principal"})
+        return self.store.end_cli_session(sha256_hex(bearer), now=now)
 
     # -- who it is -------------------------------------------------------------------
 

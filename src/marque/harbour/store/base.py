@@ -586,6 +586,12 @@ class HarbourStore(NotificationStore, abc.ABC):
         """End a session (logout); False if it was unknown or already ended."""
 
     @abc.abstractmethod
+    def end_cli_session(self, session_hash: str, *, now: float | None = None) -> bool:
+        """End a command line's sign-in (``marque logout``, ``POST /v1/oidc/logout``): one
+        compare-and-set on a live session opened ``via`` ``cli``; False when there is none
+        to end (unknown, already ended, expired, or not a command line's)."""
+
+    @abc.abstractmethod
     def purge_sessions(self, *, before: float) -> int:
         """Delete sessions that expired before ``before``; how many went."""
 

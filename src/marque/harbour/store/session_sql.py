@@ -149,6 +149,19 @@ class SessionRecords(StoreHooks):
                                "RETURNING session_hash", (at, session_hash))
         return bool(ended)
 
+    def end_cli_session(self, session_hash: str, *, now: float | None = None) -> bool:
+        if not isinstance(session_hash, str) or len(session_hash) != 64:
+            return False  # no such session: nothing to end
+        at = self._now(now)
+        with self.transaction() as tx:
+            # Only a command line's own sign-in, and only while live: a console session's
+            # id sent as a bearer token ends nothing, and a second logout finds none.
+            ended = tx.execute("UPDATE console_sessions SET revoked_at = ? "
+                               "WHERE session_hash = ? AND via = 'cli' AND revoked_at IS NULL "
+                               "AND expires_at > ? RETURNING session_hash",
+                               (at, session_hash, at))
+        return bool(ended)
+
     def purge_sessions(self, *, before: float) -> int:
         with self.transaction() as tx:
             gone = tx.execute("DELETE FROM console_sessions WHERE expires_at < ? "
