@@ -4,8 +4,9 @@ at a real OpenID provider (oidc-provider on loopback), confirmed in Chromium (is
 What it stores is the Harbourmaster's own short-lived token (``mqs_…``), in a 0600 file;
 it authenticates API calls as the principal; ``marque logout`` removes it, ends it on the
 Harbourmaster and revokes the provider's refresh token (and, with the provider down,
-still removes it, saying so). The exchange refuses
-an ID token issued to another application (audience), and one exchanged twice. Nothing is mocked.
+still removes it, saying so). A renewal ends the token it replaces. The exchange
+refuses an ID token issued to another application (audience), and one exchanged twice.
+Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
         oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
     """`marque login --oidc` prints a URL and a code; once Carol confirms them in a browser
     it stores a token of the Harbourmaster's (0600) that authenticates as carol; once it
-    has expired a command renews it with the refresh token; `marque logout` removes it."""
+    has expired a command renews it with the refresh token (the token it replaced is then
+    401); `marque logout` removes it."""
     config = tmp_path / "config"
     env = cli_env({"XDG_CONFIG_HOME": str(config)})
     url = oidc.world.url
@@ -110,6 +112,9 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     assert renewed["expires_at"] > entry["expires_at"] - 5
     assert oidc.world.server.call("GET", "/v1/whoami", renewed["token"]).json()["name"] \
         == "carol"
+    # The renewal ended the token it replaced, on the server.
+    replaced = oidc.world.server.call("GET", "/v1/whoami", entry["token"])
+    assert replaced.status_code == 401 and replaced.json()["code"] == "unauthenticated"
     answer = json.loads(logout(env, url, "--json").stdout)
     assert answer["removed"] == [url] and answer["revocations"][0]["revoked"] is True
     assert url not in json.loads(stored.read_text())["harbours"]
@@ -335,3 +340,34 @@ def test_a_renewal_answered_the_same_id_token_is_accepted_and_a_replayed_login_i
     again = exchange(oidc, refreshed["id_token"], renews=first["token"])
     assert again.status_code == 401 and again.json()["check"] == "replayed"
     assert exchange(oidc, signed["id_token"]).json()["check"] == "replayed"
+
+
+def test_a_renewal_with_a_new_id_token_ends_the_sign_in_it_replaces(
+        oidc: OidcWorld, browser: Any) -> None:
+    """A renewal whose refresh grant brings a new ID token is a new sign-in, and the one its
+    `renews` names ends as it opens (401 from then on). A `renews` naming no sign-in is
+    accepted as a fresh sign-in would be, and ends nothing."""
+    settings, device_code = device_confirmed(oidc.provider, CLI_CLIENT, browser, "dave",
+                                             "openid email offline_access")
+    signed = httpx.post(settings["token_endpoint"], data={
+        "grant_type": "urn:ietf:params:oauth:grant-type:device_code",
+        "device_code": device_code, "client_id": CLI_CLIENT}).json()
+    first = exchange(oidc, signed["id_token"]).json()
+    refresh = signed["refresh_token"]
+    answers = []
+    for renews in ("mqs_not-a-sign-in", first["token"]):
+        time.sleep(1.02 - time.time() % 1)  # a later second: a new ID token
+        refreshed = refresh_at_provider(oidc, refresh).json()
+        assert refreshed["id_token"] != signed["id_token"]
+        refresh = refreshed.get("refresh_token") or refresh
+        renewal = exchange(oidc, refreshed["id_token"], renews=renews)
+        assert renewal.status_code == 200, renewal.text
+        answers.append(renewal.json())
+        still = oidc.world.server.call("GET", "/v1/whoami", first["token"])
+        assert still.status_code == (200 if renews != first["token"] else 401), still.text
+    stranger, second = answers
+    call = oidc.world.server.call
+    ended = call("GET", "/v1/whoami", first["token"])
+    assert ended.json()["code"] == "unauthenticated"
+    for token in (stranger["token"], second["token"]):
+        assert call("GET", "/v1/whoami", token).json()["name"] == "dave"

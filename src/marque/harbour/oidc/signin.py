@@ -18,7 +18,10 @@ the session it opened). The one exception is a renewal: a refresh grant in the s
 second as the sign-in it renews can answer the very same ID token, which is accepted
 when the renewal comes with that sign-in's own (live) token, and then ends that sign-in
 and lasts no longer than it would have: a copy of an ID token alone is still worth
-nothing after its first use.
+nothing after its first use. Any renewal (a new ID token too) ends the sign-in its
+``renews`` names as the new one opens, if that is a live command line's sign-in of the
+same principal (the store's compare-and-set, ``create_session(replaces=…)``); naming
+anything else ends nothing, and the renewal is a fresh sign-in.
 
 **Who it is** (:meth:`SignIn.identify`). The configured claim (``sub`` by default, or e.g.
 ``email``, which must then be ``email_verified``) is the name of a principal, which must
