@@ -36,11 +36,12 @@ from marque.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    Unauthenticated,
 )
 
 __all__ = ["PROBLEM", "BodyLimit", "TraceIdMiddleware", "WorkerThreads", "api_http_errors",
-           "core_call", "internal_error", "json_body", "no_surrogates", "problem",
-           "trace_id_of"]
+           "bearer_token", "core_call", "internal_error", "json_body", "no_surrogates",
+           "problem", "trace_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,18 @@ def no_surrogates(value: Any) -> bool:
     if isinstance(value, list):
         return all(no_surrogates(item) for item in value)
     return True
+
+
+def bearer_token(request: Request) -> str | None:
+    """The bearer token of ``Authorization``; None when the header is absent, and
+    ``Unauthenticated`` when it names another scheme or no token."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("send `Authorization: Bearer <token>` with a principal's token")
+    return token.strip()
 
 
 def json_body(raw: bytes, shape: str) -> Any:

@@ -2,10 +2,11 @@
 at a real OpenID provider (oidc-provider on loopback), confirmed in Chromium (issue 27).
 
 What it stores is the Harbourmaster's own short-lived token (``mqs_…``), in a 0600 file;
-it authenticates API calls as the principal; ``marque logout`` removes it and revokes the
-provider's refresh token (and, with the provider down, still removes it, saying so). The
-exchange refuses an ID token issued to another application (audience), and one exchanged
-twice. Nothing is mocked.
+it authenticates API calls as the principal; ``marque logout`` removes it, ends it on the
+Harbourmaster and revokes the provider's refresh token (and, with the provider down,
+still removes it, saying so). A renewal ends the token it replaces. The exchange
+refuses an ID token issued to another application (audience), and one exchanged twice.
+Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
         oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
     """`marque login --oidc` prints a URL and a code; once Carol confirms them in a browser
     it stores a token of the Harbourmaster's (0600) that authenticates as carol; once it
-    has expired a command renews it with the refresh token; `marque logout` removes it."""
+    has expired a command renews it with the refresh token (the token it replaced is then
+    401); `marque logout` removes it."""
     config = tmp_path / "config"
     env = cli_env({"XDG_CONFIG_HOME": str(config)})
     url = oidc.world.url
@@ -110,6 +112,9 @@ def test_the_cli_signs_in_with_the_device_flow_and_logs_out(
     assert renewed["expires_at"] > entry["expires_at"] - 5
     assert oidc.world.server.call("GET", "/v1/whoami", renewed["token"]).json()["name"] \
         == "carol"
+    # The renewal ended the token it replaced, on the server.
+    replaced = oidc.world.server.call("GET", "/v1/whoami", entry["token"])
+    assert replaced.status_code == 401 and replaced.json()["code"] == "unauthenticated"
     answer = json.loads(logout(env, url, "--json").stdout)
     assert answer["removed"] == [url] and answer["revocations"][0]["revoked"] is True
     assert url not in json.loads(stored.read_text())["harbours"]
@@ -141,18 +146,25 @@ def logout(env: dict[str, str], url: str, *extra: str) -> subprocess.CompletedPr
 
 def test_logout_revokes_the_refresh_token_at_the_provider(
         oidc: OidcWorld, browser: Any, tmp_path: Path) -> None:
-    """`marque logout` of a sign-in through the provider revokes its refresh token there
-    (RFC 7009): the provider then refuses it (`invalid_grant`), and the entry is gone."""
+    """`marque logout` of a sign-in through the provider ends its `mqs_` token on the
+    Harbourmaster (which then answers it 401 `unauthenticated`) and revokes its refresh
+    token there (RFC 7009): the provider then refuses it (`invalid_grant`), and the entry
+    is gone."""
     config = tmp_path / "config"
     env = cli_env({"XDG_CONFIG_HOME": str(config)})
     url = oidc.world.url
     cli_login(oidc, browser, env, "dave")
     entry = stored_entry(config, url)
     assert entry is not None and entry["refresh_token"]
+    assert oidc.world.server.call("GET", "/v1/whoami", entry["token"]).status_code == 200
     answer = json.loads(logout(env, url, "--json").stdout)
-    assert answer == {"removed": [url], "revocations": [
+    assert answer == {"removed": [url], "sessions": [
+        {"harbour": url, "ended": True, "code": None, "message": None}], "revocations": [
         {"harbour": url, "revoked": True, "code": None, "message": None}]}, answer
     assert stored_entry(config, url) is None
+    # The Harbourmaster's token ended on the server, not only here.
+    after = oidc.world.server.call("GET", "/v1/whoami", entry["token"])
+    assert after.status_code == 401 and after.json()["code"] == "unauthenticated", after.text
     refused = refresh_at_provider(oidc, entry["refresh_token"])
     assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant", \
         refused.text
@@ -185,8 +197,12 @@ def test_logout_with_the_provider_down_still_forgets_the_sign_in(
     [warning] = [json.loads(line) for line in proc.stderr.splitlines()]
     assert warning["event"] == "warning" and warning["code"] == "oidc_provider_unavailable"
     assert stored_entry(configs[0], url) is None
+    assert answer["sessions"] == [{"harbour": url, "ended": True, "code": None,
+                                   "message": None}], answer
     proc = logout(envs[1], url)
-    assert proc.stdout.splitlines() == [f"logged out of {url}"], proc.stdout
+    assert proc.stdout.splitlines() == [f"logged out of {url}",
+                                        f"the Harbourmaster's token for {url} is ended"], \
+        proc.stdout
     assert "warning" in proc.stderr and "was not revoked" in proc.stderr, proc.stderr
     assert stored_entry(configs[1], url) is None
 
@@ -194,9 +210,10 @@ def test_logout_with_the_provider_down_still_forgets_the_sign_in(
 def test_logout_with_the_harbourmaster_silent_still_forgets_the_sign_in(
         tmp_path: Path) -> None:
     """A Harbourmaster that takes the connection and never answers does not hold a logout
-    up (the revocation's ask has a timeout of its own): both logins are removed (a
-    principal's token, which has nothing to revoke, and a sign-in through the provider,
-    `revoked: false`, `harbour_unavailable`)."""
+    up (ending its token and the revocation's ask each have a timeout of their own): both
+    logins are removed (a principal's token, which has nothing to end or revoke, and a
+    sign-in through the provider, `ended: false` and `revoked: false`,
+    `harbour_unavailable`)."""
     config = tmp_path / "config"
     (config / "marque").mkdir(parents=True, mode=0o700)
     silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts nor answers
@@ -219,7 +236,36 @@ def test_logout_with_the_harbourmaster_silent_still_forgets_the_sign_in(
     [revocation] = answer["revocations"]
     assert (revocation["harbour"], revocation["revoked"], revocation["code"]) \
         == (url, False, "harbour_unavailable"), revocation
+    [session] = answer["sessions"]
+    assert (session["harbour"], session["ended"], session["code"]) \
+        == (url, False, "harbour_unavailable"), session
+    warned = [json.loads(line)["code"] for line in proc.stderr.splitlines()]
+    assert warned == ["harbour_unavailable", "harbour_unavailable"], proc.stderr
     assert json.loads(stored.read_text())["harbours"] == {}
+
+
+def test_the_logout_endpoint_ends_only_a_command_lines_own_sign_in(
+        oidc: OidcWorld, browser: Any) -> None:
+    """`POST /v1/oidc/logout` with an `mqs_` token ends that sign-in (`ended: true`), and
+    again answers `ended: false` (idempotent); without a token, or with one nobody issued,
+    it is 401 `unauthenticated`; a principal's own token is no sign-in: 400
+    `input_invalid`, and it still works."""
+    tokens = device_tokens(oidc.provider, CLI_CLIENT, browser, "dave")
+    signed = exchange(oidc, tokens["id_token"]).json()
+    call = oidc.world.server.call
+    ended = call("POST", "/v1/oidc/logout", signed["token"])
+    assert ended.status_code == 200 and ended.json() == {"ended": True}, ended.text
+    assert call("GET", "/v1/whoami", signed["token"]).status_code == 401
+    again = call("POST", "/v1/oidc/logout", signed["token"])
+    assert again.status_code == 200 and again.json() == {"ended": False}, again.text
+    nobody = call("POST", "/v1/oidc/logout")
+    assert nobody.status_code == 401 and nobody.json()["code"] == "unauthenticated"
+    forged = call("POST", "/v1/oidc/logout", "mqp_nobody-issued-this")
+    assert forged.status_code == 401 and forged.json()["code"] == "unauthenticated"
+    own = call("POST", "/v1/oidc/logout", oidc.world.token("carol"))
+    assert own.status_code == 400, own.text
+    assert own.json()["code"] == "input_invalid" and own.json()["token"] == "principal"
+    assert call("GET", "/v1/whoami", oidc.world.token("carol")).status_code == 200
 
 
 def test_an_id_token_for_another_audience_is_refused(oidc: OidcWorld, browser: Any) -> None:
@@ -294,3 +340,34 @@ def test_a_renewal_answered_the_same_id_token_is_accepted_and_a_replayed_login_i
     again = exchange(oidc, refreshed["id_token"], renews=first["token"])
     assert again.status_code == 401 and again.json()["check"] == "replayed"
     assert exchange(oidc, signed["id_token"]).json()["check"] == "replayed"
+
+
+def test_a_renewal_with_a_new_id_token_ends_the_sign_in_it_replaces(
+        oidc: OidcWorld, browser: Any) -> None:
+    """A renewal whose refresh grant brings a new ID token is a new sign-in, and the one its
+    `renews` names ends as it opens (401 from then on). A `renews` naming no sign-in is
+    accepted as a fresh sign-in would be, and ends nothing."""
+    settings, device_code = device_confirmed(oidc.provider, CLI_CLIENT, browser, "dave",
+                                             "openid email offline_access")
+    signed = httpx.post(settings["token_endpoint"], data={
+        "grant_type": "urn:ietf:params:oauth:grant-type:device_code",
+        "device_code": device_code, "client_id": CLI_CLIENT}).json()
+    first = exchange(oidc, signed["id_token"]).json()
+    refresh = signed["refresh_token"]
+    answers = []
+    for renews in ("mqs_not-a-sign-in", first["token"]):
+        time.sleep(1.02 - time.time() % 1)  # a later second: a new ID token
+        refreshed = refresh_at_provider(oidc, refresh).json()
+        assert refreshed["id_token"] != signed["id_token"]
+        refresh = refreshed.get("refresh_token") or refresh
+        renewal = exchange(oidc, refreshed["id_token"], renews=renews)
+        assert renewal.status_code == 200, renewal.text
+        answers.append(renewal.json())
+        still = oidc.world.server.call("GET", "/v1/whoami", first["token"])
+        assert still.status_code == (200 if renews != first["token"] else 401), still.text
+    stranger, second = answers
+    call = oidc.world.server.call
+    ended = call("GET", "/v1/whoami", first["token"])
+    assert ended.json()["code"] == "unauthenticated"
+    for token in (stranger["token"], second["token"]):
+        assert call("GET", "/v1/whoami", token).json()["name"] == "dave"

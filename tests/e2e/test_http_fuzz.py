@@ -174,6 +174,7 @@ HARBOUR = [
     ("GET", "/metrics", [], None),
     ("GET", "/v1/oidc", [], None),
     ("POST", "/v1/oidc/exchange", [], {"id_token": "a.b.c", "access_token": "t"}),
+    ("POST", "/v1/oidc/logout", [], None),
 ]
 
 

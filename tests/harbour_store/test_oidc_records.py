@@ -9,7 +9,7 @@ import secrets
 
 import pytest
 
-from marque.errors import OidcLoginRefused, Unauthenticated
+from marque.errors import InvalidInput, OidcLoginRefused, Unauthenticated
 from marque.harbour.principals import Role
 from marque.harbour.store import schema
 from marque.harbour.store.base import HarbourStore, OidcLogin
@@ -223,6 +223,72 @@ def test_a_token_renews_no_expired_session_nor_one_it_did_not_open(
     assert store.note_exchanged_token(old, expires_at=T0 + 300, now=T0)
     assert store.renew_exchanged_token(old, renewing=live, session_hash=digest("m"),
                                        now=T0 + 1) is None
+
+
+def test_a_command_lines_sign_in_is_ended_once_and_nothing_else_is(
+        stores: StorePool) -> None:
+    """end_cli_session ends a live command line's sign-in once, through any store on the
+    location (the second finds none); an expired one, a console session (opened through
+    the provider or with a token) and a hash nobody stored are not ended."""
+    location = stores.location()
+    first = stores.create(location)
+    second = stores.open(location)
+    first.add_principal("dave", ["approver"], actor="root", now=T0)
+    live = a_cli_session(first, "live")
+    assert first.end_cli_session(live, now=T0 + 1)
+    assert not second.end_cli_session(live, now=T0 + 2)
+    with pytest.raises(Unauthenticated) as ended:
+        second.get_session(live, now=T0 + 2)
+    assert ended.value.detail["reason"] == "revoked"
+    short = a_cli_session(first, "short", expires_at=T0 + 10)
+    assert not second.end_cli_session(short, now=T0 + 10)
+    console = an_oidc_session(first, "console")
+    token = digest("a token session")
+    first.create_session(token, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0)
+    for other in (console, token, digest("nobody's"), "not a hash"):
+        assert not second.end_cli_session(other, now=T0 + 1), other
+    for kept in (console, token):
+        second.get_session(kept, now=T0 + 1)
+
+
+def test_a_renewal_ends_only_a_live_sign_in_of_its_own_principal(store: HarbourStore) -> None:
+    """A command line's session that `replaces` another ends it as it opens, when that one
+    is a live command line's sign-in of the same principal; another principal's, a console
+    session, an expired or ended one, or a hash nobody stored are left alone, and the new
+    session opens all the same. Only a command line's session replaces one."""
+    store.add_principal("dave", ["approver"], actor="root", now=T0)
+    store.add_principal("erin", ["approver"], actor="root", now=T0)
+    theirs = digest("erin's sign-in")
+    store.create_session(theirs, "erin", csrf_secret="c" * 43, expires_at=T0 + HOUR, now=T0,
+                         via="cli", roles=("approver",), roles_from="principal")
+    console = an_oidc_session(store, "console")
+    short = a_cli_session(store, "short", expires_at=T0 + 10)
+    for other in (theirs, console, short, digest("nobody's")):
+        renewal = digest(f"renewal of {other}")
+        store.create_session(renewal, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR,
+                             now=T0 + 10, via="cli", roles=("approver",),
+                             roles_from="principal", replaces=other)
+        store.get_session(renewal, now=T0 + 11)
+    for kept in (theirs, console):
+        store.get_session(kept, now=T0 + 11)
+    live = a_cli_session(store, "live")
+    renewed = digest("renewed")
+    store.create_session(renewed, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR,
+                         now=T0 + 1, via="cli", roles=("approver",), roles_from="principal",
+                         replaces=live)
+    with pytest.raises(Unauthenticated) as ended:
+        store.get_session(live, now=T0 + 2)
+    assert ended.value.detail["reason"] == "revoked"
+    again = digest("renewed again")
+    store.create_session(again, "dave", csrf_secret="c" * 43, expires_at=T0 + HOUR,
+                         now=T0 + 2, via="cli", roles=("approver",), roles_from="principal",
+                         replaces=live)  # already ended: nothing more ends
+    for opened in (renewed, again):
+        store.get_session(opened, now=T0 + 3)
+    with pytest.raises(InvalidInput):
+        store.create_session(digest("a console one"), "dave", csrf_secret="c" * 43,
+                             expires_at=T0 + HOUR, now=T0, via="oidc", roles=("approver",),
+                             roles_from="principal", replaces=renewed)
 
 
 def an_oidc_session(store: HarbourStore, name: str, who: str = "dave") -> str:

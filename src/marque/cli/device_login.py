@@ -16,9 +16,11 @@ grant (RFC 8628), for a terminal that may have no browser (an SSH session).
    token from the refresh grant, exchanged the same way (naming the token it renews),
    where the Harbourmaster maps its claims again (the sign-in's check). The provider's
    ID and access tokens are never stored.
-5. ``marque logout`` revokes that refresh token at the provider (RFC 7009,
-   :func:`revoke_sign_in`), at the revocation endpoint ``GET /v1/oidc`` names, with a
-   short timeout: the local sign-out has happened already and must not wait on it.
+5. ``marque logout`` ends the Harbourmaster's token on the server (``POST
+   /v1/oidc/logout``, :func:`end_sign_in`) and revokes that refresh token at the provider
+   (RFC 7009, :func:`revoke_sign_in`), at the revocation endpoint ``GET /v1/oidc`` names,
+   each with a short timeout: the local sign-out has happened already and must not wait
+   on them.
 """
 
 from __future__ import annotations
@@ -159,6 +161,20 @@ def refresh_sign_in(harbour_url: str, refresh_token: str,
     if not isinstance(tokens.get("refresh_token"), str):
         tokens["refresh_token"] = refresh_token  # a provider that does not rotate it
     return _exchange(base, tokens, renews)
+
+
+def end_sign_in(harbour_url: str, token: str) -> bool:
+    """End the Harbourmaster's own session of a sign-in (``POST /v1/oidc/logout``,
+    authenticated by that ``mqs_…`` token), waiting :data:`REVOKE_TIMEOUT` at most: True
+    when it ended it, False when it had already ended (or expired). The Harbourmaster's
+    refusal is the error it names; one that cannot be reached, ``HarbourUnavailable``."""
+    base = harbour_url.rstrip("/")
+    try:
+        answer = _harbour("POST", f"{base}/v1/oidc/logout", timeout=REVOKE_TIMEOUT,
+                          headers={"Authorization": f"Bearer {token}"})
+    except ValueError:
+        raise HarbourUnavailable(f"the Harbourmaster at {base} did not answer JSON") from None
+    return isinstance(answer, dict) and answer.get("ended") is True
 
 
 def revoke_sign_in(harbour_url: str, refresh_token: str) -> None:

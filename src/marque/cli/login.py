@@ -14,10 +14,12 @@ The file is rewritten whole through a temporary file and a rename, under an
 advisory lock, so two logins at once never leave half a file. A file others
 can read is refused rather than used: the token in it may have leaked.
 
-``marque logout`` forgets the entry first, then revokes at the identity provider the
-refresh token a sign-in through it kept (:func:`~marque.cli.device_login.revoke_sign_in`):
-a provider or Harbourmaster that cannot be reached, or refuses, is a warning, never a
-reason to keep the entry.
+``marque logout`` forgets the entry first, then ends the Harbourmaster's own token of a
+sign-in through the identity provider on the server
+(:func:`~marque.cli.device_login.end_sign_in`) and revokes at the provider the refresh
+token it kept (:func:`~marque.cli.device_login.revoke_sign_in`): a provider or
+Harbourmaster that cannot be reached, or refuses, is a warning, never a reason to keep
+the entry.
 """
 
 from __future__ import annotations
@@ -279,6 +281,35 @@ def _revoked(key: str, entry: Any) -> dict[str, Any] | None:
     return {"harbour": key, "revoked": True, "code": None, "message": None}
 
 
+def _ended(key: str, entry: Any) -> dict[str, Any] | None:
+    """End on the Harbourmaster the session of a forgotten sign-in through the provider
+    (None for a principal's token, which has none): ``{harbour, ended, code, message}``;
+    ``ended`` false with no code when it had already ended, with the reason when it could
+    not be ended."""
+    token = entry.get("token") if isinstance(entry, dict) else None
+    if not isinstance(token, str) or not token.startswith("mqs_"):
+        return None
+    from marque.cli.device_login import end_sign_in
+
+    try:
+        ended = end_sign_in(key, token)
+    except MarqueError as exc:  # logged out here all the same: the caller warns
+        return {"harbour": key, "ended": False, "code": exc.code, "message": exc.message}
+    return {"harbour": key, "ended": ended, "code": None, "message": None}
+
+
+def _warnings(sessions: list[dict[str, Any]],
+              revocations: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(code, text)`` of each session not ended and refresh token not revoked."""
+    return [*((s["code"], f"the Harbourmaster's token for {s['harbour']} was not ended "
+                          f"there ({s['code']}: {s['message']}); it stays valid until it "
+                          "expires; you are logged out here all the same")
+              for s in sessions if s["code"] is not None),
+            *((r["code"], f"the identity provider's refresh token for {r['harbour']} was "
+                          f"not revoked ({r['code']}: {r['message']}); you are logged out "
+                          "here all the same") for r in revocations if not r["revoked"])]
+
+
 @click.command("logout")
 @click.option("--harbour", "harbour_url", envvar="MARQUE_HARBOUR", default=None,
               metavar="URL", help="The Harbourmaster to forget (default: $MARQUE_HARBOUR; "
@@ -287,9 +318,9 @@ def _revoked(key: str, entry: Any) -> dict[str, Any] | None:
 @guarded
 def logout(harbour_url: str | None, as_json: bool) -> None:
     """Forget the token `marque login` kept; a sign-in through the identity provider also
-    has its refresh token revoked at the provider (if that fails, a warning: the login is
-    forgotten all the same). A principal's token itself stays valid until an admin
-    rotates or revokes it."""
+    has its Harbourmaster's token ended on the server and its refresh token revoked at the
+    provider (if either fails, a warning: the login is forgotten all the same). A
+    principal's token itself stays valid until an admin rotates or revokes it."""
     key = None if harbour_url is None else normalise_url(harbour_url)
     forgotten: dict[str, Any] = {}
     if _path().exists():
@@ -301,18 +332,21 @@ def logout(harbour_url: str | None, as_json: bool) -> None:
     removed = sorted(forgotten)
     # Only once forgotten here (and outside the file's lock): being logged out must never
     # depend on the Harbourmaster or the provider answering.
+    # The Harbourmaster's session first, then the provider's grant.
+    sessions = [found for name in removed
+                if (found := _ended(name, forgotten[name])) is not None]
     revocations = [found for name in removed
                    if (found := _revoked(name, forgotten[name])) is not None]
-    warnings = [(r["code"], f"the identity provider's refresh token for {r['harbour']} was "
-                             f"not revoked ({r['code']}: {r['message']}); you are logged out "
-                             "here all the same") for r in revocations if not r["revoked"]]
+    warnings = _warnings(sessions, revocations)
     if as_json:
         for code, warning in warnings:
             emit_event_json({"event": "warning", "code": code, "message": warning})
-        emit_json({"removed": removed, "revocations": revocations})
+        emit_json({"removed": removed, "sessions": sessions, "revocations": revocations})
         return
     if removed:
         out.say(f"logged out of {literal(', '.join(removed))}")
+        for done in (s for s in sessions if s["ended"]):
+            out.say(f"the Harbourmaster's token for {literal(done['harbour'])} is ended")
         for done in (r for r in revocations if r["revoked"]):
             out.say(f"the identity provider's refresh token for {literal(done['harbour'])} "
                     "is revoked")

@@ -38,6 +38,7 @@ from marque.httpcommon import (
     TraceIdMiddleware,
     WorkerThreads,
     api_http_errors,
+    bearer_token,
     json_body,
     problem,
 )
@@ -64,17 +65,6 @@ FORM_BODY_BYTES = 64 * 1024
 QUERY_INT_MAX = 2**63 - 1
 #: Who may scrape ``/metrics`` (DESIGN §11.7): the roles that may read everything.
 _METRICS_ROLES = (Role.AUDITOR, Role.ADMIN)
-
-
-def _bearer(request: Request) -> str | None:
-    """The bearer token of ``Authorization``; None when the header is absent."""
-    header = request.headers.get("authorization")
-    if header is None:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthenticated("send `Authorization: Bearer <token>` with a principal's token")
-    return token.strip()
 
 
 def body_limit(path: str) -> int:
@@ -191,7 +181,7 @@ class HarbourService:
         return await self._threads.call(func, *args)
 
     async def _principal(self, request: Request) -> Principal:
-        token = _bearer(request)
+        token = bearer_token(request)
         principal: Principal = await self._in_thread(self.harbourmaster.authenticate, token)
         return principal
 

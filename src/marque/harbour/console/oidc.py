@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from marque.errors import InvalidInput, MarqueError, NotFound, OidcConfigInvalid
+from marque.errors import InvalidInput, MarqueError, NotFound, OidcConfigInvalid, Unauthenticated
 from marque.harbour.console.sessions import (
     SESSION_COOKIE,
     Sessions,
@@ -47,7 +47,7 @@ from marque.harbour.oidc.signin import (
 )
 from marque.harbour.oidc.tokens import verify_logout_token
 from marque.harbour.store.base import HarbourStore
-from marque.httpcommon import json_body
+from marque.httpcommon import bearer_token, json_body
 
 __all__ = ["ConsoleHost", "ConsoleOidc", "OIDC_COOKIE", "OIDC_WHY"]
 
@@ -124,6 +124,7 @@ class ConsoleOidc:
         self.api_routes: list[BaseRoute] = [
             Route("/v1/oidc", self.api_settings, methods=["GET"]),
             Route("/v1/oidc/exchange", self.api_exchange, methods=["POST"]),
+            Route("/v1/oidc/logout", self.api_logout, methods=["POST"]),
         ]
 
     async def offer(self) -> dict[str, Any] | None:
@@ -198,10 +199,11 @@ class ConsoleOidc:
         return response
 
     def _open(self, identity: Identity, via: str = "oidc", expires_at: float | None = None,
-              session_id: str | None = None) -> str:
+              session_id: str | None = None, replaces: str | None = None) -> str:
         """A session for a signed-in identity (with id ``session_id``, else a new one); its
         id. A console session's first check at the provider is due ``recheck_seconds``
-        from now (:mod:`marque.harbour.oidc.recheck`)."""
+        from now (:mod:`marque.harbour.oidc.recheck`). A command line's renewal names the
+        SHA-256 of the sign-in it ``replaces``, which the store ends as this one opens."""
         now = self.console._now()
         session_id = session_id or new_secret()
         store = self.console.hm.store
@@ -211,7 +213,7 @@ class ConsoleOidc:
             expires_at=expires_at or expiry(now, self.console.sessions.seconds), now=now,
             via=via,
             roles=identity.roles, roles_from=identity.roles_from,
-            oidc_subject=identity.subject, oidc_sid=identity.sid)
+            oidc_subject=identity.subject, oidc_sid=identity.sid, replaces=replaces)
         if via == "oidc":
             store.note_oidc_check(hashed, refresh_token=identity.refresh_token, checked_at=now)
         return session_id
@@ -267,7 +269,8 @@ class ConsoleOidc:
         line's ID token (for its own client, fresh, never exchanged before — or, when
         ``renews`` is the live bearer token the renewal replaces, the one that token was
         opened with) for a short-lived bearer token of this Harbourmaster:
-        ``{token, expires_at, principal, roles}``."""
+        ``{token, expires_at, principal, roles}``. The token ``renews`` names ends as the
+        new one opens, when it is a live command line's sign-in of the same principal."""
         body = json_body(await request.body(), "{id_token, access_token?, renews?}")
         if not isinstance(body, dict) or not isinstance(body.get("id_token"), str):
             raise InvalidInput("the body must be a JSON object {id_token, access_token?, "
@@ -282,9 +285,9 @@ class ConsoleOidc:
                   renews: str | None = None) -> dict[str, Any]:
         now = self.console._now()
         token = CLI_TOKEN_PREFIX + new_secret()
+        renewing = None if renews is None else session_hash(renews)
         identity, _, until = self.signin.exchange(
-            id_token, now, access_token, opens=session_hash(token),
-            renewing=None if renews is None else session_hash(renews))
+            id_token, now, access_token, opens=session_hash(token), renewing=renewing)
         # No longer than the recheck interval: the command line's renewal (a fresh ID token
         # from the provider, exchanged again) is how its sign-in is checked again. A renewal
         # answered the very token it had already exchanged brings no new word from the
@@ -292,12 +295,29 @@ class ConsoleOidc:
         expires_at = now + min(CLI_TOKEN_SECONDS, self.signin.required().recheck_seconds)
         if until is not None:
             expires_at = min(expires_at, until)
-        self._open(identity, via="cli", expires_at=expires_at, session_id=token)
+        # A renewal with a new ID token ends the sign-in it replaces as this one opens
+        # (the store's compare-and-set: only a live command line's of the same principal;
+        # a `renews` naming anything else ends nothing, and this is a fresh sign-in).
+        self._open(identity, via="cli", expires_at=expires_at, session_id=token,
+                   replaces=renewing)
         log.info("command-line sign-in for %s through the identity provider%s",
                  identity.principal.name, " (renewed with the same ID token)"
                  if until is not None else "")
         return {"token": token, "expires_at": expires_at,
                 "principal": identity.principal.name, "roles": list(identity.roles)}
+
+    async def api_logout(self, request: Request) -> Response:
+        """``POST /v1/oidc/logout``, authenticated by the very ``mqs_…`` bearer token it
+        ends: ``{ended}``, true when this call ended that sign-in, false when there was
+        none left to end (idempotent). A principal's token is ``input_invalid``."""
+        token = bearer_token(request)
+        if token is None:
+            raise Unauthenticated("send `Authorization: Bearer <token>`: the command line's "
+                                  "sign-in to end")
+        ended = await self.console._run(self.signin.sign_out, token, self.console._now())
+        if ended:
+            log.info("command-line sign-in ended by its logout")
+        return JSONResponse({"ended": ended}, headers={"Cache-Control": "no-store"})
 
     async def backchannel_logout(self, request: Request) -> Response:
         """``POST /oidc/backchannel-logout`` (``logout_token``): the provider ended a session;

@@ -18,7 +18,10 @@ the session it opened). The one exception is a renewal: a refresh grant in the s
 second as the sign-in it renews can answer the very same ID token, which is accepted
 when the renewal comes with that sign-in's own (live) token, and then ends that sign-in
 and lasts no longer than it would have: a copy of an ID token alone is still worth
-nothing after its first use.
+nothing after its first use. Any renewal (a new ID token too) ends the sign-in its
+``renews`` names as the new one opens, if that is a live command line's sign-in of the
+same principal (the store's compare-and-set, ``create_session(replaces=…)``); naming
+anything else ends nothing, and the renewal is a fresh sign-in.
 
 **Who it is** (:meth:`SignIn.identify`). The configured claim (``sub`` by default, or e.g.
 ``email``, which must then be ``email_verified``) is the name of a principal, which must
@@ -41,7 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from marque.errors import NotFound, OidcConfigInvalid, OidcLoginRefused, OidcSubjectUnknown
+from marque.errors import (
+    InvalidInput,
+    NotFound,
+    OidcConfigInvalid,
+    OidcLoginRefused,
+    OidcSubjectUnknown,
+)
 from marque.harbour.oidc.config import OidcConfig, read_secret
 from marque.harbour.oidc.provider import Provider, Providers
 from marque.harbour.oidc.tokens import refuse, verify_id_token
@@ -227,6 +236,21 @@ class SignIn:
                 raise refuse("replayed", "it was exchanged before")
         claims = self.with_userinfo(config, provider, claims, access_token)
         return self.identify(config, claims), float(claims["exp"]), until
+
+    def sign_out(self, bearer: str, now: float) -> bool:
+        """End the command line's sign-in whose bearer token is ``bearer`` (``marque
+        logout``): True when this ended it, False when there was none to end (ended
+        already, expired, or never issued: the token authenticates nobody either way, so
+        a retried logout is answered alike). A principal's token is no sign-in: an
+        unknown one is ``Unauthenticated``, a valid one ``InvalidInput`` (only an admin's
+        rotation or revocation ends it)."""
+        if not bearer.startswith(CLI_TOKEN_PREFIX):
+            principal = self.store.authenticate(bearer)
+            raise InvalidInput(f"this is principal {principal.name}'s own token, not a "
+                               "sign-in through the identity provider: logging out does not "
+                               "end it (an admin rotates or revokes it: `marque harbour "
+                               "principal rotate`)", detail={"token": "principal"})
+        return self.store.end_cli_session(sha256_hex(bearer), now=now)
 
     # -- who it is -------------------------------------------------------------------
 

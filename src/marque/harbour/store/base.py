@@ -557,14 +557,17 @@ class HarbourStore(NotificationStore, abc.ABC):
     def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
                        expires_at: float, now: float | None = None, via: str = "token",
                        roles: tuple[str, ...] | None = None, roles_from: str | None = None,
-                       oidc_subject: str | None = None,
-                       oidc_sid: str | None = None) -> ConsoleSession:
+                       oidc_subject: str | None = None, oidc_sid: str | None = None,
+                       replaces: str | None = None) -> ConsoleSession:
         """Store a new console session for a principal that exists and is not revoked.
 
         ``session_hash`` is the SHA-256 of the session id the browser holds; a
         revoked or unknown principal is ``Unauthenticated`` and nothing is stored.
         A session opened through the identity provider carries the roles it was
-        granted and where from (``principal`` or ``groups``).
+        granted and where from (``principal`` or ``groups``). A command line's renewal
+        (``via`` ``cli``) names the session it ``replaces``, which ends in the same
+        transaction (a compare-and-set) if it is a live command line's sign-in of the
+        same principal; anything else it names is left alone.
         """
 
     @abc.abstractmethod
@@ -584,6 +587,12 @@ class HarbourStore(NotificationStore, abc.ABC):
     @abc.abstractmethod
     def revoke_session(self, session_hash: str, *, now: float | None = None) -> bool:
         """End a session (logout); False if it was unknown or already ended."""
+
+    @abc.abstractmethod
+    def end_cli_session(self, session_hash: str, *, now: float | None = None) -> bool:
+        """End a command line's sign-in (``marque logout``, ``POST /v1/oidc/logout``): one
+        compare-and-set on a live session opened ``via`` ``cli``; False when there is none
+        to end (unknown, already ended, expired, or not a command line's)."""
 
     @abc.abstractmethod
     def purge_sessions(self, *, before: float) -> int:

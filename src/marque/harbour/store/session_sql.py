@@ -13,7 +13,10 @@ are each ``Unauthenticated`` with a ``reason``, so revoking a principal ends
 its console sessions at once, with no sweep. A session points at its
 principal's row (``principal_id``), not its name: a revoked name added again
 is a new principal, and the old one's sessions stay dead; rotating a token
-ends the principal's sessions in the same transaction.
+ends the principal's sessions in the same transaction. A command line's renewal ends
+the sign-in it replaces in the transaction that opens the new one, and its logout ends
+it, each by one conditional ``UPDATE`` (only a live ``cli`` session; for a renewal, only
+one of the same principal).
 Nothing here writes the logbook: a session changes no request, no Pilot and
 no principal.
 """
@@ -74,9 +77,13 @@ class SessionRecords(StoreHooks):
     def create_session(self, session_hash: str, principal: str, *, csrf_secret: str,
                        expires_at: float, now: float | None = None, via: str = "token",
                        roles: tuple[str, ...] | None = None, roles_from: str | None = None,
-                       oidc_subject: str | None = None,
-                       oidc_sid: str | None = None) -> ConsoleSession:
+                       oidc_subject: str | None = None, oidc_sid: str | None = None,
+                       replaces: str | None = None) -> ConsoleSession:
         _check_hash(session_hash)
+        if replaces is not None:
+            _check_hash(replaces)
+            if via != "cli":
+                raise InvalidInput("only a command line's sign-in replaces the one it renews")
         if via not in _VIA or (via == "token") != (roles is None) \
                 or (roles is None) != (roles_from is None):
             raise InvalidInput("a session opened through the identity provider carries its "
@@ -94,10 +101,19 @@ class SessionRecords(StoreHooks):
                 "INSERT INTO console_sessions (session_hash, principal, principal_id, "
                 "csrf_secret, created_at, expires_at, via, roles, roles_from, oidc_subject, "
                 "oidc_sid) SELECT ?, name, id, ?, ?, ?, ?, ?, ?, ?, ? FROM principals "
-                "WHERE name = ? AND revoked_at IS NULL RETURNING session_hash",
+                "WHERE name = ? AND revoked_at IS NULL RETURNING session_hash, principal_id",
                 (session_hash, csrf_secret, at, float(expires_at), via,
                  None if roles is None else canonical_json(list(roles)), roles_from, oidc_subject,
                  oidc_sid, principal))
+            if row is not None and replaces is not None:
+                # The compare-and-set of a renewal: the renewed sign-in ends as this one
+                # opens, only if it is a live command line's of the same principal (by row:
+                # a name revoked and added again is another principal). Anything else the
+                # caller named is left as it is, and this session opens all the same.
+                tx.execute("UPDATE console_sessions SET revoked_at = ? WHERE session_hash = ? "
+                           "AND via = 'cli' AND revoked_at IS NULL AND expires_at > ? "
+                           "AND principal_id = ? RETURNING session_hash",
+                           (at, replaces, at, row[1]))
         if row is None:
             raise Unauthenticated(f"no unrevoked principal named {str(principal)[:128]!r} can "
                                   "hold a console session", detail={"reason": "principal"})
@@ -147,6 +163,19 @@ class SessionRecords(StoreHooks):
             ended = tx.execute("UPDATE console_sessions SET revoked_at = ? "
                                "WHERE session_hash = ? AND revoked_at IS NULL "
                                "RETURNING session_hash", (at, session_hash))
+        return bool(ended)
+
+    def end_cli_session(self, session_hash: str, *, now: float | None = None) -> bool:
+        if not isinstance(session_hash, str) or len(session_hash) != 64:
+            return False  # no such session: nothing to end
+        at = self._now(now)
+        with self.transaction() as tx:
+            # Only a command line's own sign-in, and only while live: a console session's
+            # id sent as a bearer token ends nothing, and a second logout finds none.
+            ended = tx.execute("UPDATE console_sessions SET revoked_at = ? "
+                               "WHERE session_hash = ? AND via = 'cli' AND revoked_at IS NULL "
+                               "AND expires_at > ? RETURNING session_hash",
+                               (at, session_hash, at))
         return bool(ended)
 
     def purge_sessions(self, *, before: float) -> int:
