@@ -393,7 +393,9 @@ def test_login_checks_the_token_keeps_it_owner_only_and_makes_marque_token_optio
     stale = run_cli("requests", "--json", env=env)
     assert stale.returncode == 2 and stale.json["error"]["code"] == "unauthenticated", stale
     out = run_login("logout", "--harbour", world.server.url, "--json", stdin="", config=config)
-    assert out.returncode == 0 and json.loads(out.stdout) == {"removed": [world.server.url]}
+    # A principal's token: nothing to end at the Harbourmaster, nothing to revoke.
+    assert out.returncode == 0 and json.loads(out.stdout) == {
+        "removed": [world.server.url], "sessions": [], "revocations": []}
     assert world.alice not in stored.read_text()
     gone = run_cli("requests", "--json", env=env)
     assert gone.returncode == 2 and "marque login" in gone.json["error"]["message"], gone
