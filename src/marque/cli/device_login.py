@@ -196,20 +196,7 @@ def revoke_sign_in(harbour_url: str, refresh_token: str) -> None:
             or not isinstance(client_id, str):
         raise NotFound("the Harbourmaster names no revocation endpoint of its identity "
                        "provider (the provider offers none, or this Harbourmaster is older)")
-    try:
-        response = httpx.post(endpoint, timeout=REVOKE_TIMEOUT,
-                              headers={"Accept": "application/json"},
-                              data={"token": refresh_token, "token_type_hint": "refresh_token",
-                                    "client_id": client_id})
-    except httpx.HTTPError as exc:
-        raise OidcProviderUnavailable(f"cannot reach the identity provider's revocation "
-                                      f"endpoint at {endpoint}: {type(exc).__name__}") from None
-    if response.status_code != 200:
-        said = ""
-        try:
-            body = response.json()
-            said = f" ({str(body.get('error'))[:80]})" if isinstance(body, dict) else ""
-        except ValueError:
-            pass
-        raise OidcProviderUnavailable(f"the identity provider's revocation endpoint answered "
-                                      f"HTTP {response.status_code}{said}")
+    from marque.harbour.oidc.provider import revoke_token
+
+    revoke_token(endpoint, refresh_token, "refresh_token", client_id=client_id,
+                 timeout=REVOKE_TIMEOUT)

@@ -97,13 +97,13 @@ def _json(response: httpx.Response, what: str) -> Any:
                                       f"(HTTP {response.status_code})") from None
 
 
-def _request(client: httpx.Client | None, method: str, url: str,
-             **kwargs: Any) -> httpx.Response:
+def _request(client: httpx.Client | None, method: str, url: str, *,
+             timeout: httpx.Timeout | float = TIMEOUT, **kwargs: Any) -> httpx.Response:
     """One call, on the kept ``client``; without one (a one-off, as `harbour oidc set`
     checking discovery), on a client made for it and closed after."""
     if client is not None:
-        return client.request(method, url, timeout=TIMEOUT, follow_redirects=False, **kwargs)
-    with httpx.Client(timeout=TIMEOUT, follow_redirects=False) as once:
+        return client.request(method, url, timeout=timeout, follow_redirects=False, **kwargs)
+    with httpx.Client(timeout=timeout, follow_redirects=False) as once:
         return once.request(method, url, **kwargs)
 
 
@@ -145,13 +145,18 @@ def post_token(endpoint: str, form: dict[str, str], auth: tuple[str, str] | None
     return body
 
 
-def revoke_token(endpoint: str, token: str, hint: str, auth: tuple[str, str], *,
-                 client: httpx.Client | None = None) -> None:
+def revoke_token(endpoint: str, token: str, hint: str, auth: tuple[str, str] | None = None,
+                 *, client_id: str | None = None, client: httpx.Client | None = None,
+                 timeout: httpx.Timeout | float = TIMEOUT) -> None:
     """Revoke ``token`` at a revocation endpoint (RFC 7009 §2.1: 200, also for a token it
-    no longer knows); anything else is ``OidcProviderUnavailable``."""
+    no longer knows); anything else is ``OidcProviderUnavailable``. A confidential client
+    authenticates with ``auth`` (its id and secret); a public one, as the command line's,
+    names itself with ``client_id`` in the body."""
+    data = {"token": token, "token_type_hint": hint}
+    if client_id is not None:
+        data["client_id"] = client_id
     try:
-        response = _request(client, "POST", endpoint, auth=auth,
-                            data={"token": token, "token_type_hint": hint},
+        response = _request(client, "POST", endpoint, timeout=timeout, auth=auth, data=data,
                             headers={"Accept": "application/json"})
     except httpx.HTTPError as exc:
         raise OidcProviderUnavailable(f"cannot reach the provider's revocation endpoint: "
