@@ -16,7 +16,7 @@ a :class:`PilotServe`. Nothing is mocked.
 Every child gets the environment :func:`support.cli.cli_env` builds (``MARQUE``,
 ``TIMEOUT`` and ``cli_env`` are re-exported here for the tests that import them
 from this module). This module imports no test helper but :mod:`support.cli`,
-:mod:`support.net` and :mod:`support.wait`, so a test anywhere (``tests/pg``
+:mod:`support.net`, :mod:`support.wait` and :mod:`support.world`, so a test anywhere (``tests/pg``
 included, as ``support.harbour``) can use it.
 """
 
@@ -38,6 +38,7 @@ import httpx
 from support.cli import MARQUE, TIMEOUT, cli_env, run_cli
 from support.net import free_port
 from support.wait import wait_until
+from support.world import SqliteBank
 
 
 def cli_json(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
@@ -284,11 +285,7 @@ class PilotBank:
         self.holder_key = root / "holder.jwk"
         self.holder_pub = root / "holder.pub.jwk"
         root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.bank)
-        with conn:
-            conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
-            conn.executemany("INSERT INTO accounts VALUES (?, ?)", [(1, 100), (2, 100)])
-        conn.close()
+        SqliteBank(self.bank).create([1, 2])  # both at 100
         # What `keys new`, `pilot init`, `pilot trust` and `pilot target add` run, in
         # process: those commands are tested as commands (tests/e2e/test_home.py, the e2e
         # world template), and a stack needs its Pilot home in a few milliseconds.
@@ -325,11 +322,7 @@ class PilotBank:
 
     def balances(self) -> dict[int, int]:
         """The bank's balances, read directly."""
-        conn = sqlite3.connect(self.bank)
-        try:
-            return dict(conn.execute("SELECT id, balance FROM accounts ORDER BY id"))
-        finally:
-            conn.close()
+        return SqliteBank(self.bank).balances()
 
 
 def routing_toml(*entries: dict[str, Any]) -> str:

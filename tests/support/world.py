@@ -132,33 +132,30 @@ class SqliteBank(Bank):
         finally:
             conn.close()
 
-    def stamps(self, marque_id: str | None = None) -> list[dict[str, Any]]:
-        """Every column of ``marque_stamps``, ordered by (marque_id, nonce)."""
+    def _rows(self, table: str, tail: str, params: tuple[Any, ...] = ()
+              ) -> list[dict[str, Any]]:
+        """Every column of ``table``'s rows (``tail``: their WHERE and ORDER BY); none
+        before the table exists."""
         conn = sqlite3.connect(self.path)
         conn.row_factory = sqlite3.Row
         try:
-            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'marque_stamps'"
-                                ).fetchone():
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                                (table,)).fetchone():
                 return []
-            sql, params = "SELECT * FROM marque_stamps", ()
-            if marque_id is not None:
-                sql, params = sql + " WHERE marque_id = ?", (marque_id,)
-            return [dict(r) for r in conn.execute(sql + " ORDER BY marque_id, nonce", params)]
+            return [dict(r) for r in conn.execute(f"SELECT * FROM {table} {tail}", params)]
         finally:
             conn.close()
 
+    def stamps(self, marque_id: str | None = None) -> list[dict[str, Any]]:
+        """Every column of ``marque_stamps``, ordered by (marque_id, nonce)."""
+        if marque_id is None:
+            return self._rows("marque_stamps", "ORDER BY marque_id, nonce")
+        return self._rows("marque_stamps", "WHERE marque_id = ? ORDER BY marque_id, nonce",
+                          (marque_id,))
+
     def row_stamps(self) -> list[dict[str, Any]]:
         """Every column of ``marque_row_stamps``, ordered by created_at."""
-        conn = sqlite3.connect(self.path)
-        conn.row_factory = sqlite3.Row
-        try:
-            if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'marque_row_stamps'"
-                                ).fetchone():
-                return []
-            return [dict(r) for r in conn.execute(
-                "SELECT * FROM marque_row_stamps ORDER BY created_at")]
-        finally:
-            conn.close()
+        return self._rows("marque_row_stamps", "ORDER BY created_at")
 
 
 @dataclass(frozen=True)

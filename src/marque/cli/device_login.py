@@ -69,7 +69,10 @@ def _harbour(method: str, url: str, *, timeout: httpx.Timeout = TIMEOUT,
                                  f"{type(exc).__name__}") from None
     if response.status_code != 200:
         raise _problem(response)
-    found: dict[str, Any] = response.json()
+    try:
+        found: dict[str, Any] = response.json()
+    except ValueError:
+        raise HarbourUnavailable(f"the Harbourmaster at {url} did not answer JSON") from None
     return found
 
 
@@ -169,11 +172,8 @@ def end_sign_in(harbour_url: str, token: str) -> bool:
     when it ended it, False when it had already ended (or expired). The Harbourmaster's
     refusal is the error it names; one that cannot be reached, ``HarbourUnavailable``."""
     base = harbour_url.rstrip("/")
-    try:
-        answer = _harbour("POST", f"{base}/v1/oidc/logout", timeout=REVOKE_TIMEOUT,
-                          headers={"Authorization": f"Bearer {token}"})
-    except ValueError:
-        raise HarbourUnavailable(f"the Harbourmaster at {base} did not answer JSON") from None
+    answer = _harbour("POST", f"{base}/v1/oidc/logout", timeout=REVOKE_TIMEOUT,
+                      headers={"Authorization": f"Bearer {token}"})
     return isinstance(answer, dict) and answer.get("ended") is True
 
 
@@ -186,10 +186,7 @@ def revoke_sign_in(harbour_url: str, refresh_token: str) -> None:
     but 200 (which it answers for a token it no longer knows, too), is
     ``OidcProviderUnavailable``."""
     base = harbour_url.rstrip("/")
-    try:
-        settings = _harbour("GET", f"{base}/v1/oidc", timeout=REVOKE_TIMEOUT)
-    except ValueError:
-        raise HarbourUnavailable(f"the Harbourmaster at {base} did not answer JSON") from None
+    settings = _harbour("GET", f"{base}/v1/oidc", timeout=REVOKE_TIMEOUT)
     endpoint = settings.get("revocation_endpoint") if isinstance(settings, dict) else None
     client_id = settings.get("client_id") if isinstance(settings, dict) else None
     if not isinstance(endpoint, str) or not endpoint.startswith("http") \

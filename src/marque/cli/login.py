@@ -31,7 +31,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -266,6 +266,17 @@ def login(harbour_url: str, token: str | None, use_oidc: bool, as_json: bool) ->
             f"({literal(', '.join(who.get('roles') or []))}); token kept in {literal(path)}")
 
 
+def _asked(key: str, done: str, ask: Callable[[], bool]) -> dict[str, Any]:
+    """``{harbour, <done>, code, message}`` of one call made for a forgotten sign-in: what
+    ``ask`` answered, or false with the reason it failed (logged out here all the same:
+    the caller warns)."""
+    try:
+        answered = ask()
+    except MarqueError as exc:
+        return {"harbour": key, done: False, "code": exc.code, "message": exc.message}
+    return {"harbour": key, done: answered, "code": None, "message": None}
+
+
 def _revoked(key: str, entry: Any) -> dict[str, Any] | None:
     """Revoke the provider's refresh token a forgotten sign-in kept (None when it kept
     none): ``{harbour, revoked, code, message}``, the reason when it was not."""
@@ -274,11 +285,11 @@ def _revoked(key: str, entry: Any) -> dict[str, Any] | None:
         return None
     from marque.cli.device_login import revoke_sign_in
 
-    try:
+    def revoke() -> bool:
         revoke_sign_in(key, refresh)
-    except MarqueError as exc:  # logged out here all the same: the caller warns
-        return {"harbour": key, "revoked": False, "code": exc.code, "message": exc.message}
-    return {"harbour": key, "revoked": True, "code": None, "message": None}
+        return True
+
+    return _asked(key, "revoked", revoke)
 
 
 def _ended(key: str, entry: Any) -> dict[str, Any] | None:
@@ -291,11 +302,7 @@ def _ended(key: str, entry: Any) -> dict[str, Any] | None:
         return None
     from marque.cli.device_login import end_sign_in
 
-    try:
-        ended = end_sign_in(key, token)
-    except MarqueError as exc:  # logged out here all the same: the caller warns
-        return {"harbour": key, "ended": False, "code": exc.code, "message": exc.message}
-    return {"harbour": key, "ended": ended, "code": None, "message": None}
+    return _asked(key, "ended", lambda: end_sign_in(key, token))
 
 
 def _warnings(sessions: list[dict[str, Any]],

@@ -133,8 +133,7 @@ def post_token(endpoint: str, form: dict[str, str], auth: tuple[str, str] | None
     ``OidcProviderUnavailable``."""
     try:
         response = _request(client, "POST", endpoint, data=form,
-                            headers={"Accept": "application/json"},
-                            auth=httpx.USE_CLIENT_DEFAULT if auth is None else auth)
+                            headers={"Accept": "application/json"}, auth=auth)
     except httpx.HTTPError as exc:
         raise OidcProviderUnavailable(f"cannot reach the provider's token endpoint: "
                                       f"{type(exc).__name__}") from None

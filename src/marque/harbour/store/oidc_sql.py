@@ -33,6 +33,7 @@ from marque.harbour.principals import hashes_equal
 from marque.harbour.store.base import OidcCheck, OidcLogin
 from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
+from marque.harbour.store.session_sql import end_live_cli_session_txn
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -143,9 +144,7 @@ class OidcRecords(StoreHooks):
                            (session_hash, token_hash, renewing, renewing, at))
             if moved is None:
                 return None
-            ended = tx.one("UPDATE console_sessions SET revoked_at = ? WHERE session_hash = ? "
-                           "AND revoked_at IS NULL RETURNING expires_at", (at, renewing))
-        return None if ended is None else float(ended[0])
+            return end_live_cli_session_txn(tx, renewing, at)
 
     def end_oidc_sessions(self, *, subject: str | None = None, sid: str | None = None,
                           now: float | None = None) -> int:

@@ -31,6 +31,7 @@ from marque.harbour.principals import Principal, hashes_equal, parse_roles
 from marque.harbour.store.base import ConsoleSession
 from marque.harbour.store.columns import canonical_json, loads
 from marque.harbour.store.hooks import StoreHooks
+from marque.storage.tx import Tx
 
 _SESSION_COLUMNS = "s.session_hash, s.principal, s.csrf_secret, s.created_at, s.expires_at, " \
                    "s.revoked_at, s.via, s.roles, s.roles_from, s.oidc_subject, s.oidc_sid, " \
@@ -53,6 +54,21 @@ def _check_hash(session_hash: str) -> None:
     if not isinstance(session_hash, str) or len(session_hash) != 64 \
             or not set(session_hash) <= _HEX64:
         raise InvalidInput("a session is stored by the SHA-256 of its id (64 hex digits)")
+
+
+def end_live_cli_session_txn(tx: Tx, session_hash: str, at: float, *,
+                             principal_id: Any = None) -> float | None:
+    """End a live command-line sign-in inside ``tx``, by one compare-and-set: its expiry,
+    or None when there was none to end (unknown, ended, expired, not a command line's, or,
+    with ``principal_id``, another principal's). A logout, a renewal and a same-token
+    renewal all end a sign-in through this one statement."""
+    sql = ("UPDATE console_sessions SET revoked_at = ? WHERE session_hash = ? AND via = 'cli' "
+           "AND revoked_at IS NULL AND expires_at > ?")
+    params: tuple[Any, ...] = (at, session_hash, at)
+    if principal_id is not None:
+        sql, params = sql + " AND principal_id = ?", (*params, principal_id)
+    row = tx.one(sql + " RETURNING expires_at", params)
+    return None if row is None else float(row[0])
 
 
 def _granted(session: ConsoleSession, principal: Principal) -> Principal:
@@ -110,10 +126,7 @@ class SessionRecords(StoreHooks):
                 # opens, only if it is a live command line's of the same principal (by row:
                 # a name revoked and added again is another principal). Anything else the
                 # caller named is left as it is, and this session opens all the same.
-                tx.execute("UPDATE console_sessions SET revoked_at = ? WHERE session_hash = ? "
-                           "AND via = 'cli' AND revoked_at IS NULL AND expires_at > ? "
-                           "AND principal_id = ? RETURNING session_hash",
-                           (at, replaces, at, row[1]))
+                end_live_cli_session_txn(tx, replaces, at, principal_id=row[1])
         if row is None:
             raise Unauthenticated(f"no unrevoked principal named {str(principal)[:128]!r} can "
                                   "hold a console session", detail={"reason": "principal"})
@@ -172,11 +185,8 @@ class SessionRecords(StoreHooks):
         with self.transaction() as tx:
             # Only a command line's own sign-in, and only while live: a console session's
             # id sent as a bearer token ends nothing, and a second logout finds none.
-            ended = tx.execute("UPDATE console_sessions SET revoked_at = ? "
-                               "WHERE session_hash = ? AND via = 'cli' AND revoked_at IS NULL "
-                               "AND expires_at > ? RETURNING session_hash",
-                               (at, session_hash, at))
-        return bool(ended)
+            ended = end_live_cli_session_txn(tx, session_hash, at)
+        return ended is not None
 
     def purge_sessions(self, *, before: float) -> int:
         with self.transaction() as tx:
